@@ -1,0 +1,498 @@
+"""The offloading manager: block bookkeeping of one offloaded KV-cache tier.
+
+Modelled on vLLM's ``CPUOffloadingManager`` (``vllm/v1/kv_offload``): same method names and
+meaning, so an engine can switch. The manager owns the shared logic — the key -> slot map, ref
+counts, the free-slot list, admission, events and statistics — and delegates only the *order*
+of evictable blocks and the choice of victims to a :class:`~kvtier.policies.CachePolicy`.
+
+Per-block state is plain ints indexed by slot (``_ref``) plus one dict (key -> slot), so the
+cyclic garbage collector has no per-block objects to walk even at 10^6 blocks.
+
+Ref count of a cached block::
+
+    -1  store in flight (pending): answers HIT_PENDING, cannot be loaded or evicted
+     0  ready and evictable
+    >0  ready and pinned by that many in-flight loads: cannot be evicted
+
+Every public method accepts an optional ``req_context`` (ignored here) so vLLM-style callers
+fit. Every method validates all its keys before it changes anything: a bad call raises and
+leaves the manager exactly as it was.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from kvtier.errors import BlockStateError
+from kvtier.policies import CachePolicy, get_policy
+from kvtier.types import LookupResult, ManagerStats, OffloadingEvent, PrepareStoreOutput
+
+_MISS = LookupResult.MISS
+_HIT = LookupResult.HIT
+_HIT_PENDING = LookupResult.HIT_PENDING
+_PENDING = -1
+
+
+def _check_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _unhashable(keys: Sequence[Hashable], method: str) -> TypeError:
+    for key in keys:
+        try:
+            hash(key)
+        except TypeError:
+            return TypeError(f"{method}: block key {key!r} is not hashable")
+    return TypeError(f"{method}: keys must be a sequence of hashable block keys")
+
+
+class OffloadingManager:
+    """Bookkeeping of an offloaded KV-cache tier of ``num_blocks`` slots.
+
+    Args:
+        num_blocks: capacity of the tier, in blocks (>= 1). Slot ids are ``0..num_blocks-1``.
+        policy: a registered policy name (see :func:`kvtier.policies.available_policies`) or a
+            :class:`~kvtier.policies.CachePolicy` subclass; it is instantiated with
+            ``num_blocks``.
+        enable_events: record :class:`~kvtier.types.OffloadingEvent` s for
+            :meth:`take_events`.
+        store_threshold: admission. With ``N >= 2``, :meth:`prepare_store` skips keys looked
+            up fewer than ``N`` times (lookups counted by :meth:`lookup` and
+            :meth:`lookup_prefix`). ``1`` admits everything.
+        max_tracker_size: how many keys the admission tracker remembers (an LRU of lookup
+            counts); only used when ``store_threshold >= 2``.
+
+    Raises:
+        ValueError: a non-positive size or threshold, or an unknown policy name.
+        TypeError: ``policy`` is neither a name nor a CachePolicy subclass.
+
+    Example::
+
+        m = OffloadingManager(1024, policy="arc")
+        out = m.prepare_store(["h0", "h1"])        # slots to write the blocks to
+        m.complete_store(out.keys_to_store)        # writes done: blocks readable
+        n = m.lookup_prefix(["h0", "h1", "h2"])    # -> 2
+        slots = m.prepare_load(["h0", "h1"])       # pinned while we read them
+        m.complete_load(["h0", "h1"])
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        policy: str | type[CachePolicy] = "lru",
+        *,
+        enable_events: bool = False,
+        store_threshold: int = 1,
+        max_tracker_size: int = 64_000,
+    ) -> None:
+        _check_positive_int("num_blocks", num_blocks)
+        _check_positive_int("store_threshold", store_threshold)
+        _check_positive_int("max_tracker_size", max_tracker_size)
+        if isinstance(policy, str):
+            policy_cls = get_policy(policy)
+        elif isinstance(policy, type) and issubclass(policy, CachePolicy):
+            policy_cls = policy
+        else:
+            raise TypeError(
+                f"policy must be a registered name or a CachePolicy subclass, got {policy!r}"
+            )
+        self.num_blocks = num_blocks
+        self.policy: CachePolicy = policy_cls(num_blocks)
+        self.enable_events = enable_events
+        self.store_threshold = store_threshold
+        self.max_tracker_size = max_tracker_size
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self._slot_of: dict[Hashable, int] = {}
+        self._ref: list[int] = [0] * self.num_blocks
+        self._free: list[int] = []
+        self._next_fresh = 0
+        self._evictable = 0
+        self._pending = 0
+        self._pinned = 0
+        self._hits = 0
+        self._pending_hits = 0
+        self._misses = 0
+        self._stores = 0
+        self._completed_stores = 0
+        self._failed_stores = 0
+        self._skipped_stores = 0
+        self._evictions = 0
+        self._loads = 0
+        self._events: list[OffloadingEvent] = []
+        self._tracker: OrderedDict[Hashable, int] | None = (
+            OrderedDict() if self.store_threshold >= 2 else None
+        )
+
+    # -- lookups -------------------------------------------------------------------------
+    def lookup(self, key: Hashable, req_context: Any = None) -> LookupResult:
+        """Is block ``key`` in the tier? O(1).
+
+        Returns:
+            ``MISS``, ``HIT`` (readable) or ``HIT_PENDING`` (its store is in flight).
+
+        Raises:
+            TypeError: ``key`` is not hashable.
+        """
+        if self._tracker is not None:
+            self._track((key,))
+        slot = self._slot_of.get(key)
+        if slot is None:
+            self._misses += 1
+            return _MISS
+        if self._ref[slot] < 0:
+            self._pending_hits += 1
+            return _HIT_PENDING
+        self._hits += 1
+        return _HIT
+
+    def lookup_prefix(self, keys: Sequence[Hashable], req_context: Any = None) -> int:
+        """Number of leading ``keys`` that are HIT, stopping at the first MISS or HIT_PENDING.
+
+        Each examined key counts as one lookup in :meth:`stats`; for admission every key of
+        ``keys`` counts as looked up (the caller asked about the whole prefix).
+
+        Raises:
+            TypeError: a key is not hashable (nothing is counted).
+        """
+        slot_of = self._slot_of
+        ref = self._ref
+        hits = 0
+        try:
+            for key in keys:
+                slot = slot_of.get(key)
+                if slot is None:
+                    self._misses += 1
+                    break
+                if ref[slot] < 0:
+                    self._pending_hits += 1
+                    break
+                hits += 1
+            if self._tracker is not None:
+                self._track(keys)
+        except TypeError:
+            raise _unhashable(keys, "lookup_prefix") from None
+        self._hits += hits
+        return hits
+
+    def _track(self, keys: Sequence[Hashable]) -> None:
+        tracker = self._tracker
+        if tracker is None:
+            return
+        for key in keys:
+            hash(key)  # validate every key before counting any
+        for key in keys:
+            count = tracker.pop(key, 0)
+            tracker[key] = count + 1
+        while len(tracker) > self.max_tracker_size:
+            tracker.popitem(last=False)
+
+    # -- loads ---------------------------------------------------------------------------
+    def prepare_load(self, keys: Sequence[Hashable], req_context: Any = None) -> list[int]:
+        """Pin ready blocks for reading: ref count +1 each. O(len(keys)).
+
+        A key may appear several times (and be loaded by several requests at once); each
+        occurrence takes one pin and needs one :meth:`complete_load`.
+
+        Returns:
+            The slot id of each key, in order.
+
+        Raises:
+            BlockStateError: a key is not stored, or its store is still in flight. Nothing
+                is pinned then.
+            TypeError: a key is not hashable.
+        """
+        slot_of = self._slot_of
+        ref = self._ref
+        slots: list[int] = []
+        for key in keys:
+            try:
+                slot = slot_of.get(key)
+            except TypeError:
+                raise _unhashable(keys, "prepare_load") from None
+            if slot is None:
+                raise BlockStateError(key, "prepare_load: block is not stored in the tier")
+            if ref[slot] < 0:
+                raise BlockStateError(
+                    key, "prepare_load: block's store is still in flight (HIT_PENDING)"
+                )
+            slots.append(slot)
+        unevictable = self.policy.block_unevictable
+        for key, slot in zip(keys, slots):
+            count = ref[slot]
+            if count == 0:
+                self._evictable -= 1
+                self._pinned += 1
+                unevictable(key)
+            ref[slot] = count + 1
+        self._loads += len(slots)
+        return slots
+
+    def complete_load(self, keys: Sequence[Hashable], req_context: Any = None) -> None:
+        """Release one pin per key (ref count -1); a block at 0 becomes evictable again.
+
+        Keys are applied in reverse, so ``keys[0]`` ends most recently used.
+
+        Raises:
+            BlockStateError: a key is not stored, is pending, or is released more times than
+                it was pinned. Nothing is released then.
+            TypeError: a key is not hashable.
+        """
+        slot_of = self._slot_of
+        ref = self._ref
+        slots: list[int] = []
+        for key in keys:
+            try:
+                slot = slot_of.get(key)
+            except TypeError:
+                raise _unhashable(keys, "complete_load") from None
+            if slot is None:
+                raise BlockStateError(key, "complete_load: block is not stored in the tier")
+            if ref[slot] <= 0:
+                raise BlockStateError(
+                    key,
+                    "complete_load: block is not pinned (ref count "
+                    f"{ref[slot]}; complete_load must follow prepare_load)",
+                )
+            slots.append(slot)
+        if len(slots) > 1:
+            releases: dict[int, int] = {}
+            for slot in slots:
+                releases[slot] = releases.get(slot, 0) + 1
+            for key, slot in zip(keys, slots):
+                if releases[slot] > ref[slot]:
+                    raise BlockStateError(
+                        key,
+                        f"complete_load: released {releases[slot]} times in one call but "
+                        f"pinned only {ref[slot]} times",
+                    )
+        evictable = self.policy.block_evictable
+        for i in range(len(slots) - 1, -1, -1):
+            slot = slots[i]
+            count = ref[slot] - 1
+            ref[slot] = count
+            if count == 0:
+                self._evictable += 1
+                self._pinned -= 1
+                evictable(keys[i], slot)
+
+    # -- use -----------------------------------------------------------------------------
+    def touch(self, keys: Sequence[Hashable], req_context: Any = None) -> None:
+        """Record a use of ``keys``; ``keys[0]`` ends up most recently used.
+
+        Keys not in the tier are passed on too (ARC learns from ghost hits).
+
+        Raises:
+            TypeError: a key is not hashable (nothing is recorded).
+        """
+        try:
+            for key in keys:
+                hash(key)
+        except TypeError:
+            raise _unhashable(keys, "touch") from None
+        self.policy.touch(keys)
+
+    # -- stores --------------------------------------------------------------------------
+    def prepare_store(
+        self, keys: Sequence[Hashable], req_context: Any = None
+    ) -> PrepareStoreOutput | None:
+        """Allocate slots for the keys not yet stored, evicting if it must. Atomic.
+
+        Keys already stored (ready or pending) are left alone; a key repeated in the call is
+        stored once; with admission (``store_threshold >= 2``) keys looked up fewer than the
+        threshold are skipped. If the free slots do not suffice, exactly the shortfall is
+        evicted by the policy — never a pinned block, a pending block, or any key named in
+        this call. New blocks are pending until :meth:`complete_store`.
+
+        Returns:
+            A :class:`~kvtier.types.PrepareStoreOutput` (empty when there is nothing to
+            store), or ``None`` when not enough blocks can be evicted; then *nothing* changed:
+            policy order, ghost lists, adaptive target, counters, free list.
+
+        Raises:
+            TypeError: a key is not hashable (nothing changed).
+        """
+        slot_of = self._slot_of
+        try:
+            new_keys = [key for key in keys if key not in slot_of]
+        except TypeError:
+            raise _unhashable(keys, "prepare_store") from None
+        if len(new_keys) > 1:
+            unique = list(dict.fromkeys(new_keys))
+            if len(unique) != len(new_keys):
+                new_keys = unique
+        skipped = 0
+        tracker = self._tracker
+        if tracker is not None and new_keys:
+            threshold = self.store_threshold
+            admitted = [key for key in new_keys if tracker.get(key, 0) >= threshold]
+            skipped = len(new_keys) - len(admitted)
+            new_keys = admitted
+        if not new_keys:
+            self._skipped_stores += skipped
+            self.policy.on_store(keys)
+            return PrepareStoreOutput([], [], [])
+
+        num_new = len(new_keys)
+        shortfall = num_new - (self.num_blocks - len(slot_of))
+        evicted_keys: list[Hashable] = []
+        if shortfall > 0:
+            if shortfall > self._evictable:
+                return None  # fast fail: the policy is not asked
+            protected = keys if len(keys) <= 8 else set(keys)
+            victims = self.policy.evict(shortfall, protected)
+            if victims is None:
+                return None
+            free = self._free
+            for key, slot in victims:
+                del slot_of[key]
+                free.append(slot)
+                evicted_keys.append(key)
+            self._evictable -= shortfall
+            self._evictions += shortfall
+            if self.enable_events:
+                self._events.append(OffloadingEvent(evicted_keys, True))
+
+        ref = self._ref
+        insert = self.policy.insert
+        block_ids: list[int] = []
+        num_blocks = self.num_blocks
+        for key in new_keys:
+            if self._next_fresh < num_blocks:
+                slot = self._next_fresh
+                self._next_fresh = slot + 1
+            else:
+                slot = self._free.pop()
+            slot_of[key] = slot
+            ref[slot] = _PENDING
+            insert(key, slot)
+            block_ids.append(slot)
+        self._pending += num_new
+        self._stores += num_new
+        self._skipped_stores += skipped
+        self.policy.on_store(keys)
+        return PrepareStoreOutput(new_keys, block_ids, evicted_keys)
+
+    def complete_store(
+        self, keys: Sequence[Hashable], success: bool = True, req_context: Any = None
+    ) -> None:
+        """Finish the stores of ``keys``.
+
+        With ``success=True`` pending blocks become ready and evictable (applied in reverse,
+        so ``keys[0]`` ends most recently used); with ``success=False`` they are dropped and
+        their slots freed. Keys that are not pending are ignored.
+
+        Raises:
+            TypeError: a key is not hashable (nothing changed).
+        """
+        slot_of = self._slot_of
+        try:
+            slots = [slot_of.get(key) for key in keys]
+        except TypeError:
+            raise _unhashable(keys, "complete_store") from None
+        ref = self._ref
+        done: list[Hashable] = []
+        if success:
+            evictable = self.policy.block_evictable
+            for i in range(len(slots) - 1, -1, -1):
+                slot = slots[i]
+                if slot is not None and ref[slot] == _PENDING:
+                    ref[slot] = 0
+                    key = keys[i]
+                    evictable(key, slot)
+                    done.append(key)
+            self._evictable += len(done)
+            self._completed_stores += len(done)
+            if done and self.enable_events:
+                done.reverse()
+                self._events.append(OffloadingEvent(done, False))
+        else:
+            remove = self.policy.remove
+            for i in range(len(slots) - 1, -1, -1):
+                slot = slots[i]
+                if slot is not None and ref[slot] == _PENDING:
+                    key = keys[i]
+                    ref[slot] = 0
+                    del slot_of[key]
+                    self._free.append(slot)
+                    remove(key)
+                    done.append(key)
+            self._failed_stores += len(done)
+        self._pending -= len(done)
+
+    # -- whole-tier operations -----------------------------------------------------------
+    def reset_cache(self) -> None:
+        """Drop every block, ghost list, admission count, event and counter."""
+        self.policy.clear()
+        self._init_state()
+
+    def take_events(self) -> list[OffloadingEvent]:
+        """Return and clear the events recorded since the last call (oldest first).
+
+        One event per ``prepare_store`` that evicted (``removed=True``) and one per
+        ``complete_store`` that made blocks ready (``removed=False``). Always empty when the
+        manager was built with ``enable_events=False``.
+        """
+        events, self._events = self._events, []
+        return events
+
+    def stats(self) -> ManagerStats:
+        """A snapshot of the counters and block counts (see :class:`ManagerStats`)."""
+        used = len(self._slot_of)
+        lookups = self._hits + self._pending_hits + self._misses
+        return ManagerStats(
+            num_blocks=self.num_blocks,
+            lookups=lookups,
+            hits=self._hits,
+            pending_hits=self._pending_hits,
+            misses=self._misses,
+            stores=self._stores,
+            completed_stores=self._completed_stores,
+            failed_stores=self._failed_stores,
+            skipped_stores=self._skipped_stores,
+            evictions=self._evictions,
+            loads=self._loads,
+            used=used,
+            pending=self._pending,
+            pinned=self._pinned,
+            evictable=self._evictable,
+            free=self.num_blocks - used,
+        )
+
+    def ref_count(self, key: Hashable) -> int | None:
+        """Ref count of ``key`` (-1 pending, 0 evictable, >0 pinned), or None if not stored."""
+        slot = self._slot_of.get(key)
+        return None if slot is None else self._ref[slot]
+
+    def __len__(self) -> int:
+        """Blocks stored (pending and ready)."""
+        return len(self._slot_of)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._slot_of
+
+    def snapshot(self) -> dict:
+        """A comparable copy of the whole state (manager and policy), for tests and debugging.
+
+        Costs O(num_blocks); two snapshots are ``==`` exactly when nothing changed.
+        """
+        return {
+            "slot_of": dict(self._slot_of),
+            "ref": list(self._ref),
+            "free": list(self._free),
+            "next_fresh": self._next_fresh,
+            "counts": (self._evictable, self._pending, self._pinned),
+            "counters": (
+                self._hits, self._pending_hits, self._misses, self._stores,
+                self._completed_stores, self._failed_stores, self._skipped_stores,
+                self._evictions, self._loads,
+            ),
+            "tracker": None if self._tracker is None else list(self._tracker.items()),
+            "events": list(self._events),
+            "policy": self.policy.snapshot(),
+        }

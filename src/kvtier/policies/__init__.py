@@ -1,0 +1,29 @@
+"""Eviction policies for the offloaded KV-cache tier, one file per policy.
+
+Use a policy by name (``OffloadingManager(n, policy="arc")``) or by class. See
+:mod:`kvtier.policies.base` for the contract and :mod:`kvtier.policies.registry` for adding
+your own.
+"""
+
+from kvtier.policies.base import CachePolicy
+from kvtier.policies.registry import (
+    ENTRY_POINT_GROUP,
+    available_policies,
+    get_policy,
+    register_policy,
+)
+from kvtier.policies.lru import LRUPolicy
+from kvtier.policies.arc import ARCPolicy
+
+register_policy("lru", LRUPolicy)
+register_policy("arc", ARCPolicy)
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "ARCPolicy",
+    "CachePolicy",
+    "LRUPolicy",
+    "available_policies",
+    "get_policy",
+    "register_policy",
+]

@@ -1,0 +1,194 @@
+"""ARC: Adaptive Replacement Cache (Megiddo & Modha, FAST'03), over evictable blocks.
+
+T1 holds blocks seen once, T2 blocks seen again; the ghost lists B1 and B2 remember the keys
+recently evicted from each (keys only, no data). A touch that hits B1 means T1 was too small,
+so the adaptive target size of T1 grows; a B2 hit shrinks it. Eviction takes from T1 while T1
+is at or above its target, else from T2.
+
+Differences from the paper and from vLLM's ``ARCCachePolicy``, all required by the offloading
+contract:
+
+* T1 and T2 each keep their eviction order over *evictable* blocks only. Their sizes, used for
+  the target comparison, count every resident block (pinned and pending included).
+* When the preferred list has no eligible victim (all pinned, pending or protected), eviction
+  falls back to the other list before giving up; each list is walked at most once per call.
+* A pending block touched again stays in T1 (it has not been read yet).
+* Ghost lists are bounded to ``capacity`` entries each (oldest dropped).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Collection, Iterator, Sequence
+
+from kvtier.policies.base import CachePolicy, Key
+
+
+class ARCPolicy(CachePolicy):
+    """Adaptive Replacement Cache over the evictable blocks of the tier.
+
+    State: resident membership ``_t1_all`` / ``_t2_all`` (key -> slot, every resident block),
+    evictable orders ``_t1`` / ``_t2`` (key -> slot, least recent first), ghost lists ``_b1`` /
+    ``_b2`` (least recent first), the set of pending keys, and ``target`` (adaptive target size
+    of T1, in blocks, within ``[0, capacity]``). O(1) per touched key; :meth:`evict` is
+    O(k + protected keys skipped).
+    """
+
+    name = "arc"
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._t1_all: dict[Key, int] = {}
+        self._t2_all: dict[Key, int] = {}
+        self._t1: OrderedDict[Key, int] = OrderedDict()
+        self._t2: OrderedDict[Key, int] = OrderedDict()
+        self._b1: OrderedDict[Key, None] = OrderedDict()
+        self._b2: OrderedDict[Key, None] = OrderedDict()
+        self._pending: set[Key] = set()
+        self.target: float = 0.0
+
+    # -- queries -------------------------------------------------------------------------
+    def get(self, key: Key) -> int | None:
+        slot = self._t1_all.get(key)
+        return self._t2_all.get(key) if slot is None else slot
+
+    def __len__(self) -> int:
+        return len(self._t1_all) + len(self._t2_all)
+
+    @property
+    def t1_size(self) -> int:
+        """|T1| in blocks: resident blocks seen once (pinned and pending included)."""
+        return len(self._t1_all)
+
+    @property
+    def t2_size(self) -> int:
+        """|T2| in blocks: resident blocks seen at least twice."""
+        return len(self._t2_all)
+
+    # -- state changes -------------------------------------------------------------------
+    def insert(self, key: Key, slot: int) -> None:
+        if key in self._b1:
+            del self._b1[key]
+            self._t2_all[key] = slot
+        elif key in self._b2:
+            del self._b2[key]
+            self._t2_all[key] = slot
+        else:
+            self._t1_all[key] = slot
+        self._pending.add(key)
+
+    def remove(self, key: Key) -> None:
+        self._pending.discard(key)
+        if self._t1_all.pop(key, None) is not None:
+            self._t1.pop(key, None)
+        elif self._t2_all.pop(key, None) is not None:
+            self._t2.pop(key, None)
+
+    def block_evictable(self, key: Key, slot: int) -> None:
+        self._pending.discard(key)
+        if key in self._t1_all:
+            self._t1[key] = slot
+        else:
+            self._t2[key] = slot
+
+    def block_unevictable(self, key: Key) -> None:
+        if key in self._t1:
+            del self._t1[key]
+        else:
+            del self._t2[key]
+
+    def touch(self, keys: Sequence[Key]) -> None:
+        t1_all, t2_all, t1, t2 = self._t1_all, self._t2_all, self._t1, self._t2
+        b1, b2 = self._b1, self._b2
+        for key in reversed(keys):
+            if key in t1_all:
+                if key in self._pending:
+                    continue
+                slot = t1_all.pop(key)
+                t2_all[key] = slot
+                if t1.pop(key, None) is not None:
+                    t2[key] = slot
+            elif key in t2_all:
+                if key in t2:
+                    t2.move_to_end(key)
+            elif key in b1:
+                self.target = min(
+                    self.target + max(1.0, len(b2) / len(b1)), float(self.capacity)
+                )
+                b1.move_to_end(key)
+            elif key in b2:
+                self.target = max(self.target - max(1.0, len(b1) / len(b2)), 0.0)
+                b2.move_to_end(key)
+
+    def evict(self, n: int, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
+        t1_iter: Iterator[tuple[Key, int]] | None = iter(self._t1.items())
+        t2_iter: Iterator[tuple[Key, int]] | None = iter(self._t2.items())
+        from_t1: list[tuple[Key, int]] = []
+        victims: list[tuple[Key, int]] = []
+        t1_size = len(self._t1_all)
+        floor_target = math.floor(self.target)
+        visited = 0
+        while len(victims) < n:
+            prefer_t1 = t1_size - len(from_t1) >= floor_target
+            picked = None
+            for use_t1 in (prefer_t1, not prefer_t1):
+                it = t1_iter if use_t1 else t2_iter
+                if it is None:
+                    continue
+                for item in it:
+                    visited += 1
+                    if item[0] not in protected:
+                        picked = item
+                        break
+                if picked is not None:
+                    if use_t1:
+                        from_t1.append(picked)
+                    break
+                # this list is exhausted for the rest of the call
+                if use_t1:
+                    t1_iter = None
+                else:
+                    t2_iter = None
+            if picked is None:
+                self.visited += visited
+                return None
+            victims.append(picked)
+        self.visited += visited
+
+        # commit: victims leave T1/T2 and go to the MRU end of their ghost list
+        t1_keys = {key for key, _ in from_t1}
+        for key, _ in victims:
+            if key in t1_keys:
+                del self._t1[key]
+                del self._t1_all[key]
+                self._b1[key] = None
+            else:
+                del self._t2[key]
+                del self._t2_all[key]
+                self._b2[key] = None
+        capacity = self.capacity
+        while len(self._b1) > capacity:
+            self._b1.popitem(last=False)
+        while len(self._b2) > capacity:
+            self._b2.popitem(last=False)
+        return victims
+
+    def snapshot(self) -> dict:
+        return {
+            "t1_all": dict(self._t1_all),
+            "t2_all": dict(self._t2_all),
+            "t1": list(self._t1.items()),
+            "t2": list(self._t2.items()),
+            "b1": list(self._b1),
+            "b2": list(self._b2),
+            "pending": set(self._pending),
+            "target": self.target,
+        }
+
+    def clear(self) -> None:
+        for part in (self._t1_all, self._t2_all, self._t1, self._t2, self._b1, self._b2):
+            part.clear()
+        self._pending.clear()
+        self.target = 0.0
+        self.visited = 0
