@@ -1,0 +1,451 @@
+"""Streaming readers for request traces: Mooncake JSONL, token-id JSONL and plain text/CSV.
+
+Every reader yields one :class:`Request` per request line, in file order, and holds only the
+current line in memory, so a trace larger than memory can be replayed. gzip and zstd files
+are recognised by their magic bytes (not their name) and decompressed on the fly.
+
+Formats (``fmt``):
+
+``"mooncake"``
+    The Mooncake FAST'25 trace release (kvcache-ai/Mooncake, ``FAST25-release/traces``): one
+    JSON object per line with ``hash_ids`` (list of ints, the request's prefix blocks, 512
+    tokens each), ``input_length`` (tokens, required), ``output_length`` (tokens) and
+    ``timestamp`` (ms). The ``hash_ids`` are used as block keys as they are.
+``"tokens"``
+    One JSON object per line with ``token_ids`` (list of ints >= 0). kvtier chains the block
+    keys itself with :func:`chain_block_hashes`; a trailing partial block is not cacheable
+    and gets no key. ``input_length`` defaults to ``len(token_ids)``.
+``"jsonl"``
+    Either of the two above, decided per line (``hash_ids`` wins when both are present).
+``"text"``
+    One request per line; its block keys separated by spaces and/or commas. A key that is a
+    decimal integer becomes an ``int``, any other key stays a ``str``. Lines starting with
+    ``#`` are comments. Lengths and timestamps are ``None``.
+``"auto"``
+    ``.jsonl`` / ``.json`` / ``.ndjson`` -> ``"jsonl"``; ``.txt`` / ``.csv`` / ``.tsv`` ->
+    ``"text"`` (after stripping ``.gz`` / ``.zst``); otherwise the first non-blank line
+    decides (``{`` -> ``"jsonl"``, a list of keys -> ``"text"``).
+
+Blank lines are ignored in every format. Bad input raises :class:`TraceFormatError` naming
+the file, the line and the rule broken; with ``skip_bad_lines=True`` bad lines are skipped and
+counted in :attr:`TraceReader.bad_lines` instead. A trace with no request at all is an error.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import sys
+from array import array
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import IO, NamedTuple
+
+__all__ = [
+    "FORMATS",
+    "Request",
+    "TraceFormatError",
+    "TraceReader",
+    "chain_block_hashes",
+    "count_unique_blocks",
+    "embedded_sample_path",
+    "read_trace",
+]
+
+FORMATS = ("auto", "jsonl", "mooncake", "tokens", "text")
+"""Accepted values of ``fmt``."""
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_EMBEDDED_NAME = "mooncake_conversation_500.jsonl.gz"
+_JSON_SUFFIXES = {".jsonl", ".json", ".ndjson"}
+_TEXT_SUFFIXES = {".txt", ".csv", ".tsv"}
+_SPLIT = re.compile(r"[\s,]+")
+_ROOT_HASH = b"\x00" * 8
+
+
+class Request(NamedTuple):
+    """One request of a trace.
+
+    Attributes:
+        keys: the request's block keys, head of the prompt first (ints for Mooncake and
+            token traces; ints or strs for text traces). One key per block of
+            ``block_tokens`` tokens.
+        input_length: prompt length in tokens, or ``None`` when the format has none (text).
+        output_length: generated length in tokens, or ``None``.
+        timestamp: arrival time in ms since the trace start, or ``None``.
+    """
+
+    keys: list
+    input_length: int | None
+    output_length: int | None
+    timestamp: float | None
+
+
+class TraceFormatError(ValueError):
+    """Bad trace input. The message names the file, the line (1-based) and the rule broken.
+
+    Attributes:
+        path: the trace file.
+        line: 1-based line number, or ``None`` for whole-file problems (empty file, unknown
+            format, bad compression).
+        reason: the rule broken, without the location.
+    """
+
+    def __init__(self, path: str | os.PathLike, line: int | None, reason: str) -> None:
+        self.path = str(path)
+        self.line = line
+        self.reason = reason
+        where = self.path if line is None else f"{self.path}, line {line}"
+        super().__init__(f"{where}: {reason}")
+
+
+def embedded_sample_path() -> Path:
+    """Path of the trace shipped inside the package.
+
+    The first 500 requests (14,162 block references, 11,879 distinct blocks) of the Mooncake
+    FAST'25 conversation trace (kvcache-ai/Mooncake, ``FAST25-release/traces/
+    conversation_trace.jsonl``, Apache-2.0), gzip-compressed Mooncake JSONL.
+    """
+    return Path(str(resources.files("kvtier").joinpath("data", _EMBEDDED_NAME)))
+
+
+def chain_block_hashes(token_ids: list[int], block_tokens: int = 512) -> list[int]:
+    """Prefix-chained block keys of a token sequence, as vLLM's prefix caching chains them.
+
+    Block ``i`` covers tokens ``[i*B, (i+1)*B)`` with ``B = block_tokens``; only full blocks
+    get a key (a trailing partial block is not cacheable). With ``h_{-1}`` = 8 zero bytes::
+
+        h_i = BLAKE2b(digest_size=8)( h_{i-1} || tokens of block i as int64 little-endian )
+
+    and the key is ``h_i`` read as an unsigned big-endian int (0 <= key < 2**64). Because each
+    hash covers its parent's, equal keys mean equal whole prefixes, and the keys are the same
+    in every process and on every machine (unlike Python's ``hash``).
+
+    Args:
+        token_ids: token ids, ints in ``[0, 2**63)``.
+        block_tokens: tokens per block (>= 1).
+
+    Returns:
+        ``len(token_ids) // block_tokens`` keys.
+
+    Raises:
+        OverflowError / TypeError: a token id is not an int in range.
+    """
+    n_full = len(token_ids) // block_tokens
+    if n_full == 0:
+        return []
+    data = array("q", token_ids[: n_full * block_tokens])
+    if sys.byteorder != "little":
+        data.byteswap()
+    raw = data.tobytes()
+    step = block_tokens * 8
+    blake = hashlib.blake2b
+    parent = _ROOT_HASH
+    keys = []
+    for start in range(0, n_full * step, step):
+        parent = blake(parent + raw[start : start + step], digest_size=8).digest()
+        keys.append(int.from_bytes(parent, "big"))
+    return keys
+
+
+def _open_text(path: Path) -> IO[str]:
+    """Open ``path`` for text reading, decompressing gzip / zstd by magic bytes."""
+    raw = open(path, "rb")  # noqa: SIM115 - closed by the returned wrapper
+    try:
+        head = raw.read(4)
+        raw.seek(0)
+        if head[:2] == _GZIP_MAGIC:
+            stream: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb")
+        elif head == _ZSTD_MAGIC:
+            import zstandard
+
+            stream = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+        else:
+            stream = raw
+        return io.TextIOWrapper(stream, encoding="utf-8", newline=None)
+    except BaseException:
+        raw.close()
+        raise
+
+
+def _strip_compression_suffix(path: Path) -> str:
+    suffixes = [s.lower() for s in path.suffixes]
+    while suffixes and suffixes[-1] in (".gz", ".gzip", ".zst", ".zstd"):
+        suffixes.pop()
+    return suffixes[-1] if suffixes else ""
+
+
+def _bad_length(value: object) -> bool:
+    return type(value) is not int or value < 0
+
+
+class TraceReader:
+    """A streaming iterator of :class:`Request` over one trace file (see module docstring).
+
+    Iterate it once; make a new one (``read_trace``) to read the file again.
+
+    Attributes:
+        path: the trace file.
+        fmt: the format asked for (``"auto"`` until the file is opened, then the one used).
+        block_tokens: tokens per block (for ``"tokens"``; recorded for the others).
+        skip_bad_lines: skip and count bad lines instead of raising.
+        requests: requests yielded so far.
+        block_refs: block references (keys) yielded so far.
+        bad_lines: bad lines skipped so far.
+        lines: lines read so far.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        fmt: str = "auto",
+        block_tokens: int = 512,
+        skip_bad_lines: bool = False,
+    ) -> None:
+        if fmt not in FORMATS:
+            raise TraceFormatError(
+                path, None, f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}"
+            )
+        if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
+            raise ValueError(f"block_tokens must be a positive int (tokens), got {block_tokens!r}")
+        self.path = Path(path)
+        self.fmt = fmt
+        self.block_tokens = block_tokens
+        self.skip_bad_lines = skip_bad_lines
+        self.requests = 0
+        self.block_refs = 0
+        self.bad_lines = 0
+        self.lines = 0
+        self._gen: Iterator[Request] | None = None
+
+    def __iter__(self) -> TraceReader:
+        return self
+
+    def __next__(self) -> Request:
+        if self._gen is None:
+            self._gen = self._generate()
+        return next(self._gen)
+
+    # -- internals -----------------------------------------------------------------------
+    def _resolve_format(self, first_line: str | None) -> str:
+        if self.fmt != "auto":
+            return self.fmt
+        suffix = _strip_compression_suffix(self.path)
+        if suffix in _JSON_SUFFIXES:
+            return "jsonl"
+        if suffix in _TEXT_SUFFIXES:
+            return "text"
+        if first_line is None:
+            return "text"  # empty: reported as empty below
+        stripped = first_line.strip()
+        if stripped.startswith("{"):
+            return "jsonl"
+        if stripped.startswith("#") or _looks_like_keys(stripped):
+            return "text"
+        raise TraceFormatError(
+            self.path,
+            None,
+            "unknown format: the first line is neither a JSON object nor a list of block "
+            "keys; pass fmt= one of " + ", ".join(FORMATS[1:]),
+        )
+
+    def _generate(self) -> Iterator[Request]:
+        path = self.path
+        try:
+            fh = _open_text(path)
+        except FileNotFoundError:
+            raise TraceFormatError(path, None, "no such file") from None
+        except IsADirectoryError:
+            raise TraceFormatError(path, None, "is a directory, not a trace file") from None
+        with fh:
+            lines = _numbered_lines(fh, path)
+            first = None
+            for lineno, line in lines:
+                if line.strip():
+                    first = (lineno, line)
+                    break
+            fmt = self._resolve_format(None if first is None else first[1])
+            self.fmt = fmt
+            if first is None:
+                raise TraceFormatError(path, None, "empty trace: no request lines")
+            parse = self._parser(fmt)
+            skip = self.skip_bad_lines
+            pending = [first]
+            for source in (pending, lines):
+                for lineno, line in source:
+                    self.lines = lineno
+                    if not line or line.isspace():
+                        continue
+                    try:
+                        req = parse(line)
+                    except _LineError as exc:
+                        if skip:
+                            self.bad_lines += 1
+                            continue
+                        raise TraceFormatError(path, lineno, str(exc)) from None
+                    if req is None:  # comment
+                        continue
+                    self.requests += 1
+                    self.block_refs += len(req.keys)
+                    yield req
+        if self.requests == 0:
+            if self.bad_lines:
+                raise TraceFormatError(
+                    path, None, f"no valid request: all {self.bad_lines} request lines are bad"
+                )
+            raise TraceFormatError(path, None, "empty trace: no request lines")
+
+    def _parser(self, fmt: str):
+        loads = json.loads
+        block_tokens = self.block_tokens
+        want_hash = fmt in ("mooncake", "jsonl")
+        want_tokens = fmt in ("tokens", "jsonl")
+
+        def parse_json(line: str) -> Request:
+            try:
+                obj = loads(line)
+            except ValueError as exc:
+                raise _LineError(f"not valid JSON ({exc})") from None
+            if type(obj) is not dict:
+                raise _LineError(f"expected a JSON object, got {type(obj).__name__}")
+            ids = obj.get("hash_ids") if want_hash else None
+            if ids is not None:
+                if type(ids) is not list:
+                    raise _LineError("'hash_ids' must be a list of ints")
+                for h in ids:
+                    if type(h) is not int:
+                        raise _LineError(f"'hash_ids' must be a list of ints, found {h!r}")
+                input_length = obj.get("input_length")
+                if input_length is None:
+                    raise _LineError("missing field 'input_length' (tokens)")
+                keys = ids
+            else:
+                tokens = obj.get("token_ids") if want_tokens else None
+                if tokens is None:
+                    if fmt == "mooncake":
+                        raise _LineError("missing field 'hash_ids'")
+                    if fmt == "tokens":
+                        raise _LineError("missing field 'token_ids'")
+                    raise _LineError("missing field: need 'hash_ids' or 'token_ids'")
+                if type(tokens) is not list:
+                    raise _LineError("'token_ids' must be a list of ints")
+                for t in tokens:
+                    if type(t) is not int or t < 0:
+                        raise _LineError(
+                            f"'token_ids' must be a list of ints >= 0, found {t!r}"
+                        )
+                try:
+                    keys = chain_block_hashes(tokens, block_tokens)
+                except OverflowError:
+                    raise _LineError("a token id does not fit in 63 bits") from None
+                input_length = obj.get("input_length", len(tokens))
+            if _bad_length(input_length):
+                raise _LineError(
+                    f"'input_length' must be an int >= 0 (tokens), got {input_length!r}"
+                )
+            output_length = obj.get("output_length")
+            if output_length is not None and _bad_length(output_length):
+                raise _LineError(
+                    f"'output_length' must be an int >= 0 (tokens), got {output_length!r}"
+                )
+            ts = obj.get("timestamp")
+            if ts is not None and (
+                type(ts) not in (int, float) or ts < 0 or ts != ts  # NaN
+            ):
+                raise _LineError(f"'timestamp' must be a number >= 0 (ms), got {ts!r}")
+            return Request(keys, input_length, output_length, ts)
+
+        def parse_text(line: str) -> Request | None:
+            stripped = line.strip()
+            if stripped.startswith("#"):
+                return None
+            parts = _SPLIT.split(stripped)
+            keys: list = []
+            append = keys.append
+            for part in parts:
+                if not part:
+                    raise _LineError("empty key (two separators in a row)")
+                try:
+                    append(int(part))
+                except ValueError:
+                    if part[0] in "{[\"'":
+                        raise _LineError(
+                            f"{part[:20]!r} is not a block key (is this a JSON trace? "
+                            "use fmt='jsonl')"
+                        ) from None
+                    append(part)
+            return Request(keys, None, None, None)
+
+        if fmt == "text":
+            return parse_text
+        return parse_json
+
+
+class _LineError(Exception):
+    """A rule broken by one line (internal; becomes TraceFormatError with the location)."""
+
+
+def _numbered_lines(fh: IO[str], path: Path) -> Iterator[tuple[int, str]]:
+    lineno = 0
+    try:
+        for line in fh:
+            lineno += 1
+            yield lineno, line
+    except UnicodeDecodeError:
+        raise TraceFormatError(
+            path, lineno + 1, "not UTF-8 text (unknown format or unsupported compression)"
+        ) from None
+    except (EOFError, OSError) as exc:  # truncated / corrupt gzip or zstd stream
+        raise TraceFormatError(path, lineno + 1, f"cannot decompress: {exc}") from None
+
+
+def _looks_like_keys(line: str) -> bool:
+    return bool(line) and line.isprintable() and not line.startswith(("{", "[", '"'))
+
+
+def read_trace(
+    path: str | os.PathLike,
+    *,
+    fmt: str = "auto",
+    block_tokens: int = 512,
+    skip_bad_lines: bool = False,
+) -> TraceReader:
+    """Stream the requests of a trace file (see the module docstring for the formats).
+
+    Args:
+        path: trace file; gzip / zstd compression is detected from its magic bytes.
+        fmt: one of :data:`FORMATS`.
+        block_tokens: tokens per block, used to chain keys of ``token_ids`` traces (>= 1).
+        skip_bad_lines: skip bad lines (counted in ``.bad_lines``) instead of raising.
+
+    Returns:
+        A :class:`TraceReader`: an iterator of :class:`Request` in file order, with running
+        counts ``.requests``, ``.block_refs``, ``.bad_lines``.
+
+    Raises:
+        TraceFormatError: unknown ``fmt`` (at once); while iterating: missing or unreadable
+            file, unknown format, a bad line (unless skipped), or no request at all.
+        ValueError: ``block_tokens`` is not a positive int.
+    """
+    return TraceReader(path, fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines)
+
+
+def count_unique_blocks(requests) -> tuple[int, int, int]:
+    """One pass over ``requests``: ``(requests, block references, distinct block keys)``."""
+    seen: set = set()
+    update = seen.update
+    n_req = 0
+    n_refs = 0
+    for req in requests:
+        keys = req.keys
+        n_req += 1
+        n_refs += len(keys)
+        update(keys)
+    return n_req, n_refs, len(seen)

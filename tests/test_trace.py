@@ -1,0 +1,227 @@
+"""Trace readers: every format, compression, the chained hash, and bad input."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from kvtier.trace import (
+    Request,
+    TraceFormatError,
+    chain_block_hashes,
+    count_unique_blocks,
+    embedded_sample_path,
+    read_trace,
+)
+
+MOONCAKE_LINES = [
+    {"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [0, 1]},
+    {"timestamp": 5, "input_length": 1500, "output_length": 20, "hash_ids": [0, 1, 2]},
+    {"timestamp": 7.5, "input_length": 100, "output_length": 0, "hash_ids": [3]},
+]
+
+
+def write_jsonl(path: Path, objs) -> Path:
+    path.write_text("".join(json.dumps(o) + "\n" for o in objs))
+    return path
+
+
+def test_mooncake_jsonl(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", MOONCAKE_LINES)
+    reader = read_trace(path)
+    reqs = list(reader)
+    assert reqs == [
+        Request([0, 1], 1000, 10, 0),
+        Request([0, 1, 2], 1500, 20, 5),
+        Request([3], 100, 0, 7.5),
+    ]
+    assert (reader.fmt, reader.requests, reader.block_refs, reader.bad_lines) == (
+        "jsonl", 3, 6, 0
+    )
+
+
+def test_blank_lines_ignored_and_auto_sniffs_without_suffix(tmp_path):
+    path = tmp_path / "trace"
+    path.write_text("\n" + json.dumps(MOONCAKE_LINES[0]) + "\n\n  \n" + json.dumps(MOONCAKE_LINES[2]))
+    reader = read_trace(path)
+    assert [r.keys for r in reader] == [[0, 1], [3]]
+    assert reader.fmt == "jsonl"
+
+
+@pytest.mark.parametrize("compress", ["gzip", "zstd"])
+def test_compressed_files_read_transparently(tmp_path, compress):
+    raw = "".join(json.dumps(o) + "\n" for o in MOONCAKE_LINES).encode()
+    # no telling suffix: detection is by magic bytes
+    path = tmp_path / "trace.jsonl"
+    if compress == "gzip":
+        path.write_bytes(gzip.compress(raw))
+    else:
+        path.write_bytes(zstandard.ZstdCompressor().compress(raw))
+    assert [r.keys for r in read_trace(path)] == [[0, 1], [0, 1, 2], [3]]
+
+
+def test_embedded_sample_is_real_mooncake_data():
+    path = embedded_sample_path()
+    assert path.is_file()
+    assert count_unique_blocks(read_trace(path)) == (500, 14162, 11879)
+    first = next(iter(read_trace(path)))
+    assert first == Request(list(range(14)), 6758, 500, 0)
+
+
+def _blake(parent: bytes, tokens) -> bytes:
+    data = b"".join(t.to_bytes(8, "little", signed=True) for t in tokens)
+    return hashlib.blake2b(parent + data, digest_size=8).digest()
+
+
+def test_chain_block_hashes_definition():
+    tokens = list(range(10))
+    keys = chain_block_hashes(tokens, block_tokens=4)
+    h0 = _blake(b"\x00" * 8, [0, 1, 2, 3])
+    h1 = _blake(h0, [4, 5, 6, 7])
+    assert keys == [int.from_bytes(h0, "big"), int.from_bytes(h1, "big")]  # 8, 9: partial
+    assert chain_block_hashes([1, 2, 3], block_tokens=4) == []
+    # a block's key depends on its whole prefix
+    other = chain_block_hashes([9, 1, 2, 3, 4, 5, 6, 7], block_tokens=4)
+    assert other[0] != keys[0] and other[1] != keys[1]
+    # same prefix, same keys
+    assert chain_block_hashes(tokens + [11, 12], block_tokens=4)[:2] == keys
+
+
+def test_token_ids_jsonl(tmp_path):
+    path = write_jsonl(
+        tmp_path / "tok.jsonl",
+        [
+            {"token_ids": list(range(9)), "output_length": 3},
+            {"token_ids": list(range(4)) + [99] * 4, "input_length": 8, "timestamp": 1},
+        ],
+    )
+    reqs = list(read_trace(path, block_tokens=4))
+    a, b = chain_block_hashes(list(range(9)), 4)
+    assert reqs[0] == Request([a, b], 9, 3, None)
+    assert reqs[1].keys[0] == a and reqs[1].keys[1] != b
+    assert reqs[1].input_length == 8
+    # fmt="tokens" refuses hash_ids lines
+    with pytest.raises(TraceFormatError, match="line 1: missing field 'token_ids'"):
+        list(read_trace(write_jsonl(tmp_path / "m.jsonl", MOONCAKE_LINES), fmt="tokens"))
+
+
+def test_text_and_csv(tmp_path):
+    path = tmp_path / "keys.txt"
+    path.write_text("# a comment\n1 2 3\n1,2, 4\n\nx y\n")
+    reqs = list(read_trace(path))
+    assert [r.keys for r in reqs] == [[1, 2, 3], [1, 2, 4], ["x", "y"]]
+    assert reqs[0] == Request([1, 2, 3], None, None, None)
+    csv = tmp_path / "keys.csv"
+    csv.write_text("5,6\n7\n")
+    assert [r.keys for r in read_trace(csv)] == [[5, 6], [7]]
+    # sniffed as text without suffix
+    bare = tmp_path / "keys"
+    bare.write_text("a b\n")
+    assert [r.keys for r in read_trace(bare)] == [["a", "b"]]
+
+
+def test_streaming_yields_before_reading_the_rest(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(MOONCAKE_LINES[0]) + "\n{broken\n")
+    reader = read_trace(path)
+    assert next(reader).keys == [0, 1]  # the bad line 2 is not read yet
+    with pytest.raises(TraceFormatError, match="line 2"):
+        next(reader)
+
+
+@pytest.mark.parametrize(
+    ("line", "rule"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"input_length": 5}', "missing field: need 'hash_ids' or 'token_ids'"),
+        ('{"hash_ids": [1, 2]}', "missing field 'input_length'"),
+        ('{"hash_ids": [1], "input_length": -3}', "'input_length' must be an int >= 0"),
+        ('{"hash_ids": [1], "input_length": 3, "output_length": -1}', "'output_length'"),
+        ('{"hash_ids": [1, "a"], "input_length": 3}', "'hash_ids' must be a list of ints"),
+        ('{"hash_ids": 7, "input_length": 3}', "'hash_ids' must be a list of ints"),
+        ('{"token_ids": [1, -2]}', "'token_ids' must be a list of ints >= 0"),
+        ('{"hash_ids": [1], "input_length": 3, "timestamp": "x"}', "'timestamp'"),
+    ],
+)
+def test_bad_jsonl_line_names_file_line_and_rule(tmp_path, line, rule):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(MOONCAKE_LINES[0]) + "\n\n" + line + "\n")
+    with pytest.raises(TraceFormatError) as info:
+        list(read_trace(path))
+    err = info.value
+    assert str(err).startswith(f"{path}, line 3: ")
+    assert rule in str(err)
+    assert (err.line, err.path) == (3, str(path))
+
+
+def test_skip_bad_lines_counts_them(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(
+        "{oops\n"
+        + json.dumps(MOONCAKE_LINES[0]) + "\n"
+        + '{"hash_ids": [1], "input_length": -1}\n'
+        + json.dumps(MOONCAKE_LINES[2]) + "\n"
+    )
+    reader = read_trace(path, skip_bad_lines=True)
+    assert [r.keys for r in reader] == [[0, 1], [3]]
+    assert (reader.bad_lines, reader.requests) == (2, 2)
+
+
+def test_all_lines_bad_is_an_error_even_when_skipping(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("{a\n{b\n")
+    with pytest.raises(TraceFormatError, match="all 2 request lines are bad"):
+        list(read_trace(path, skip_bad_lines=True))
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n  \n"])
+def test_empty_file(tmp_path, content):
+    path = tmp_path / "empty.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(TraceFormatError, match=r"empty\.jsonl: empty trace"):
+        list(read_trace(path))
+
+
+def test_empty_gzip_file(tmp_path):
+    path = tmp_path / "empty.gz"
+    path.write_bytes(gzip.compress(b""))
+    with pytest.raises(TraceFormatError, match="empty trace"):
+        list(read_trace(path))
+
+
+def test_unknown_format(tmp_path):
+    path = tmp_path / "blob.bin"
+    path.write_bytes(bytes(range(256)))
+    with pytest.raises(TraceFormatError, match=r"blob\.bin.*(unknown format|not UTF-8)"):
+        list(read_trace(path))
+    with pytest.raises(TraceFormatError, match="unknown format 'parquet'"):
+        read_trace(path, fmt="parquet")
+    odd = tmp_path / "odd"
+    odd.write_text('"just a string"\n')
+    with pytest.raises(TraceFormatError, match="unknown format"):
+        list(read_trace(odd))
+
+
+def test_json_in_a_text_file_is_reported(tmp_path):
+    path = tmp_path / "oops.txt"
+    path.write_text(json.dumps(MOONCAKE_LINES[0]) + "\n")
+    with pytest.raises(TraceFormatError, match="line 1: .*fmt='jsonl'"):
+        list(read_trace(path))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(TraceFormatError, match="no such file"):
+        list(read_trace(tmp_path / "nope.jsonl"))
+
+
+def test_corrupt_gzip(tmp_path):
+    path = tmp_path / "t.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"hash_ids": [1], "input_length": 1}\n' * 100)[:40])
+    with pytest.raises(TraceFormatError, match="cannot decompress"):
+        list(read_trace(path))
