@@ -1,0 +1,381 @@
+"""Trace replay: drive an :class:`~kvtier.OffloadingManager` with a request trace.
+
+The question it answers: what block / token hit ratio would this tier size and this policy give
+on this traffic, and what does the manager's bookkeeping cost per block reference? The manager
+underneath is the real one (same calls an engine makes), not a simplified cache.
+
+Protocol ``"prefix"`` (the engine's view), per request in trace order::
+
+    hits = lookup_prefix(keys)            # leading blocks readable in the tier
+    touch(keys)                           # every key, so ARC sees ghost hits
+    if hits: prepare_load(keys[:hits])    # pin the prefix we read
+    out = prepare_store(keys[hits:])      # the rest is computed and offloaded
+    if out is None: store failure         # (not enough evictable blocks)
+
+With ``inflight=W`` the loads and stores of the last ``W`` requests stay in flight (pinned /
+pending); when a request leaves that window (oldest first) its ``complete_load`` then
+``complete_store`` run. ``W=0`` completes each request before the next. At the end of the
+trace the window is drained. ``prepare_store`` is not called when every key hit.
+
+Protocol ``"get"`` (the cache literature's view): every key reference is one get-with-insert::
+
+    if lookup(key) is HIT: touch([key])                       # hit
+    else: touch([key]); complete_store(prepare_store([key]))  # miss: insert
+
+Under ``"get"`` LRU gives exactly the hits of a textbook LRU (tested against libCacheSim).
+
+See ``docs/replay.md`` for the formats, the output fields and measured costs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+
+from kvtier.manager import OffloadingManager
+from kvtier.types import LookupResult
+
+__all__ = ["PROTOCOLS", "ReplayResult", "parse_capacity", "replay"]
+
+PROTOCOLS = ("prefix", "get")
+"""Accepted values of ``protocol``."""
+
+_PROGRESS_EVERY = 1024  # requests between progress callbacks
+_CAPACITY_RE = re.compile(r"^\s*(\d[\d_]*)\s*$")
+_PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*%\s*$")
+
+
+@dataclass
+class ReplayResult:
+    """Counts and cost of one replay of one (policy, capacity).
+
+    Attributes:
+        policy: policy name.
+        capacity: tier size in blocks.
+        protocol: ``"prefix"`` or ``"get"``.
+        inflight: in-flight window ``W`` in requests (0 for ``"get"``).
+        block_tokens: tokens per block (used for the token counts).
+        store_threshold: the manager's admission threshold (1 = admit all).
+        requests: requests replayed.
+        block_refs: block references (keys over all requests).
+        hit_blocks: block references that hit (prefix hits under ``"prefix"``).
+        input_tokens: sum of ``input_length`` (``len(keys) * block_tokens`` where a request
+            has none).
+        hit_tokens: sum over requests of ``min(hit blocks * block_tokens, input tokens)``.
+        store_failures: ``prepare_store`` calls that returned ``None``.
+        store_failed_blocks: blocks those calls asked to store.
+        stored_blocks: blocks allocated by ``prepare_store`` (manager ``stats().stores``).
+        evictions: blocks evicted (manager ``stats().evictions``).
+        bookkeeping_ns: wall time of the manager calls, in ns (trace parsing excluded).
+        parse_ns: when ``requests`` was a stream (not a list), wall time spent outside the
+            manager calls, i.e. reading and parsing the trace, in ns; else ``None``.
+    """
+
+    policy: str
+    capacity: int
+    protocol: str
+    inflight: int
+    block_tokens: int
+    store_threshold: int
+    requests: int
+    block_refs: int
+    hit_blocks: int
+    input_tokens: int
+    hit_tokens: int
+    store_failures: int
+    store_failed_blocks: int
+    stored_blocks: int
+    evictions: int
+    bookkeeping_ns: int
+    parse_ns: int | None = None
+
+    @property
+    def block_hit_ratio(self) -> float:
+        """hit_blocks / block_refs (0.0 for an empty replay)."""
+        return self.hit_blocks / self.block_refs if self.block_refs else 0.0
+
+    @property
+    def miss_ratio(self) -> float:
+        """1 - block_hit_ratio."""
+        return 1.0 - self.block_hit_ratio
+
+    @property
+    def token_hit_ratio(self) -> float:
+        """hit_tokens / input_tokens (0.0 when there are no input tokens)."""
+        return self.hit_tokens / self.input_tokens if self.input_tokens else 0.0
+
+    @property
+    def ns_per_block_ref(self) -> float:
+        """Bookkeeping cost per block reference, in ns."""
+        return self.bookkeeping_ns / self.block_refs if self.block_refs else 0.0
+
+    @property
+    def bookkeeping_s(self) -> float:
+        """Bookkeeping wall time, in seconds."""
+        return self.bookkeeping_ns / 1e9
+
+    def to_dict(self) -> dict:
+        """All fields plus the derived ratios and costs, JSON-ready."""
+        out = asdict(self)
+        out["block_hit_ratio"] = self.block_hit_ratio
+        out["miss_ratio"] = self.miss_ratio
+        out["token_hit_ratio"] = self.token_hit_ratio
+        out["ns_per_block_ref"] = self.ns_per_block_ref
+        out["bookkeeping_s"] = self.bookkeeping_s
+        return out
+
+
+def parse_capacity(spec: str | int, unique_blocks: int | None = None) -> int:
+    """Parse a capacity: a block count (``"4000"``, ``4000``) or a percentage of the trace's
+    distinct blocks (``"10%"``, ``"2.5%"``; rounded, at least 1 block).
+
+    Raises:
+        ValueError: not a positive count or percentage, or a percentage without
+            ``unique_blocks``.
+    """
+    if isinstance(spec, bool):
+        raise ValueError(f"capacity must be a block count or a percentage, got {spec!r}")
+    if isinstance(spec, int):
+        value = spec
+    else:
+        m = _CAPACITY_RE.match(spec)
+        if m:
+            value = int(m.group(1).replace("_", ""))
+        else:
+            p = _PERCENT_RE.match(spec)
+            if not p:
+                raise ValueError(
+                    f"capacity {spec!r} is neither a block count (e.g. 4000) nor a "
+                    "percentage of the trace's distinct blocks (e.g. 10%)"
+                )
+            if unique_blocks is None:
+                raise ValueError(
+                    f"capacity {spec!r} is a percentage but the trace's distinct block "
+                    "count is unknown"
+                )
+            pct = float(p.group(1))
+            if pct <= 0:
+                raise ValueError(f"capacity {spec!r} must be > 0%")
+            return max(1, round(unique_blocks * pct / 100.0))
+    if value < 1:
+        raise ValueError(f"capacity must be >= 1 block, got {spec!r}")
+    return value
+
+
+def replay(
+    requests: Iterable,
+    policy: str,
+    capacity: int,
+    *,
+    inflight: int = 0,
+    protocol: str = "prefix",
+    block_tokens: int = 512,
+    store_threshold: int = 1,
+    progress: Callable[[int], object] | None = None,
+) -> ReplayResult:
+    """Replay ``requests`` through a fresh ``OffloadingManager(capacity, policy)``.
+
+    Args:
+        requests: :class:`~kvtier.trace.Request` s (anything with ``.keys`` and
+            ``.input_length``) in trace order. A list is timed as a whole (all manager time);
+            any other iterable is streamed and only the manager calls are timed, the rest is
+            reported as ``parse_ns``.
+        policy: a registered policy name (:func:`kvtier.available_policies`).
+        capacity: tier size in blocks (>= 1).
+        inflight: in-flight window ``W`` in requests (>= 0), ``"prefix"`` protocol only.
+        protocol: ``"prefix"`` or ``"get"`` (see the module docstring).
+        block_tokens: tokens per block, for the token counts (>= 1).
+        store_threshold: the manager's admission threshold (1 admits everything).
+        progress: called with the number of requests done since the previous call, every
+            1,024 requests and once at the end.
+
+    Returns:
+        A :class:`ReplayResult`.
+
+    Raises:
+        ValueError: unknown protocol or policy, a non-positive capacity / block_tokens /
+            threshold, a negative window, or ``inflight > 0`` with ``protocol="get"``.
+        kvtier.trace.TraceFormatError: raised by a streamed trace reader.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
+    if isinstance(inflight, bool) or not isinstance(inflight, int) or inflight < 0:
+        raise ValueError(f"inflight must be an int >= 0 (requests), got {inflight!r}")
+    if protocol == "get" and inflight:
+        raise ValueError("inflight > 0 needs protocol 'prefix' ('get' completes every access)")
+    if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
+        raise ValueError(f"block_tokens must be a positive int (tokens), got {block_tokens!r}")
+    manager = OffloadingManager(capacity, policy, store_threshold=store_threshold)
+    streamed = not isinstance(requests, (list, tuple))
+    run = _run_prefix if protocol == "prefix" else _run_get
+    counts, manager_ns, total_ns = run(
+        manager, requests, inflight, block_tokens, progress, streamed
+    )
+    stats = manager.stats()
+    return ReplayResult(
+        policy=policy if isinstance(policy, str) else getattr(policy, "name", str(policy)),
+        capacity=capacity,
+        protocol=protocol,
+        inflight=inflight,
+        block_tokens=block_tokens,
+        store_threshold=store_threshold,
+        requests=counts[0],
+        block_refs=counts[1],
+        hit_blocks=counts[2],
+        input_tokens=counts[3],
+        hit_tokens=counts[4],
+        store_failures=counts[5],
+        store_failed_blocks=counts[6],
+        stored_blocks=stats.stores,
+        evictions=stats.evictions,
+        bookkeeping_ns=manager_ns if streamed else total_ns,
+        parse_ns=(total_ns - manager_ns) if streamed else None,
+    )
+
+
+def _run_prefix(manager, requests, window_size, block_tokens, progress, streamed):
+    lookup_prefix = manager.lookup_prefix
+    touch = manager.touch
+    prepare_load = manager.prepare_load
+    complete_load = manager.complete_load
+    prepare_store = manager.prepare_store
+    complete_store = manager.complete_store
+    now = time.perf_counter_ns
+    window: deque = deque()
+    push = window.append
+    pop = window.popleft
+    n_req = refs = hit_blocks = in_tok = hit_tok = fails = failed_blocks = 0
+    manager_ns = 0
+    t0 = 0
+    mask = _PROGRESS_EVERY - 1
+    start = now()
+    for req in requests:
+        if streamed:
+            t0 = now()
+        keys = req.keys
+        n = len(keys)
+        hits = lookup_prefix(keys)
+        touch(keys)
+        loaded = None
+        stored = None
+        if hits:
+            loaded = keys[:hits]
+            prepare_load(loaded)
+        if hits < n:
+            out = prepare_store(keys[hits:] if hits else keys)
+            if out is None:
+                fails += 1
+                failed_blocks += n - hits
+            else:
+                stored = out.keys_to_store
+        if window_size == 0:
+            if loaded:
+                complete_load(loaded)
+            if stored:
+                complete_store(stored)
+        else:
+            push((loaded, stored))
+            if len(window) > window_size:
+                old_loaded, old_stored = pop()
+                if old_loaded:
+                    complete_load(old_loaded)
+                if old_stored:
+                    complete_store(old_stored)
+        if streamed:
+            manager_ns += now() - t0
+        n_req += 1
+        refs += n
+        length = req.input_length
+        if length is None:
+            length = n * block_tokens
+        in_tok += length
+        if hits:
+            hit_blocks += hits
+            tok = hits * block_tokens
+            hit_tok += tok if tok < length else length
+        if progress is not None and not n_req & mask:
+            progress(_PROGRESS_EVERY)
+    t0 = now()
+    while window:  # drain: the last W requests complete, oldest first
+        old_loaded, old_stored = pop()
+        if old_loaded:
+            complete_load(old_loaded)
+        if old_stored:
+            complete_store(old_stored)
+    end = now()
+    manager_ns += end - t0
+    if progress is not None and n_req & mask:
+        progress(n_req & mask)
+    return (n_req, refs, hit_blocks, in_tok, hit_tok, fails, failed_blocks), manager_ns, end - start
+
+
+def _run_get(manager, requests, window_size, block_tokens, progress, streamed):
+    lookup = manager.lookup
+    touch = manager.touch
+    prepare_store = manager.prepare_store
+    complete_store = manager.complete_store
+    hit = LookupResult.HIT
+    now = time.perf_counter_ns
+    n_req = refs = hit_blocks = in_tok = hit_tok = fails = failed_blocks = 0
+    manager_ns = 0
+    t0 = 0
+    mask = _PROGRESS_EVERY - 1
+    start = now()
+    for req in requests:
+        if streamed:
+            t0 = now()
+        keys = req.keys
+        hits = 0
+        for key in keys:
+            single = (key,)
+            if lookup(key) is hit:
+                hits += 1
+                touch(single)
+            else:
+                touch(single)
+                out = prepare_store(single)
+                if out is None:
+                    fails += 1
+                    failed_blocks += 1
+                elif out.keys_to_store:
+                    complete_store(out.keys_to_store)
+        if streamed:
+            manager_ns += now() - t0
+        n = len(keys)
+        n_req += 1
+        refs += n
+        length = req.input_length
+        if length is None:
+            length = n * block_tokens
+        in_tok += length
+        if hits:
+            hit_blocks += hits
+            tok = hits * block_tokens
+            hit_tok += tok if tok < length else length
+        if progress is not None and not n_req & mask:
+            progress(_PROGRESS_EVERY)
+    end = now()
+    if progress is not None and n_req & mask:
+        progress(n_req & mask)
+    return (n_req, refs, hit_blocks, in_tok, hit_tok, fails, failed_blocks), manager_ns, end - start
+
+
+def log_grid(lo: int, hi: int, points: int) -> list[int]:
+    """``points`` distinct block counts spaced evenly on a log scale from ``lo`` to ``hi``.
+
+    Fewer come back when the range holds fewer distinct integers.
+
+    Raises:
+        ValueError: ``lo < 1``, ``hi < lo`` or ``points < 1``.
+    """
+    if lo < 1 or hi < lo or points < 1:
+        raise ValueError(f"bad grid: lo={lo}, hi={hi}, points={points}")
+    if points == 1 or lo == hi:
+        return [hi]
+    ratio = math.log(hi / lo)
+    values = [round(lo * math.exp(ratio * i / (points - 1))) for i in range(points)]
+    return sorted(set(values))

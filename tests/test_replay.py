@@ -1,0 +1,173 @@
+"""Replay protocol: hand-checked counts on tiny traces."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtier import available_policies
+from kvtier.replay import log_grid, parse_capacity, replay
+from kvtier.trace import Request, embedded_sample_path, read_trace
+
+
+def reqs(*specs):
+    """(keys, input_length) pairs -> Requests."""
+    return [Request(list(keys), length, None, None) for keys, length in specs]
+
+
+# Hand-checked with LRU, capacity 4, block_tokens 4, W=0 (LRU order least recent first):
+#  R1 [1,2,3]  no hit; store 1,2,3                            order 3 2 1
+#  R2 [1,2,4]  hits 2 (8 tok); load 1,2; store 4 (free slot)   order 3 2 1 4
+#  R3 [5,6]    no hit; store 5,6 evicts 3,2                    order 1 4 6 5
+#  R4 [1,2,3]  hits 1 (4 tok); load 1; store 2,3 evicts 4,6    order 5 1 3 2
+#  R5 [5,1,3]  hits 3 (12 tok); nothing to store               order 2 3 1 5
+TINY = reqs(([1, 2, 3], 10), ([1, 2, 4], 12), ([5, 6], 5), ([1, 2, 3], 12), ([5, 1, 3], 12))
+
+
+def test_prefix_protocol_counts_by_hand():
+    r = replay(TINY, "lru", 4, block_tokens=4)
+    assert (r.requests, r.block_refs, r.hit_blocks) == (5, 14, 6)
+    assert (r.input_tokens, r.hit_tokens) == (51, 24)
+    assert (r.stored_blocks, r.evictions, r.store_failures, r.store_failed_blocks) == (
+        8, 4, 0, 0
+    )
+    assert r.block_hit_ratio == pytest.approx(6 / 14)
+    assert r.miss_ratio == pytest.approx(8 / 14)
+    assert r.token_hit_ratio == pytest.approx(24 / 51)
+    assert r.parse_ns is None and r.bookkeeping_ns > 0
+    d = r.to_dict()
+    assert d["hit_blocks"] == 6 and d["token_hit_ratio"] == pytest.approx(24 / 51)
+    assert d["ns_per_block_ref"] == pytest.approx(r.bookkeeping_ns / 14)
+
+
+def test_hit_tokens_capped_at_input_length():
+    # 2 hit blocks of 512 tokens, but the prompt is only 700 tokens long
+    trace = reqs(([7, 8], 700), ([7, 8], 700))
+    r = replay(trace, "lru", 10)
+    assert (r.hit_blocks, r.hit_tokens, r.input_tokens) == (2, 700, 1400)
+
+
+def test_missing_input_length_counts_whole_blocks():
+    trace = reqs(([1, 2], None), ([1, 3], None))
+    r = replay(trace, "lru", 10, block_tokens=16)
+    assert (r.input_tokens, r.hit_tokens) == (64, 16)
+
+
+def test_store_failure_when_request_does_not_fit():
+    trace = reqs(([1, 2, 3], 3), ([1], 1), ([1], 1))
+    r = replay(trace, "lru", 2, block_tokens=1)
+    # R1 needs 3 slots of 2: prepare_store returns None, nothing stored
+    assert (r.store_failures, r.store_failed_blocks) == (1, 3)
+    assert (r.hit_blocks, r.stored_blocks, r.evictions) == (1, 1, 0)
+
+
+# In-flight window W=1, LRU capacity 3:
+#  R1 [1,2]  store 1,2 (pending)
+#  R2 [1,2]  1 is HIT_PENDING -> 0 hits; nothing new to store; R1 completes
+#  R3 [1,3]  hits 1 (pinned); store 3 (pending); R2 completes (nothing)
+#  R4 [4,5]  needs 2 slots: 0 free, evictable only {2} -> store failure; R3 completes
+INFLIGHT = reqs(([1, 2], 2), ([1, 2], 2), ([1, 3], 2), ([4, 5], 2))
+
+
+def test_inflight_window_keeps_blocks_pending_and_pinned():
+    r = replay(INFLIGHT, "lru", 3, inflight=1, block_tokens=1)
+    assert (r.hit_blocks, r.store_failures, r.store_failed_blocks, r.evictions) == (1, 1, 2, 0)
+    assert r.stored_blocks == 3
+    # W=0: R2 hits 2, R3 hits 1, R4 evicts 2 blocks
+    r0 = replay(INFLIGHT, "lru", 3, inflight=0, block_tokens=1)
+    assert (r0.hit_blocks, r0.store_failures, r0.evictions, r0.stored_blocks) == (3, 0, 2, 5)
+
+
+def test_inflight_drains_at_end_of_trace():
+    # a window larger than the trace: everything completes in the final drain, so a
+    # second replay of the same trace through W=10 sees nothing readable until then
+    r = replay(INFLIGHT, "lru", 8, inflight=10, block_tokens=1)
+    assert (r.hit_blocks, r.store_failures, r.stored_blocks) == (0, 0, 5)
+
+
+def test_get_protocol_is_plain_lru():
+    # libCacheSim LRU(2) on 1 2 1 3 2 1 3 -> only the second access of 1 hits
+    trace = reqs(([1, 2], None), ([1, 3], None), ([2, 1, 3], None))
+    r = replay(trace, "lru", 2, protocol="get", block_tokens=1)
+    assert (r.block_refs, r.hit_blocks, r.evictions, r.stored_blocks) == (7, 1, 4, 6)
+    # under "prefix" the second request hits on block 1 only as a prefix, too
+    rp = replay(trace, "lru", 2, protocol="prefix", block_tokens=1)
+    assert rp.hit_blocks == 1
+
+
+def test_get_protocol_counts_non_prefix_hits():
+    trace = reqs(([1, 2, 3], None), ([9, 2, 3], None))
+    assert replay(trace, "lru", 8, protocol="get").hit_blocks == 2
+    assert replay(trace, "lru", 8, protocol="prefix").hit_blocks == 0
+
+
+def test_streamed_input_matches_list_and_reports_parse_time():
+    path = embedded_sample_path()
+    as_list = replay(list(read_trace(path)), "arc", 1000, inflight=4)
+    streamed = replay(read_trace(path), "arc", 1000, inflight=4)
+    assert streamed.parse_ns is not None and streamed.parse_ns > 0
+    for field in ("requests", "block_refs", "hit_blocks", "hit_tokens", "evictions",
+                  "store_failures", "stored_blocks"):
+        assert getattr(streamed, field) == getattr(as_list, field)
+    assert (as_list.requests, as_list.block_refs) == (500, 14162)
+
+
+@pytest.mark.parametrize("policy", available_policies())
+def test_every_policy_replays_the_sample_consistently(policy):
+    trace = list(read_trace(embedded_sample_path()))
+    for inflight in (0, 8):
+        r = replay(trace, policy, 1200, inflight=inflight)
+        assert r.block_refs == 14162
+        # compulsory misses: 11,879 distinct blocks can hit at most 14,162 - 11,879 times
+        assert 0 < r.hit_blocks <= 14162 - 11879
+        assert r.stored_blocks - r.evictions <= 1200
+        assert r.hit_tokens <= r.input_tokens
+
+
+def test_bigger_cache_never_hurts_lru():
+    trace = list(read_trace(embedded_sample_path()))
+    hits = [replay(trace, "lru", c).hit_blocks for c in (500, 2000, 8000, 20000)]
+    assert hits == sorted(hits)
+    # large enough: every re-reference of a block hits under "get"
+    assert replay(trace, "lru", 20000, protocol="get").hit_blocks == 14162 - 11879
+
+
+def test_progress_callback_counts_every_request():
+    seen = []
+    replay(list(read_trace(embedded_sample_path())), "lru", 100, progress=seen.append)
+    assert sum(seen) == 500 and seen[0] == 500  # fewer than 1,024: one call at the end
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="unknown protocol"):
+        replay(TINY, "lru", 4, protocol="set")
+    with pytest.raises(ValueError, match="unknown policy 'nope'"):
+        replay(TINY, "nope", 4)
+    with pytest.raises(ValueError, match="num_blocks"):
+        replay(TINY, "lru", 0)
+    with pytest.raises(ValueError, match="inflight"):
+        replay(TINY, "lru", 4, inflight=-1)
+    with pytest.raises(ValueError, match="protocol 'prefix'"):
+        replay(TINY, "lru", 4, inflight=2, protocol="get")
+
+
+def test_parse_capacity():
+    assert parse_capacity("4000") == 4000
+    assert parse_capacity("16_000") == 16000
+    assert parse_capacity(12) == 12
+    assert parse_capacity("10%", 182790) == 18279
+    assert parse_capacity("2.5%", 1000) == 25
+    assert parse_capacity("0.01%", 100) == 1  # at least one block
+    for bad in ("0", "-5", "abc", "10 %%", "0%", "1e3"):
+        with pytest.raises(ValueError):
+            parse_capacity(bad, 100)
+    with pytest.raises(ValueError, match="distinct block count is unknown"):
+        parse_capacity("10%")
+
+
+def test_log_grid():
+    grid = log_grid(100, 100_000, 4)
+    assert grid == [100, 1000, 10000, 100000]
+    assert len(log_grid(10, 200_000, 12)) == 12
+    assert log_grid(1, 3, 12) == [1, 2, 3]
+    with pytest.raises(ValueError):
+        log_grid(0, 10, 3)
