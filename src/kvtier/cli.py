@@ -1,0 +1,355 @@
+"""The ``kvtier`` command line: ``kvtier replay`` and ``kvtier sweep``.
+
+``kvtier replay [TRACE]`` replays a trace (default: the embedded Mooncake sample) through the
+offloading manager for each ``--policy`` x ``--capacity`` and prints hit ratios and the
+bookkeeping cost. ``kvtier sweep [TRACE]`` runs a log-spaced grid of capacities for several
+policies in parallel and draws the miss-ratio curves to a PNG. Both write ``--json``.
+
+Exit status: 0 on success, 1 on bad input or arguments (message on stderr), 2 on usage errors.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kvtier.policies import available_policies
+from kvtier.replay import PROTOCOLS, ReplayResult, parse_capacity, replay
+from kvtier.trace import FORMATS, TraceFormatError, count_unique_blocks, embedded_sample_path, read_trace
+
+app = typer.Typer(
+    name="kvtier",
+    help="Replay LLM request traces through kvtier's offloaded KV-cache tier.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_err = Console(stderr=True)
+_AUTO_PROGRESS_REFS = 2_000_000  # show a progress bar when a run replays more references
+
+
+class _CliError(Exception):
+    """A user error: printed without a traceback, exit status 1."""
+
+
+@app.callback()
+def _main() -> None:
+    """kvtier: bookkeeping, policies and replay for the offloaded tier of an LLM KV cache."""
+
+
+# -- shared option types -------------------------------------------------------------------
+TraceArg = Annotated[
+    Optional[Path],
+    typer.Argument(help="Trace file (Mooncake JSONL, token-id JSONL or text/CSV; .gz/.zst ok). "
+                   "Default: the embedded 500-request Mooncake conversation sample."),
+]
+PolicyOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--policy", "-p", help="Policy name; repeat or comma-separate for several. "
+                 "Choices: the registered policies (kvtier.available_policies())."),
+]
+FormatOpt = Annotated[str, typer.Option("--format", "-f", help=f"Trace format: {', '.join(FORMATS)}.")]
+BlockTokensOpt = Annotated[int, typer.Option("--block-tokens", min=1,
+                                             help="Tokens per block (token-id traces; token counts).")]
+InflightOpt = Annotated[int, typer.Option("--inflight", "-W", min=0,
+                                          help="Requests whose loads/stores stay in flight.")]
+ProtocolOpt = Annotated[str, typer.Option("--protocol", help="'prefix' (engine) or 'get' (one get per block).")]
+ThresholdOpt = Annotated[int, typer.Option("--store-threshold", min=1,
+                                           help="Admission: store blocks looked up at least N times.")]
+SkipOpt = Annotated[bool, typer.Option("--skip-bad-lines", help="Skip and count bad trace lines.")]
+JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="Write results as JSON here ('-': stdout).")]
+ProgressOpt = Annotated[Optional[bool], typer.Option("--progress/--no-progress",
+                                                     help="Progress bar (default: on long runs).")]
+
+
+def _split(values: list[str] | None, default: list[str]) -> list[str]:
+    out: list[str] = []
+    for value in values or default:
+        out.extend(v.strip() for v in value.split(",") if v.strip())
+    return out
+
+
+def _check_common(policies: list[str], fmt: str, protocol: str, inflight: int) -> None:
+    known = available_policies()
+    for p in policies:
+        if p not in known:
+            raise _CliError(f"unknown policy {p!r}; choose from: {', '.join(known)}")
+    if fmt not in FORMATS:
+        raise _CliError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
+    if protocol not in PROTOCOLS:
+        raise _CliError(f"unknown protocol {protocol!r}; choose from: {', '.join(PROTOCOLS)}")
+    if protocol == "get" and inflight:
+        raise _CliError("--inflight needs --protocol prefix")
+
+
+def _capacities(specs: list[str], unique_blocks: int) -> list[int]:
+    out = []
+    for spec in specs:
+        try:
+            cap = parse_capacity(spec, unique_blocks)
+        except ValueError as exc:
+            raise _CliError(str(exc)) from None
+        if cap not in out:
+            out.append(cap)
+    return out
+
+
+def _progress(enabled: bool | None, total_refs: int) -> Progress | None:
+    if enabled is None:
+        enabled = total_refs >= _AUTO_PROGRESS_REFS
+    if not enabled:
+        return None
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=_err, transient=True,
+    )
+
+
+def _results_table(results: list[ReplayResult], title: str) -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("policy", "capacity\nblocks", "requests", "block\nrefs", "hit\nblocks",
+                 "block\nhit %", "token\nhit %", "store\nfails", "evictions",
+                 "time\nms", "ns per\nblock ref"):
+        table.add_column(name, justify="left" if name == "policy" else "right",
+                         no_wrap=True)
+    for r in results:
+        table.add_row(
+            r.policy, f"{r.capacity:,}", f"{r.requests:,}", f"{r.block_refs:,}",
+            f"{r.hit_blocks:,}", f"{r.block_hit_ratio * 100:.2f}",
+            f"{r.token_hit_ratio * 100:.2f}", f"{r.store_failures:,}", f"{r.evictions:,}",
+            f"{r.bookkeeping_s * 1e3:,.1f}", f"{r.ns_per_block_ref:,.0f}",
+        )
+    return table
+
+
+def _out_console(json_out: Path | None) -> Console:
+    """Where tables go: stdout, or stderr when the JSON goes to stdout. Never narrower
+    than the table when not writing to a terminal (files, pipes, CI logs)."""
+    console = Console(stderr=str(json_out) == "-")
+    if not console.is_terminal:
+        console.width = max(console.width, 110)
+    return console
+
+
+def _write_json(target: Path | None, payload: dict) -> None:
+    if target is None:
+        return
+    text = json.dumps(payload, indent=2) + "\n"
+    if str(target) == "-":
+        sys.stdout.write(text)
+    else:
+        try:
+            target.write_text(text)
+        except OSError as exc:
+            raise _CliError(f"cannot write JSON to {target}: {exc}") from None
+
+
+def _fail(exc: BaseException) -> typer.Exit:
+    _err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    return typer.Exit(1)
+
+
+def _trace_info(path: Path, reader, n_req: int, n_refs: int, unique: int, parse_s: float) -> dict:
+    return {
+        "path": str(path),
+        "format": reader.fmt,
+        "requests": n_req,
+        "block_refs": n_refs,
+        "unique_blocks": unique,
+        "bad_lines": reader.bad_lines,
+        "parse_s": parse_s,
+        "parse_refs_per_s": n_refs / parse_s if parse_s > 0 else None,
+    }
+
+
+def _trace_caption(info: dict) -> str:
+    rate = info["parse_refs_per_s"]
+    text = (f"{info['path']} ({info['format']}): {info['requests']:,} requests, "
+            f"{info['block_refs']:,} block refs, {info['unique_blocks']:,} distinct blocks; "
+            f"parsed in {info['parse_s'] * 1e3:,.0f} ms"
+            + (f" ({rate / 1e6:.2f} M refs/s)" if rate else ""))
+    if info["bad_lines"]:
+        text += f"; {info['bad_lines']:,} bad lines skipped"
+    return text
+
+
+# -- replay --------------------------------------------------------------------------------
+@app.command("replay")
+def replay_cmd(
+    trace: TraceArg = None,
+    policy: PolicyOpt = None,
+    capacity: Annotated[Optional[list[str]], typer.Option(
+        "--capacity", "-c",
+        help="Tier size: blocks (4000) or % of the trace's distinct blocks (10%); repeat or "
+             "comma-separate. Default: 5%,20%,50%.")] = None,
+    fmt: FormatOpt = "auto",
+    block_tokens: BlockTokensOpt = 512,
+    inflight: InflightOpt = 0,
+    protocol: ProtocolOpt = "prefix",
+    store_threshold: ThresholdOpt = 1,
+    skip_bad_lines: SkipOpt = False,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=1,
+                                                 help="Replay only the first N requests.")] = None,
+    stream: Annotated[bool, typer.Option(
+        "--stream", help="Re-read the trace for each run instead of holding it in memory "
+                         "(for traces larger than memory).")] = False,
+    json_out: JsonOpt = None,
+    progress: ProgressOpt = None,
+) -> None:
+    """Replay a trace through the offloading manager: hit ratios and bookkeeping cost.
+
+    One run per --policy x --capacity, each on a fresh manager.
+    """
+    try:
+        _replay(trace, policy, capacity, fmt, block_tokens, inflight, protocol,
+                store_threshold, skip_bad_lines, limit, stream, json_out, progress)
+    except (_CliError, TraceFormatError, ValueError, OSError) as exc:
+        raise _fail(exc) from None
+
+
+def _replay(trace, policy, capacity, fmt, block_tokens, inflight, protocol, store_threshold,
+            skip_bad_lines, limit, stream, json_out, progress) -> None:
+    path = trace if trace is not None else embedded_sample_path()
+    policies = _split(policy, ["lru", "arc"])
+    _check_common(policies, fmt, protocol, inflight)
+
+    def open_trace():
+        reader = read_trace(path, fmt=fmt, block_tokens=block_tokens,
+                            skip_bad_lines=skip_bad_lines)
+        return reader, (itertools.islice(reader, limit) if limit else reader)
+
+    reader, it = open_trace()
+    t0 = time.perf_counter()
+    if stream:
+        n_req, n_refs, unique = count_unique_blocks(it)
+        requests = None
+    else:
+        requests = list(it)
+        parse_end = time.perf_counter()
+        n_req, n_refs, unique = count_unique_blocks(requests)
+        t0 += time.perf_counter() - parse_end  # the distinct-block count is not parsing
+    parse_s = time.perf_counter() - t0
+    info = _trace_info(path, reader, n_req, n_refs, unique, parse_s)
+    capacities = _capacities(_split(capacity, ["5%", "20%", "50%"]), unique)
+
+    runs = [(p, c) for p in policies for c in capacities]
+    results: list[ReplayResult] = []
+    bar = _progress(progress, n_refs * len(runs))
+    with bar if bar is not None else nullcontext():
+        task = bar.add_task("replay", total=n_req * len(runs)) if bar is not None else None
+        advance = (lambda n: bar.advance(task, n)) if bar is not None else None
+        for p, c in runs:
+            if bar is not None:
+                bar.update(task, description=f"{p} @ {c:,}")
+            source = requests if not stream else open_trace()[1]
+            results.append(replay(source, p, c, inflight=inflight, protocol=protocol,
+                                  block_tokens=block_tokens, store_threshold=store_threshold,
+                                  progress=advance))
+
+    out = _out_console(json_out)
+    out.print(_results_table(
+        results,
+        f"kvtier replay — protocol {protocol}, in-flight window {inflight}"
+        + (f", store threshold {store_threshold}" if store_threshold > 1 else ""),
+    ))
+    out.print(_trace_caption(info), highlight=False, soft_wrap=True)
+    _write_json(json_out, {"trace": info, "results": [r.to_dict() for r in results]})
+
+
+# -- sweep ---------------------------------------------------------------------------------
+@app.command("sweep")
+def sweep_cmd(
+    trace: TraceArg = None,
+    policy: Annotated[Optional[list[str]], typer.Option(
+        "--policy", "-p", help="Policies to compare; repeat or comma-separate. "
+                               "Default: every registered policy.")] = None,
+    points: Annotated[int, typer.Option("--points", min=1,
+                                        help="Capacities in the log-spaced grid.")] = 12,
+    cap_min: Annotated[str, typer.Option("--min", help="Smallest capacity (blocks or %).")] = "0.5%",
+    cap_max: Annotated[str, typer.Option("--max", help="Largest capacity (blocks or %).")] = "100%",
+    capacity: Annotated[Optional[list[str]], typer.Option(
+        "--capacity", "-c", help="Explicit capacities instead of the grid.")] = None,
+    fmt: FormatOpt = "auto",
+    block_tokens: BlockTokensOpt = 512,
+    inflight: InflightOpt = 0,
+    protocol: ProtocolOpt = "prefix",
+    store_threshold: ThresholdOpt = 1,
+    skip_bad_lines: SkipOpt = False,
+    plot: Annotated[Path, typer.Option("--plot", help="PNG to draw the miss-ratio curves to.")] = Path("mrc.png"),
+    json_out: JsonOpt = None,
+    workers: Annotated[Optional[int], typer.Option("--workers", "-j", min=1,
+                                                   help="Processes (default: one per core).")] = None,
+    progress: ProgressOpt = None,
+) -> None:
+    """Miss-ratio curves: a log-spaced grid of capacities for several policies, plotted.
+
+    One process per core; writes the PNG (--plot), the table and --json.
+    """
+    try:
+        _sweep(trace, policy, points, cap_min, cap_max, capacity, fmt, block_tokens, inflight,
+               protocol, store_threshold, skip_bad_lines, plot, json_out, workers, progress)
+    except (_CliError, TraceFormatError, ValueError, OSError) as exc:
+        raise _fail(exc) from None
+
+
+def _sweep(trace, policy, points, cap_min, cap_max, capacity, fmt, block_tokens, inflight,
+           protocol, store_threshold, skip_bad_lines, plot, json_out, workers, progress) -> None:
+    from kvtier.replay import log_grid
+    from kvtier.sweep import plot_mrc, run_grid
+
+    path = trace if trace is not None else embedded_sample_path()
+    policies = _split(policy, available_policies())
+    _check_common(policies, fmt, protocol, inflight)
+    reader = read_trace(path, fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines)
+    t0 = time.perf_counter()
+    n_req, n_refs, unique = count_unique_blocks(reader)
+    info = _trace_info(path, reader, n_req, n_refs, unique, time.perf_counter() - t0)
+    if capacity:
+        capacities = sorted(_capacities(_split(capacity, []), unique))
+    else:
+        lo, hi = _capacities([cap_min], unique)[0], _capacities([cap_max], unique)[0]
+        if hi < lo:
+            raise _CliError(f"--min {cap_min} ({lo} blocks) is above --max {cap_max} ({hi} blocks)")
+        capacities = log_grid(lo, hi, points)
+    n_workers = workers or os.cpu_count() or 1
+    bar = _progress(progress, n_refs * len(policies) * len(capacities))
+    with bar if bar is not None else nullcontext():
+        task = (bar.add_task(f"sweep ({min(n_workers, len(policies) * len(capacities))} "
+                             "processes)", total=len(policies) * len(capacities))
+                if bar is not None else None)
+        results = run_grid(
+            path, policies, capacities, fmt=fmt, block_tokens=block_tokens,
+            skip_bad_lines=skip_bad_lines, inflight=inflight, protocol=protocol,
+            store_threshold=store_threshold, workers=n_workers,
+            on_result=(lambda r: bar.advance(task)) if bar is not None else None,
+        )
+    title = (f"{Path(path).name}: {n_req:,} requests, {n_refs:,} block refs, "
+             f"{unique:,} distinct blocks\nprotocol {protocol}, in-flight window {inflight}")
+    try:
+        plot_mrc(results, plot, title=title, unique_blocks=unique, block_refs=n_refs)
+    except OSError as exc:
+        raise _CliError(f"cannot write plot to {plot}: {exc}") from None
+    out = _out_console(json_out)
+    out.print(_results_table(results, f"kvtier sweep — protocol {protocol}, "
+                                      f"in-flight window {inflight}"))
+    out.print(_trace_caption(info), highlight=False, soft_wrap=True)
+    out.print(f"miss-ratio curves written to {plot}", highlight=False)
+    _write_json(json_out, {"trace": info, "capacities": capacities, "plot": str(plot),
+                           "results": [r.to_dict() for r in results]})
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,181 @@
+"""Miss-ratio curves: replay a grid of (policy, capacity) points in parallel and plot them.
+
+Grid points are independent, so each runs in its own worker process
+(:class:`concurrent.futures.ProcessPoolExecutor`, one worker per core by default). Each worker
+reads the trace once (in its initializer) and keeps it in memory for all the points it runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from kvtier.replay import ReplayResult, log_grid, replay
+from kvtier.trace import read_trace
+
+__all__ = ["DEFAULT_POINTS", "default_grid", "plot_mrc", "run_grid"]
+
+DEFAULT_POINTS = 12
+"""Capacities in the default grid."""
+
+_worker_trace: list | None = None
+
+
+def default_grid(unique_blocks: int, points: int = DEFAULT_POINTS,
+                 lo: int | None = None, hi: int | None = None) -> list[int]:
+    """Capacities (blocks) spaced evenly on a log scale.
+
+    Defaults: from 0.5% of the trace's distinct blocks (at least 1) to 100% of them (the
+    cache that never has to evict a block it will see again).
+    """
+    if lo is None:
+        lo = max(1, round(unique_blocks * 0.005))
+    if hi is None:
+        hi = max(lo, unique_blocks)
+    return log_grid(lo, hi, points)
+
+
+def _init_worker(path: str, fmt: str, block_tokens: int, skip_bad_lines: bool) -> None:
+    global _worker_trace
+    _worker_trace = list(
+        read_trace(path, fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines)
+    )
+
+
+def _run_point(policy: str, capacity: int, kwargs: dict) -> ReplayResult:
+    if _worker_trace is None:  # _init_worker did not run: a bug, not bad input
+        raise RuntimeError("sweep worker has no trace loaded")
+    return replay(_worker_trace, policy, capacity, **kwargs)
+
+
+def run_grid(
+    path: str | os.PathLike,
+    policies: Sequence[str],
+    capacities: Sequence[int],
+    *,
+    fmt: str = "auto",
+    block_tokens: int = 512,
+    skip_bad_lines: bool = False,
+    inflight: int = 0,
+    protocol: str = "prefix",
+    store_threshold: int = 1,
+    workers: int | None = None,
+    on_result: Callable[[ReplayResult], object] | None = None,
+) -> list[ReplayResult]:
+    """Replay every (policy, capacity) of the grid on the trace at ``path``.
+
+    Args:
+        path: trace file (any format :func:`kvtier.trace.read_trace` reads).
+        policies: policy names.
+        capacities: tier sizes in blocks.
+        workers: worker processes (default: one per core, at most one per point). ``1``
+            runs in this process.
+        on_result: called with each result as it finishes (for a progress bar).
+        fmt, block_tokens, skip_bad_lines: passed to :func:`~kvtier.trace.read_trace`.
+        inflight, protocol, store_threshold: passed to :func:`~kvtier.replay.replay`.
+
+    Returns:
+        One :class:`~kvtier.replay.ReplayResult` per point, policy-major, capacities in
+        the given order.
+
+    Raises:
+        kvtier.trace.TraceFormatError: bad trace. ValueError: bad policy or argument.
+    """
+    kwargs = dict(inflight=inflight, protocol=protocol, block_tokens=block_tokens,
+                  store_threshold=store_threshold)
+    points = [(p, c) for p in policies for c in capacities]
+    if not points:
+        return []
+    if workers is None:
+        workers = os.cpu_count() or 1
+    workers = max(1, min(workers, len(points)))
+    init_args = (str(path), fmt, block_tokens, skip_bad_lines)
+    results: dict[tuple[str, int], ReplayResult] = {}
+    if workers == 1:
+        trace = list(read_trace(path, fmt=fmt, block_tokens=block_tokens,
+                                skip_bad_lines=skip_bad_lines))
+        for p, c in points:
+            res = replay(trace, p, c, **kwargs)
+            results[(p, c)] = res
+            if on_result is not None:
+                on_result(res)
+    else:
+        with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
+                                 initargs=init_args) as pool:
+            # biggest capacities first: they are the slowest, so the pool ends evenly
+            order = sorted(points, key=lambda pc: -pc[1])
+            futures = {pool.submit(_run_point, p, c, kwargs): (p, c) for p, c in order}
+            try:
+                for fut in as_completed(futures):
+                    res = fut.result()
+                    results[futures[fut]] = res
+                    if on_result is not None:
+                        on_result(res)
+            except BaseException:
+                for fut in futures:
+                    fut.cancel()
+                raise
+    return [results[pc] for pc in points]
+
+
+def plot_mrc(
+    results: Sequence[ReplayResult],
+    out: str | os.PathLike,
+    *,
+    title: str = "",
+    unique_blocks: int | None = None,
+    block_refs: int | None = None,
+) -> Path:
+    """Draw miss ratio (1 - block hit ratio) vs tier size, one line per policy, to a PNG.
+
+    Args:
+        results: replay results (any mix of policies and capacities).
+        out: PNG path to write.
+        title: figure title.
+        unique_blocks: the trace's distinct blocks; adds a top axis in % of them.
+        block_refs: the trace's block references; with ``unique_blocks`` draws the
+            compulsory-miss floor ``unique_blocks / block_refs`` (an infinite cache).
+
+    Returns:
+        The path written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_policy: dict[str, list[ReplayResult]] = {}
+    for r in results:
+        by_policy.setdefault(r.policy, []).append(r)
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    markers = "osD^v<>ph*"
+    for i, (policy, rs) in enumerate(sorted(by_policy.items())):
+        rs = sorted(rs, key=lambda r: r.capacity)
+        ax.plot([r.capacity for r in rs], [r.miss_ratio for r in rs],
+                marker=markers[i % len(markers)], markersize=4, linewidth=1.5, label=policy)
+    if unique_blocks and block_refs:
+        floor = unique_blocks / block_refs
+        ax.axhline(floor, color="grey", linestyle="--", linewidth=1,
+                   label=f"compulsory misses ({floor:.3f})")
+    ax.set_xscale("log")
+    ax.set_xlabel("tier size (blocks)")
+    ax.set_ylabel("block miss ratio")
+    ax.set_ylim(bottom=0, top=1.0)
+    ax.grid(True, which="both", alpha=0.3)
+    if unique_blocks:
+        sec = ax.secondary_xaxis(
+            "top",
+            functions=(lambda x: x * 100.0 / unique_blocks,
+                       lambda p: p * unique_blocks / 100.0),
+        )
+        sec.set_xlabel("tier size (% of distinct blocks)")
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out)
+    plt.close(fig)
+    return out

@@ -1,0 +1,162 @@
+"""The kvtier command line (typer's CliRunner): replay and sweep, outputs and errors."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvtier.cli import app
+from kvtier.replay import replay
+from kvtier.trace import embedded_sample_path, read_trace
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_replay_default_runs_on_the_embedded_sample(tmp_path):
+    out = tmp_path / "r.json"
+    res = run("replay", "--json", out)
+    assert res.exit_code == 0, res.output
+    assert "lru" in res.stdout and "arc" in res.stdout and "14,162" in res.stdout
+    data = json.loads(out.read_text())
+    assert data["trace"]["requests"] == 500
+    assert data["trace"]["block_refs"] == 14162
+    assert data["trace"]["unique_blocks"] == 11879
+    assert data["trace"]["parse_refs_per_s"] > 0
+    rows = data["results"]
+    # default: lru, arc x 5%, 20%, 50% of 11,879 distinct blocks
+    assert [(r["policy"], r["capacity"]) for r in rows] == [
+        ("lru", 594), ("lru", 2376), ("lru", 5940), ("arc", 594), ("arc", 2376), ("arc", 5940)
+    ]
+    trace = list(read_trace(embedded_sample_path()))
+    for row in rows:
+        expect = replay(trace, row["policy"], row["capacity"])
+        assert row["hit_blocks"] == expect.hit_blocks
+        assert row["hit_tokens"] == expect.hit_tokens
+        assert row["evictions"] == expect.evictions
+        assert row["block_hit_ratio"] == pytest.approx(expect.block_hit_ratio)
+
+
+def test_replay_options_and_json_to_stdout():
+    res = run("replay", "-p", "lru", "-c", "1000,10%", "--inflight", "8", "--json", "-",
+              "--no-progress")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)  # the table went to stderr
+    assert [(r["capacity"], r["inflight"]) for r in data["results"]] == [(1000, 8), (1188, 8)]
+    trace = list(read_trace(embedded_sample_path()))
+    assert data["results"][0]["hit_blocks"] == replay(trace, "lru", 1000, inflight=8).hit_blocks
+
+
+def test_replay_stream_and_limit_match_in_memory(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert run("replay", "-p", "arc", "-c", "800", "--limit", "200", "--json", a).exit_code == 0
+    assert run("replay", "-p", "arc", "-c", "800", "--limit", "200", "--stream",
+               "--json", b).exit_code == 0
+    ra, rb = (json.loads(p.read_text())["results"][0] for p in (a, b))
+    assert ra["requests"] == rb["requests"] == 200
+    assert ra["hit_blocks"] == rb["hit_blocks"] and ra["evictions"] == rb["evictions"]
+    assert rb["parse_ns"] is not None
+
+
+def test_replay_text_trace_get_protocol(tmp_path):
+    trace = tmp_path / "keys.csv"
+    trace.write_text("1,2\n1,3\n2,1,3\n")
+    out = tmp_path / "o.json"
+    res = run("replay", trace, "-p", "lru", "-c", "2", "--protocol", "get",
+              "--block-tokens", "1", "--json", out)
+    assert res.exit_code == 0, res.output
+    row = json.loads(out.read_text())["results"][0]
+    assert (row["block_refs"], row["hit_blocks"], row["evictions"]) == (7, 1, 4)
+
+
+def test_replay_gzip_token_trace(tmp_path):
+    trace = tmp_path / "tok.jsonl.gz"
+    lines = [{"token_ids": list(range(40))}, {"token_ids": list(range(30)) + [7] * 10}]
+    trace.write_bytes(gzip.compress("".join(json.dumps(x) + "\n" for x in lines).encode()))
+    out = tmp_path / "o.json"
+    res = run("replay", trace, "-p", "lru", "-c", "100", "--block-tokens", "16", "--json", out)
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    row = data["results"][0]
+    # 2 full blocks each; the second request shares the first block (tokens 0..15)
+    assert (row["block_refs"], row["hit_blocks"], row["input_tokens"], row["hit_tokens"]) == (
+        4, 1, 80, 16
+    )
+    assert data["trace"]["format"] == "jsonl"
+
+
+def test_bad_line_exits_nonzero_naming_file_and_line(tmp_path):
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"hash_ids": [1], "input_length": 5}\n{"hash_ids": [2]}\n')
+    res = run("replay", trace)
+    assert res.exit_code == 1
+    assert f"{trace}, line 2: missing field 'input_length'" in res.stderr.replace("\n", "")
+    out = tmp_path / "o.json"
+    res = run("replay", trace, "--skip-bad-lines", "-c", "10", "--json", out)
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["trace"]["bad_lines"] == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-p", "belady"], "unknown policy 'belady'"),
+        (["-c", "ten"], "neither a block count"),
+        (["--format", "xml"], "unknown format 'xml'"),
+        (["--protocol", "put"], "unknown protocol 'put'"),
+        (["--protocol", "get", "-W", "2"], "--inflight needs --protocol prefix"),
+    ],
+)
+def test_bad_arguments_exit_1(args, message):
+    res = run("replay", *args)
+    assert res.exit_code == 1
+    assert message in res.stderr
+
+
+def test_empty_and_missing_files_exit_1(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    res = run("replay", empty)
+    assert res.exit_code == 1 and "empty trace" in res.stderr
+    res = run("replay", tmp_path / "missing.jsonl")
+    assert res.exit_code == 1 and "no such file" in res.stderr
+
+
+def test_sweep_on_embedded_sample(tmp_path):
+    png, out = tmp_path / "mrc.png", tmp_path / "s.json"
+    res = run("sweep", "-p", "lru,arc", "--points", "3", "--min", "100", "--max", "10000",
+              "--plot", png, "--json", out, "--workers", "2")
+    assert res.exit_code == 0, res.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads(out.read_text())
+    assert data["capacities"] == [100, 1000, 10000]
+    rows = data["results"]
+    assert [(r["policy"], r["capacity"]) for r in rows] == [
+        ("lru", 100), ("lru", 1000), ("lru", 10000), ("arc", 100), ("arc", 1000), ("arc", 10000)
+    ]
+    trace = list(read_trace(embedded_sample_path()))
+    for row in rows:  # the worker processes give the same counts as an in-process replay
+        assert row["hit_blocks"] == replay(trace, row["policy"], row["capacity"]).hit_blocks
+    lru = [r["miss_ratio"] for r in rows[:3]]
+    assert lru == sorted(lru, reverse=True)
+
+
+def test_sweep_default_grid_in_process(tmp_path):
+    out = tmp_path / "s.json"
+    res = run("sweep", "-p", "lru", "--points", "12", "--workers", "1",
+              "--plot", tmp_path / "m.png", "--json", out, "--protocol", "get")
+    assert res.exit_code == 0, res.output
+    caps = json.loads(out.read_text())["capacities"]
+    # 12 log-spaced points from 0.5% (59 blocks) to 100% (11,879) of the distinct blocks
+    assert len(caps) == 12 and caps[0] == 59 and caps[-1] == 11879
+
+
+def test_sweep_bad_range(tmp_path):
+    res = run("sweep", "--min", "50%", "--max", "10%", "--plot", tmp_path / "m.png")
+    assert res.exit_code == 1 and "is above --max" in res.stderr
