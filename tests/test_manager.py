@@ -1,0 +1,341 @@
+"""OffloadingManager: evictable count, stores, loads, errors, events, admission, stats."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtier import (
+    BlockStateError,
+    CachePolicy,
+    LookupResult,
+    OffloadingEvent,
+    OffloadingManager,
+    available_policies,
+)
+
+ALL_POLICIES = available_policies()
+
+
+def store(m: OffloadingManager, keys):
+    out = m.prepare_store(keys)
+    assert out is not None
+    m.complete_store(out.keys_to_store)
+    return out
+
+
+class CountingPolicy:
+    """Wraps a policy class and counts evict() calls."""
+
+    @staticmethod
+    def make(base: type[CachePolicy]) -> type[CachePolicy]:
+        class Counting(base):  # type: ignore[misc, valid-type]
+            evict_calls = 0
+
+            def evict(self, n, protected):
+                type(self).evict_calls += 1
+                return super().evict(n, protected)
+
+        return Counting
+
+
+# -- scenario 3: the evictable count ------------------------------------------------------
+def test_evictable_count_through_loads_and_fast_fail_without_asking_policy():
+    policy = CountingPolicy.make(OffloadingManager(1).policy.__class__)
+    m = OffloadingManager(3, policy)
+    store(m, [1, 2, 3])
+    assert m.stats().evictable == 3
+    m.prepare_load([1])
+    m.prepare_load([1])
+    assert m.stats().evictable == 2
+    m.complete_load([1])
+    assert m.stats().evictable == 2
+    m.complete_load([1])
+    assert m.stats().evictable == 3
+    m.prepare_load([1, 2, 3])
+    assert m.stats().evictable == 0
+    before = m.snapshot()
+    assert m.prepare_store([4]) is None
+    assert policy.evict_calls == 0
+    assert m.snapshot() == before
+
+
+@pytest.mark.parametrize("policy", ALL_POLICIES)
+def test_evictable_count_exact_through_failed_stores_evictions_and_reset(policy):
+    m = OffloadingManager(4, policy)
+    out = m.prepare_store([1, 2, 3])
+    m.complete_store([1], success=True)
+    m.complete_store([2, 3], success=False)
+    s = m.stats()
+    assert (s.evictable, s.pending, s.used, s.free, s.failed_stores) == (1, 0, 1, 3, 2)
+    store(m, [4, 5, 6])
+    out = m.prepare_store([7, 8])
+    assert len(out.evicted_keys) == 2
+    s = m.stats()
+    assert (s.evictable, s.pending, s.used, s.evictions) == (2, 2, 4, 2)
+    m.reset_cache()
+    s = m.stats()
+    assert (s.evictable, s.pending, s.used, s.free, s.evictions) == (0, 0, 0, 4, 0)
+    store(m, [1, 2, 3, 4])
+    assert m.stats().evictable == 4
+
+
+# -- scenario 4: stores, pending, bad keys ----------------------------------------------
+@pytest.mark.parametrize("policy", ALL_POLICIES)
+def test_failed_store_frees_its_slots(policy):
+    m = OffloadingManager(2, policy)
+    out = m.prepare_store(["a", "b"])
+    assert out.block_ids == [0, 1]
+    m.complete_store(["a", "b"], success=False)
+    assert len(m) == 0 and m.lookup("a") is LookupResult.MISS
+    out = m.prepare_store(["c", "d"])
+    assert sorted(out.block_ids) == [0, 1] and out.evicted_keys == []
+
+
+@pytest.mark.parametrize("policy", ALL_POLICIES)
+def test_key_stored_twice_is_not_stored_again_nor_evicted(policy):
+    m = OffloadingManager(2, policy)
+    store(m, ["a", "b"])
+    out = m.prepare_store(["a", "c"])
+    assert out.keys_to_store == ["c"]
+    assert out.evicted_keys == ["b"]
+    assert m.lookup("a") is LookupResult.HIT
+
+
+def test_duplicates_in_one_call_are_stored_once():
+    m = OffloadingManager(4)
+    out = m.prepare_store(["a", "b", "a", "b", "c"])
+    assert out.keys_to_store == ["a", "b", "c"]
+    assert out.block_ids == [0, 1, 2]
+
+
+def test_no_new_keys_gives_empty_output():
+    m = OffloadingManager(2)
+    store(m, ["a"])
+    out = m.prepare_store(["a"])
+    assert out is not None and out.keys_to_store == [] and out.block_ids == []
+
+
+def test_fresh_slots_first_then_free_list():
+    m = OffloadingManager(4)
+    store(m, ["a", "b"])
+    m.prepare_store(["c"])
+    m.complete_store(["c"], success=False)  # slot 2 freed
+    out = m.prepare_store(["d", "e"])
+    assert out.block_ids == [3, 2]
+
+
+@pytest.mark.parametrize("policy", ALL_POLICIES)
+def test_pending_blocks_answer_hit_pending_and_are_never_evicted(policy):
+    m = OffloadingManager(3, policy)
+    m.prepare_store(["p1", "p2"])
+    store(m, ["r"])
+    assert m.lookup("p1") is LookupResult.HIT_PENDING
+    assert m.lookup_prefix(["r", "p1"]) == 1
+    assert m.prepare_store(["x", "y"]) is None
+    out = m.prepare_store(["x"])
+    assert out.evicted_keys == ["r"]
+    assert m.prepare_store(["z"]) is None
+
+
+@pytest.mark.parametrize("policy", ALL_POLICIES)
+def test_pinned_blocks_never_evicted(policy):
+    m = OffloadingManager(2, policy)
+    store(m, ["a", "b"])
+    m.prepare_load(["a", "b"])
+    assert m.prepare_store(["c"]) is None
+    m.complete_load(["b"])
+    assert m.prepare_store(["c"]).evicted_keys == ["b"]
+
+
+def test_prepare_load_unknown_or_pending_key_raises_and_changes_nothing():
+    m = OffloadingManager(4)
+    store(m, ["a"])
+    m.prepare_store(["p"])
+    before = m.snapshot()
+    with pytest.raises(BlockStateError, match="'zz'.*not stored"):
+        m.prepare_load(["a", "zz"])
+    with pytest.raises(BlockStateError, match="'p'.*in flight"):
+        m.prepare_load(["a", "p"])
+    assert m.snapshot() == before
+    assert m.ref_count("a") == 0
+
+
+def test_complete_load_unpinned_or_unknown_raises_and_changes_nothing():
+    m = OffloadingManager(4)
+    store(m, ["a", "b"])
+    m.prepare_load(["a"])
+    before = m.snapshot()
+    with pytest.raises(BlockStateError, match="'b'.*not pinned"):
+        m.complete_load(["a", "b"])
+    with pytest.raises(BlockStateError, match="'q'.*not stored"):
+        m.complete_load(["a", "q"])
+    with pytest.raises(BlockStateError, match="'a'.*released 2 times"):
+        m.complete_load(["a", "a"])
+    assert m.snapshot() == before
+
+
+def test_same_key_loaded_many_times_concurrently():
+    m = OffloadingManager(2)
+    store(m, ["a"])
+    assert m.prepare_load(["a", "a"]) == [0, 0]
+    m.prepare_load(["a"])
+    assert m.ref_count("a") == 3
+    m.complete_load(["a", "a"])
+    m.complete_load(["a"])
+    assert m.ref_count("a") == 0
+    assert m.stats().evictable == 1
+
+
+@pytest.mark.parametrize(
+    "call",
+    ["prepare_store", "prepare_load", "complete_load", "complete_store", "touch", "lookup_prefix"],
+)
+def test_unhashable_key_raises_type_error_naming_it_and_changes_nothing(call):
+    m = OffloadingManager(4, "arc")
+    store(m, ["a"])
+    m.prepare_load(["a"])
+    before = m.snapshot()
+    with pytest.raises(TypeError, match=r"\['bad'\].*not hashable"):
+        getattr(m, call)(["a", ["bad"]])
+    assert m.snapshot() == before
+
+
+def test_complete_store_ignores_keys_that_are_not_pending():
+    m = OffloadingManager(2)
+    store(m, ["a"])
+    m.complete_store(["a", "nope"])
+    m.complete_store(["a"], success=False)
+    assert m.lookup("a") is LookupResult.HIT
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "4"])
+def test_constructor_rejects_bad_sizes(bad):
+    with pytest.raises(ValueError, match="num_blocks"):
+        OffloadingManager(bad)
+
+
+def test_constructor_rejects_unknown_policy():
+    with pytest.raises(ValueError, match="unknown policy 'nope'.*lru"):
+        OffloadingManager(4, "nope")
+    with pytest.raises(TypeError, match="policy"):
+        OffloadingManager(4, object)
+
+
+# -- LRU order and the reverse rule ------------------------------------------------------
+def test_lru_touch_first_key_ends_most_recent():
+    m = OffloadingManager(3, "lru")
+    store(m, ["a", "b", "c"])
+    m.touch(["a", "b", "c"])
+    # a is most recent, c least recent
+    assert m.prepare_store(["d"]).evicted_keys == ["c"]
+    assert m.prepare_store(["e"]).evicted_keys == ["b"]
+
+
+def test_complete_store_and_complete_load_apply_keys_in_reverse():
+    m = OffloadingManager(3, "lru")
+    store(m, ["h", "m", "t"])  # head-first: h ends most recent
+    assert [k for k, _ in m.policy.snapshot()["order"]] == ["t", "m", "h"]
+    m.prepare_load(["h", "m", "t"])
+    m.complete_load(["h", "m", "t"])
+    assert [k for k, _ in m.policy.snapshot()["order"]] == ["t", "m", "h"]
+
+
+def test_unpinned_block_reenters_at_mru_end():
+    m = OffloadingManager(3, "lru")
+    store(m, ["a", "b", "c"])  # order c, b, a
+    m.prepare_load(["c"])
+    m.complete_load(["c"])
+    assert [k for k, _ in m.policy.snapshot()["order"]] == ["b", "a", "c"]
+
+
+def test_lru_eviction_visits_only_victims_whatever_is_pinned():
+    n = 10_000
+    m = OffloadingManager(n, "lru")
+    store(m, list(range(n)))
+    m.prepare_load(list(range(n - 100)))  # 99% pinned
+    m.policy.visited = 0
+    out = m.prepare_store(list(range(n, n + 50)))
+    assert out.evicted_keys == list(range(n - 1, n - 51, -1))
+    assert m.policy.visited == 50
+
+
+# -- events, admission, stats --------------------------------------------------------------
+def test_events_one_per_evicting_store_and_per_completing_store():
+    m = OffloadingManager(2, enable_events=True)
+    m.prepare_store(["a", "b"])
+    assert m.take_events() == []
+    m.complete_store(["a", "b"])
+    assert m.take_events() == [OffloadingEvent(["a", "b"], False)]
+    m.prepare_store(["c"])
+    m.complete_store(["c", "zz"])
+    assert m.take_events() == [
+        OffloadingEvent(["b"], True),
+        OffloadingEvent(["c"], False),
+    ]
+    m.complete_store(["c"])  # nothing became ready
+    assert m.take_events() == []
+
+
+def test_events_disabled_records_nothing():
+    m = OffloadingManager(1)
+    store(m, ["a"])
+    store(m, ["b"])
+    assert m.take_events() == []
+
+
+def test_store_threshold_admits_keys_looked_up_often_enough():
+    m = OffloadingManager(4, store_threshold=2)
+    m.lookup("a")
+    out = m.prepare_store(["a"])
+    assert out.keys_to_store == [] and m.stats().skipped_stores == 1
+    m.lookup_prefix(["a", "b"])  # counts both keys
+    out = m.prepare_store(["a", "b", "c"])
+    assert out.keys_to_store == ["a"]
+    assert m.stats().skipped_stores == 3
+
+
+def test_store_threshold_tracker_is_bounded_lru():
+    m = OffloadingManager(4, store_threshold=2, max_tracker_size=2)
+    for key in ["a", "a", "b", "c"]:  # "a" falls out when "c" arrives
+        m.lookup(key)
+    m.lookup("a")
+    assert m.prepare_store(["a"]).keys_to_store == []
+    assert len(m.snapshot()["tracker"]) == 2
+
+
+def test_stats_counters():
+    m = OffloadingManager(2)
+    store(m, ["a"])
+    m.prepare_store(["p"])
+    m.lookup("a")
+    m.lookup("p")
+    m.lookup("x")
+    m.prepare_load(["a"])
+    s = m.stats()
+    assert (s.lookups, s.hits, s.pending_hits, s.misses) == (3, 1, 1, 1)
+    assert (s.stores, s.completed_stores, s.loads) == (2, 1, 1)
+    assert (s.used, s.pending, s.pinned, s.evictable, s.free) == (2, 1, 1, 0, 0)
+    assert s.hit_ratio == pytest.approx(1 / 3)
+
+
+def test_lookup_prefix_stops_at_first_miss_or_pending():
+    m = OffloadingManager(8)
+    store(m, [1, 2, 3])
+    m.prepare_store([4])
+    assert m.lookup_prefix([1, 2, 3, 4, 5]) == 3
+    assert m.lookup_prefix([1, 9, 2]) == 1
+    assert m.lookup_prefix([]) == 0
+    s = m.stats()
+    assert (s.hits, s.pending_hits, s.misses) == (4, 1, 1)
+
+
+def test_req_context_accepted_everywhere():
+    m = OffloadingManager(2)
+    ctx = object()
+    out = m.prepare_store(["a"], req_context=ctx)
+    m.complete_store(out.keys_to_store, True, req_context=ctx)
+    assert m.lookup("a", req_context=ctx) is LookupResult.HIT
+    assert m.lookup_prefix(["a"], req_context=ctx) == 1
+    m.touch(["a"], req_context=ctx)
+    m.prepare_load(["a"], req_context=ctx)
+    m.complete_load(["a"], req_context=ctx)

@@ -1,0 +1,152 @@
+"""Scenarios 1 and 2 of the core issue: ARC's eviction rule, fallback and one walk per list."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtier import OffloadingManager
+
+
+def store(m: OffloadingManager, keys):
+    out = m.prepare_store(keys)
+    assert out is not None
+    m.complete_store(out.keys_to_store)
+    return out
+
+
+@pytest.fixture
+def arc_state() -> OffloadingManager:
+    """ARC, 4 blocks: T1 = [3, 4], T2 = [6, 5] (LRU first), B1 = [2, 1], target 3."""
+    m = OffloadingManager(4, "arc")
+    for key in (1, 2, 3, 4):
+        store(m, [key])
+    assert store(m, [5]).evicted_keys == [1]
+    assert store(m, [6]).evicted_keys == [2]
+    m.touch([5, 6])
+    for _ in range(3):
+        m.touch([1])
+    snap = m.policy.snapshot()
+    assert snap["t1"] == [(3, 2), (4, 3)]
+    assert [k for k, _ in snap["t2"]] == [6, 5]
+    assert snap["b1"] == [2, 1]
+    assert snap["target"] == 3.0
+    return m
+
+
+def test_setup_matches_paper_state(arc_state):
+    assert arc_state.policy.t1_size == 2
+    assert arc_state.policy.t2_size == 2
+
+
+def test_three_victims_prefer_t2_then_fall_back_to_t1(arc_state):
+    assert arc_state.prepare_store([7, 8, 9]).evicted_keys == [6, 5, 3]
+
+
+def test_four_victims(arc_state):
+    assert arc_state.prepare_store([7, 8, 9, 10]).evicted_keys == [6, 5, 3, 4]
+
+
+def test_pinned_t2_falls_back_to_t1(arc_state):
+    arc_state.prepare_load([5, 6])
+    assert arc_state.prepare_store([7, 8]).evicted_keys == [3, 4]
+
+
+def test_keys_named_in_call_are_protected(arc_state):
+    out = arc_state.prepare_store([5, 6, 7, 8])
+    assert out.keys_to_store == [7, 8]
+    assert out.evicted_keys == [3, 4]
+
+
+def test_protected_t1_key_skipped(arc_state):
+    arc_state.prepare_load([5, 6])
+    out = arc_state.prepare_store([3, 7])
+    assert out.keys_to_store == [7]
+    assert out.evicted_keys == [4]
+
+
+def test_infeasible_store_changes_nothing(arc_state):
+    arc_state.prepare_load([5, 6])
+    before = arc_state.snapshot()
+    stats_before = arc_state.stats()
+    assert arc_state.prepare_store([3, 7, 8]) is None
+    assert arc_state.snapshot() == before
+    assert arc_state.stats() == stats_before
+
+
+def test_victims_enter_ghost_lists_at_mru_and_ghosts_are_bounded(arc_state):
+    arc_state.prepare_store([7, 8, 9])
+    snap = arc_state.policy.snapshot()
+    assert snap["b2"] == [6, 5]
+    assert snap["b1"] == [2, 1, 3]
+    # ghost lists never exceed the capacity (4 blocks)
+    for key in range(100, 120):
+        out = arc_state.prepare_store([key])
+        arc_state.complete_store(out.keys_to_store)
+    snap = arc_state.policy.snapshot()
+    assert len(snap["b1"]) <= 4 and len(snap["b2"]) <= 4
+
+
+def test_reinserted_ghost_key_goes_to_t2(arc_state):
+    out = arc_state.prepare_store([1])  # 1 is in B1
+    arc_state.complete_store(out.keys_to_store)
+    snap = arc_state.policy.snapshot()
+    assert 1 in snap["t2_all"] and 1 not in snap["b1"]
+
+
+def test_b2_hit_lowers_target(arc_state):
+    arc_state.prepare_store([7, 8, 9])  # B2 = [6, 5], B1 = [2, 1, 3]
+    arc_state.touch([6])
+    # |B1| = 3, |B2| = 2: target drops by max(1, 3/2) = 1.5
+    assert arc_state.policy.target == pytest.approx(1.5)
+    assert arc_state.policy.snapshot()["b2"] == [5, 6]
+
+
+def test_pending_block_touched_stays_in_t1():
+    m = OffloadingManager(4, "arc")
+    m.prepare_store([1])
+    m.touch([1])
+    assert 1 in m.policy.snapshot()["t1_all"]
+    m.complete_store([1])
+    m.touch([1])
+    assert 1 in m.policy.snapshot()["t2_all"]
+
+
+def test_pinned_t1_block_touched_moves_to_t2_and_reenters_t2_mru_on_unpin():
+    m = OffloadingManager(4, "arc")
+    store(m, [1, 2])
+    store(m, [3])
+    m.prepare_load([1])
+    m.touch([1])
+    snap = m.policy.snapshot()
+    assert 1 in snap["t2_all"] and snap["t2"] == []
+    m.complete_load([1])
+    assert [k for k, _ in m.policy.snapshot()["t2"]] == [1]
+
+
+def test_target_zero_one_eligible_t1_block_then_t2_each_list_walked_once():
+    """Scenario 2: target 0; T1 holds one eligible block, the rest pinned or protected."""
+    m = OffloadingManager(10, "arc")
+    store(m, [1, 2, 3, 4, 5])  # T1
+    store(m, [6, 7, 8, 9, 10])
+    m.touch([6, 7, 8, 9, 10])  # -> T2 (T2 order LRU first: 10, 9, 8, 7, 6)
+    assert m.policy.target == 0
+    m.prepare_load([1, 2])  # pinned in T1
+    # T1 evictable order: 3, 4, 5; protect 3 and 5 by naming them in the call
+    m.policy.visited = 0
+    out = m.prepare_store([3, 5, 11, 12, 13])
+    assert out.evicted_keys == [4, 10, 9]
+    # T1 walked once: 3 (skipped), 4 (victim), 5 (skipped) -> exhausted; T2: 10, 9.
+    assert m.policy.visited == 5
+
+
+def test_each_list_walked_once_in_a_large_batch():
+    n = 2000
+    m = OffloadingManager(n, "arc")
+    store(m, list(range(n)))
+    m.touch(list(range(n // 2)))  # half in T2
+    m.prepare_load(list(range(n // 2, n - 10)))  # T1 nearly all pinned
+    m.policy.visited = 0
+    out = m.prepare_store(list(range(n, n + 500)))
+    assert len(out.evicted_keys) == 500
+    # 10 eligible T1 blocks + 490 from T2: exactly one visit per victim
+    assert m.policy.visited == 500

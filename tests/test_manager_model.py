@@ -1,0 +1,211 @@
+"""Property-based test: random operation sequences against an obviously-correct model.
+
+Runs on every registered policy. The model keeps, per stored key, its ref count
+(-1 pending, 0 evictable, >0 pinned) and, for LRU, a use stamp, so LRU's victims are predicted
+exactly; for every other policy the contract is checked: atomic failure, only evictable and
+unprotected victims, exactly the shortfall evicted, and all counts consistent.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvtier import BlockStateError, LookupResult, OffloadingManager, available_policies
+
+KEYS = st.integers(min_value=0, max_value=5)
+KEY_LISTS = st.lists(KEYS, min_size=0, max_size=5)
+DISTINCT = st.lists(KEYS, min_size=1, max_size=3, unique=True)
+# "store" and "touch" are listed several times: they build the ready blocks and the recency
+# order whose eviction choices are checked; rarer ops still appear in most sequences.
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("store"), DISTINCT),
+        st.tuples(st.just("store"), DISTINCT),
+        st.tuples(st.just("touch"), DISTINCT),
+        st.tuples(st.just("touch"), DISTINCT),
+        st.tuples(st.just("lookup"), KEYS),
+        st.tuples(st.just("lookup_prefix"), KEY_LISTS),
+        st.tuples(st.just("touch"), KEY_LISTS),
+        st.tuples(st.just("prepare_load"), KEY_LISTS),
+        st.tuples(st.just("complete_load"), KEY_LISTS),
+        st.tuples(st.just("prepare_store"), KEY_LISTS),
+        st.tuples(st.just("store"), KEY_LISTS),
+        st.tuples(st.just("complete_store"), KEY_LISTS, st.booleans()),
+        st.tuples(st.just("reset_cache")),
+        # complete what is in flight, so the cache does not clog with pinned/pending blocks
+        st.tuples(st.just("finish_stores"), st.booleans(), st.randoms(use_true_random=False)),
+        st.tuples(st.just("finish_loads"), st.randoms(use_true_random=False)),
+        st.tuples(st.just("load_ready"), st.randoms(use_true_random=False)),
+    ),
+    min_size=15,
+    max_size=80,
+)
+
+
+class Model:
+    """The obviously-correct reference: a dict of ref counts and an LRU use stamp per key."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.ref: dict[int, int] = {}
+        self.stamp: dict[int, int] = {}
+        self.clock = itertools.count()
+
+    def use(self, keys) -> None:
+        for key in reversed(keys):
+            self.stamp[key] = next(self.clock)
+
+    def lookup(self, key) -> LookupResult:
+        if key not in self.ref:
+            return LookupResult.MISS
+        return LookupResult.HIT_PENDING if self.ref[key] < 0 else LookupResult.HIT
+
+    def lru_victims(self, n, protected):
+        order = sorted(
+            (k for k, r in self.ref.items() if r == 0 and k not in protected),
+            key=self.stamp.__getitem__,
+        )
+        return order[:n] if len(order) >= n else None
+
+
+def check_invariants(m: OffloadingManager, model: Model) -> None:
+    snap = m.snapshot()
+    assert set(snap["slot_of"]) == set(model.ref)
+    slots = list(snap["slot_of"].values())
+    assert len(set(slots)) == len(slots)
+    assert all(0 <= s < m.num_blocks for s in slots)
+    for key, slot in snap["slot_of"].items():
+        assert snap["ref"][slot] == model.ref[key]
+        assert m.policy.get(key) == slot
+    assert len(m.policy) == len(model.ref)
+    s = m.stats()
+    assert s.used == len(model.ref)
+    assert s.pending == sum(1 for r in model.ref.values() if r < 0)
+    assert s.pinned == sum(1 for r in model.ref.values() if r > 0)
+    assert s.evictable == sum(1 for r in model.ref.values() if r == 0)
+    assert s.free == m.num_blocks - s.used
+
+
+def run(policy: str, capacity: int, ops) -> None:
+    m = OffloadingManager(capacity, policy)
+    model = Model(capacity)
+    exact_lru = policy == "lru"
+    for op in ops:
+        name = op[0]
+        if name == "finish_stores":
+            pending = sorted(k for k, r in model.ref.items() if r < 0)
+            op[2].shuffle(pending)
+            op = ("complete_store", pending, op[1])
+            name = op[0]
+        elif name == "load_ready":
+            ready = sorted(k for k, r in model.ref.items() if r >= 0)
+            op[1].shuffle(ready)
+            op = ("prepare_load", ready[:3])
+            name = op[0]
+        elif name == "finish_loads":
+            pinned = sorted(k for k, r in model.ref.items() if r > 0)
+            op[1].shuffle(pinned)
+            op = ("complete_load", pinned)
+            name = op[0]
+        if name == "lookup":
+            assert m.lookup(op[1]) is model.lookup(op[1])
+        elif name == "lookup_prefix":
+            expected = 0
+            for key in op[1]:
+                if model.lookup(key) is not LookupResult.HIT:
+                    break
+                expected += 1
+            assert m.lookup_prefix(op[1]) == expected
+        elif name == "touch":
+            m.touch(op[1])
+            model.use([k for k in op[1] if model.ref.get(k) == 0])
+        elif name == "prepare_load":
+            keys = op[1]
+            ok = all(model.ref.get(k, -1) >= 0 for k in keys)
+            before = m.snapshot()
+            if ok:
+                slots = m.prepare_load(keys)
+                assert slots == [m.snapshot()["slot_of"][k] for k in keys]
+                for k in keys:
+                    model.ref[k] += 1
+            else:
+                with pytest.raises(BlockStateError):
+                    m.prepare_load(keys)
+                assert m.snapshot() == before
+        elif name == "complete_load":
+            keys = op[1]
+            need: dict[int, int] = {}
+            for k in keys:
+                need[k] = need.get(k, 0) + 1
+            ok = all(model.ref.get(k, 0) >= c for k, c in need.items())
+            before = m.snapshot()
+            if ok:
+                m.complete_load(keys)
+                became = []
+                for k in reversed(keys):
+                    model.ref[k] -= 1
+                    if model.ref[k] == 0:
+                        became.append(k)
+                for k in became:
+                    model.stamp[k] = next(model.clock)
+            else:
+                with pytest.raises(BlockStateError):
+                    m.complete_load(keys)
+                assert m.snapshot() == before
+        elif name in ("prepare_store", "store"):
+            keys = op[1]
+            new = list(dict.fromkeys(k for k in keys if k not in model.ref))
+            shortfall = len(new) - (capacity - len(model.ref))
+            eligible = [k for k, r in model.ref.items() if r == 0 and k not in keys]
+            before = m.snapshot()
+            out = m.prepare_store(keys)
+            if shortfall > len(eligible):
+                assert out is None
+                assert m.snapshot() == before
+                continue
+            if out is None:  # only a policy-level refusal could explain it: not allowed
+                raise AssertionError("prepare_store refused although enough eligible blocks")
+            assert out.keys_to_store == new
+            assert len(out.evicted_keys) == max(0, shortfall)
+            assert len(set(out.evicted_keys)) == len(out.evicted_keys)
+            for k in out.evicted_keys:
+                assert model.ref.get(k) == 0 and k not in keys
+            if exact_lru:
+                assert out.evicted_keys == model.lru_victims(max(0, shortfall), set(keys))
+            for k in out.evicted_keys:
+                del model.ref[k]
+            for k in new:
+                model.ref[k] = -1
+            if name == "store":  # prepare_store immediately followed by complete_store
+                m.complete_store(out.keys_to_store)
+                for k in reversed(new):
+                    model.ref[k] = 0
+                    model.stamp[k] = next(model.clock)
+        elif name == "complete_store":
+            keys, success = op[1], op[2]
+            m.complete_store(keys, success)
+            done = []
+            for k in reversed(keys):
+                if model.ref.get(k) == -1 and k not in done:
+                    done.append(k)
+            for k in done:
+                if success:
+                    model.ref[k] = 0
+                    model.stamp[k] = next(model.clock)
+                else:
+                    del model.ref[k]
+        elif name == "reset_cache":
+            m.reset_cache()
+            model.ref.clear()
+        check_invariants(m, model)
+
+
+@pytest.mark.parametrize("policy", available_policies())
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(capacity=st.integers(min_value=1, max_value=4), ops=OPS)
+def test_random_operations_match_reference_model(policy, capacity, ops):
+    run(policy, capacity, ops)
