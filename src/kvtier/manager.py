@@ -110,6 +110,7 @@ class OffloadingManager:
     def _init_state(self) -> None:
         self._slot_of: dict[Hashable, int] = {}
         self._ref: list[int] = [0] * self.num_blocks
+        self._pending_keys: set[Hashable] = set()
         self._free: list[int] = []
         self._next_fresh = 0
         self._evictable = 0
@@ -141,11 +142,10 @@ class OffloadingManager:
         """
         if self._tracker is not None:
             self._track((key,))
-        slot = self._slot_of.get(key)
-        if slot is None:
+        if key not in self._slot_of:
             self._misses += 1
             return _MISS
-        if self._ref[slot] < 0:
+        if key in self._pending_keys:
             self._pending_hits += 1
             return _HIT_PENDING
         self._hits += 1
@@ -161,15 +161,14 @@ class OffloadingManager:
             TypeError: a key is not hashable (nothing is counted).
         """
         slot_of = self._slot_of
-        ref = self._ref
+        pending = self._pending_keys
         hits = 0
         try:
             for key in keys:
-                slot = slot_of.get(key)
-                if slot is None:
+                if key not in slot_of:
                     self._misses += 1
                     break
-                if ref[slot] < 0:
+                if key in pending:
                     self._pending_hits += 1
                     break
                 hits += 1
@@ -290,12 +289,16 @@ class OffloadingManager:
         Raises:
             TypeError: a key is not hashable (nothing is recorded).
         """
+        if len(keys) > 1:  # a single key fails on its first (hashing) use: nothing changes
+            try:
+                for key in keys:
+                    hash(key)
+            except TypeError:
+                raise _unhashable(keys, "touch") from None
         try:
-            for key in keys:
-                hash(key)
+            self.policy.touch(keys)
         except TypeError:
             raise _unhashable(keys, "touch") from None
-        self.policy.touch(keys)
 
     # -- stores --------------------------------------------------------------------------
     def prepare_store(
@@ -359,19 +362,19 @@ class OffloadingManager:
                 self._events.append(OffloadingEvent(evicted_keys, True))
 
         ref = self._ref
-        insert = self.policy.insert
-        block_ids: list[int] = []
-        num_blocks = self.num_blocks
-        for key in new_keys:
-            if self._next_fresh < num_blocks:
-                slot = self._next_fresh
-                self._next_fresh = slot + 1
-            else:
-                slot = self._free.pop()
-            slot_of[key] = slot
+        fresh = min(num_new, self.num_blocks - self._next_fresh)
+        block_ids = list(range(self._next_fresh, self._next_fresh + fresh))
+        self._next_fresh += fresh
+        if fresh < num_new:
+            free = self._free
+            reused = num_new - fresh
+            block_ids.extend(reversed(free[-reused:]))
+            del free[-reused:]
+        slot_of.update(zip(new_keys, block_ids))
+        for slot in block_ids:
             ref[slot] = _PENDING
-            insert(key, slot)
-            block_ids.append(slot)
+        self._pending_keys.update(new_keys)
+        self.policy.insert_many(new_keys, block_ids)
         self._pending += num_new
         self._stores += num_new
         self._skipped_stores += skipped
@@ -406,6 +409,7 @@ class OffloadingManager:
                     key = keys[i]
                     evictable(key, slot)
                     done.append(key)
+            self._pending_keys.difference_update(done)
             self._evictable += len(done)
             self._completed_stores += len(done)
             if done and self.enable_events:
@@ -422,6 +426,7 @@ class OffloadingManager:
                     self._free.append(slot)
                     remove(key)
                     done.append(key)
+            self._pending_keys.difference_update(done)
             self._failed_stores += len(done)
         self._pending -= len(done)
 
@@ -485,6 +490,7 @@ class OffloadingManager:
             "slot_of": dict(self._slot_of),
             "ref": list(self._ref),
             "free": list(self._free),
+            "pending_keys": set(self._pending_keys),
             "next_fresh": self._next_fresh,
             "counts": (self._evictable, self._pending, self._pinned),
             "counters": (

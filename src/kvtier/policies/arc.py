@@ -78,6 +78,22 @@ class ARCPolicy(CachePolicy):
             self._t1_all[key] = slot
         self._pending.add(key)
 
+    def insert_many(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
+        b1, b2, t1_all, t2_all = self._b1, self._b2, self._t1_all, self._t2_all
+        if not b1 and not b2:
+            t1_all.update(zip(keys, slots))
+        else:
+            for key, slot in zip(keys, slots):
+                if key in b1:
+                    del b1[key]
+                    t2_all[key] = slot
+                elif key in b2:
+                    del b2[key]
+                    t2_all[key] = slot
+                else:
+                    t1_all[key] = slot
+        self._pending.update(keys)
+
     def remove(self, key: Key) -> None:
         self._pending.discard(key)
         if self._t1_all.pop(key, None) is not None:

@@ -81,6 +81,15 @@ class CachePolicy(ABC):
         The manager never inserts a key that is already resident.
         """
 
+    def insert_many(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
+        """Batch form of :meth:`insert`, in order (the manager calls this one).
+
+        The default calls :meth:`insert` per key; policies override it when a batch is cheaper.
+        """
+        insert = self.insert
+        for key, slot in zip(keys, slots):
+            insert(key, slot)
+
     @abstractmethod
     def remove(self, key: Key) -> None:
         """Drop a resident, non-evictable block without evicting it (its store failed).

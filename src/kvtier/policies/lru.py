@@ -38,6 +38,9 @@ class LRUPolicy(CachePolicy):
     def insert(self, key: Key, slot: int) -> None:
         self._held[key] = slot
 
+    def insert_many(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
+        self._held.update(zip(keys, slots))
+
     def remove(self, key: Key) -> None:
         if self._held.pop(key, None) is None:
             self._order.pop(key, None)
@@ -56,22 +59,26 @@ class LRUPolicy(CachePolicy):
                 order.move_to_end(key)
 
     def evict(self, n: int, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
-        victims: list[tuple[Key, int]] = []
-        visited = 0
-        for item in self._order.items():
-            visited += 1
-            if item[0] in protected:
-                continue
-            victims.append(item)
-            if len(victims) == n:
-                break
-        self.visited += visited
-        if len(victims) < n:
-            return None
+        # Pop from the LRU end. Protected keys popped on the way go back to the front in their
+        # order afterwards; on failure every popped block goes back, so nothing changes.
         order = self._order
-        for key, _ in victims:
-            del order[key]
-        return victims
+        popitem = order.popitem
+        victims: list[tuple[Key, int]] = []
+        popped: list[tuple[Key, int]] = []
+        while len(victims) < n and order:
+            item = popitem(last=False)
+            popped.append(item)
+            if item[0] not in protected:
+                victims.append(item)
+        self.visited += len(popped)
+        ok = len(victims) == n
+        if len(popped) != len(victims) or not ok:
+            restore = popped if not ok else [it for it in popped if it[0] in protected]
+            move_to_end = order.move_to_end
+            for key, slot in reversed(restore):
+                order[key] = slot
+                move_to_end(key, last=False)
+        return victims if ok else None
 
     def snapshot(self) -> dict:
         return {"order": list(self._order.items()), "held": dict(self._held)}
