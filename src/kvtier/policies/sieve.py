@@ -1,0 +1,163 @@
+"""SIEVE: one FIFO queue, a visited bit per block and a moving hand.
+
+Source: Y. Zhang, J. Yang, Y. Yue, Y. Vigfusson, K. V. Rashmi, "SIEVE is Simpler than LRU: an
+Efficient Turn-Key Eviction Algorithm for Web Caches", NSDI'24.
+
+The algorithm: new blocks enter the queue's head; a hit only sets the block's visited bit (no
+move). To evict, a hand walks from the tail (oldest) toward the head: a visited block has its bit
+cleared and is passed, the first unvisited block is the victim, and the hand stays where the
+victim was (it continues from the victim's newer neighbour next time). At the head the hand wraps
+around to the tail.
+
+How it maps to the offloading contract (each choice is also what keeps :meth:`evict` bounded):
+
+* The queue holds **evictable blocks only**. A pending or pinned block is out of the queue; a
+  touch still sets its visited bit, so a use while pinned is not lost. When it becomes evictable
+  again (:meth:`block_evictable`: store completed or last pin released) it re-enters at the
+  queue's head, as a newly inserted block does -- the FIFO meaning of "the MRU end".
+* The queue is kept as two ordered maps split at the hand: ``_ahead`` (the hand's block, then
+  every newer block up to the head) and ``_behind`` (the blocks the hand has passed in this lap,
+  oldest first). Passing a block moves it from the front of ``_ahead`` to the end of
+  ``_behind``; the wrap-around swaps the two. Every step is O(1).
+* A protected block (named in the current ``prepare_store``) is passed like a visited one, but
+  its bit is left as it is.
+* :meth:`evict` first counts the eligible blocks -- O(|protected|) -- and returns ``None``
+  without touching anything (bits, hand, queue) when fewer than ``n`` exist. Otherwise it runs
+  the hand and always succeeds.
+
+Bound: within one :meth:`evict` call the hand makes at most one full lap plus the victims: once
+it has passed every block all visited bits are clear, so every unprotected block it meets next is
+a victim. Each queue entry is therefore examined at most twice per call, and the entries
+examined (added to :attr:`visited`) are ``n`` victims + visited bits cleared + protected blocks
+passed (each at most twice). Cleared bits are paid for by the touches that set them (one bit per
+touch at most), so eviction is O(k + protected) amortized over touches, not worst case: a call
+that meets ``m`` visited blocks examines ``m`` extra entries, as in the paper.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+
+from kvtier.policies.base import CachePolicy, Key
+
+
+def _as_set(protected: Collection[Key]) -> Collection[Key]:
+    if isinstance(protected, (set, frozenset, dict)):
+        return protected
+    return set(protected)
+
+
+class SievePolicy(CachePolicy):
+    """SIEVE eviction (Zhang et al., NSDI'24) over the evictable blocks of the tier.
+
+    State: ``_ahead`` / ``_behind`` (evictable key -> slot, the queue split at the hand, see the
+    module docstring), ``_held`` (pending or pinned key -> slot) and ``_bits`` (keys whose
+    visited bit is set, any state). O(1) per touched key; :meth:`evict` examines at most twice
+    each queue entry (O(k + protected), amortized over touches).
+    """
+
+    name = "sieve"
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._ahead: OrderedDict[Key, int] = OrderedDict()
+        self._behind: OrderedDict[Key, int] = OrderedDict()
+        self._held: dict[Key, int] = {}
+        self._bits: set[Key] = set()
+
+    # -- queries -------------------------------------------------------------------------
+    def get(self, key: Key) -> int | None:
+        slot = self._ahead.get(key)
+        if slot is None:
+            slot = self._behind.get(key)
+            if slot is None:
+                slot = self._held.get(key)
+        return slot
+
+    def __len__(self) -> int:
+        return len(self._ahead) + len(self._behind) + len(self._held)
+
+    def _wrap(self) -> None:
+        # invariant: the hand's side is empty only when the whole queue is
+        if not self._ahead and self._behind:
+            self._ahead, self._behind = self._behind, self._ahead
+
+    # -- state changes -------------------------------------------------------------------
+    def insert(self, key: Key, slot: int) -> None:
+        self._held[key] = slot
+        self._bits.discard(key)
+
+    def remove(self, key: Key) -> None:
+        self._bits.discard(key)
+        if self._held.pop(key, None) is None:
+            if self._ahead.pop(key, None) is None:
+                self._behind.pop(key, None)
+            else:
+                self._wrap()
+
+    def block_evictable(self, key: Key, slot: int) -> None:
+        self._held.pop(key, None)
+        self._ahead[key] = slot  # the head; _behind is empty if _ahead is
+
+    def block_unevictable(self, key: Key) -> None:
+        slot = self._ahead.pop(key, None)
+        if slot is None:
+            slot = self._behind.pop(key)
+        else:
+            self._wrap()
+        self._held[key] = slot
+
+    def touch(self, keys: Sequence[Key]) -> None:
+        bits = self._bits
+        ahead, behind, held = self._ahead, self._behind, self._held
+        for key in keys:
+            if key in ahead or key in behind or key in held:
+                bits.add(key)
+
+    def evict(self, n: int, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
+        ahead, behind = self._ahead, self._behind
+        prot = _as_set(protected) if protected else ()
+        eligible = len(ahead) + len(behind)
+        for key in prot:
+            if key in ahead or key in behind:
+                eligible -= 1
+        if eligible < n:
+            return None
+        bits = self._bits
+        victims: list[tuple[Key, int]] = []
+        visited = 0
+        while len(victims) < n:
+            if not ahead:
+                ahead, behind = behind, ahead
+            key, slot = ahead.popitem(last=False)
+            visited += 1
+            if key in bits:
+                bits.discard(key)
+                behind[key] = slot
+            elif key in prot:
+                behind[key] = slot
+            else:
+                victims.append((key, slot))
+        if not ahead:
+            ahead, behind = behind, ahead
+        self._ahead, self._behind = ahead, behind
+        self.visited += visited
+        return victims
+
+    def snapshot(self) -> dict:
+        # the hand's position is where _ahead starts: the queue read from the tail is
+        # behind + ahead, and len(behind) says where the hand is
+        return {
+            "queue": list(self._behind.items()) + list(self._ahead.items()),
+            "hand": len(self._behind),
+            "held": dict(self._held),
+            "visited_bits": set(self._bits),
+        }
+
+    def clear(self) -> None:
+        self._ahead.clear()
+        self._behind.clear()
+        self._held.clear()
+        self._bits.clear()
+        self.visited = 0

@@ -1,0 +1,101 @@
+"""S3-FIFO: exact eviction orders on hand-checked sequences.
+
+Capacity 10 gives S = 1 block, M = 9 blocks, G = 9 keys. Queues are drawn oldest first.
+"""
+
+from __future__ import annotations
+
+from kvtier import OffloadingManager
+from kvtier.policies.s3fifo import S3FIFOPolicy
+
+
+def add(policy, key, slot=0):
+    policy.insert(key, slot)
+    policy.block_evictable(key, slot)
+
+
+def keys_of(victims):
+    return [key for key, _ in victims]
+
+
+def state(policy):
+    snap = policy.snapshot()
+    return [k for k, _ in snap["small"]], [k for k, _ in snap["main"]], snap["ghost"]
+
+
+def test_promotion_reinsertion_ghost_and_protected():
+    p = S3FIFOPolicy(10)
+    assert (p.small_capacity, p.main_capacity, p.ghost_capacity) == (1, 9, 9)
+    add(p, "a")
+    add(p, "b")  # S full before any eviction: enters M (libCacheSim's warm-up rule)
+    add(p, "c")
+    assert state(p) == (["a"], ["b", "c"], [])
+    p.touch(["a", "a", "b"])  # freq a = 2, b = 1
+    # M is within its share and S is not empty: evict from S. a (freq 2) moves to M with
+    # freq 0; S is now empty, so M: b (freq 1) is reinserted with 0, c is the victim
+    assert keys_of(p.evict(1, ())) == ["c"]
+    assert state(p) == ([], ["a", "b"], [])  # evicted from M: no ghost entry
+    add(p, "d")
+    add(p, "e")  # after the first eviction new blocks always enter S
+    assert keys_of(p.evict(1, ())) == ["d"]  # d leaves S unused: its key enters G
+    assert state(p) == (["e"], ["a", "b"], ["d"])
+    add(p, "d")  # ghost hit: straight into M
+    assert state(p) == (["e"], ["a", "b", "d"], [])
+    # e from S (-> G); then S empty: M's a is protected, passed and kept at the head; b next
+    assert keys_of(p.evict(2, {"a"})) == ["e", "b"]
+    assert state(p) == ([], ["a", "d"], ["e"])
+
+
+def test_frequency_is_capped_at_three():
+    p = S3FIFOPolicy(10)
+    add(p, "s")
+    add(p, "a")
+    add(p, "b")  # M: a b
+    p.touch(["a"] * 10)
+    p.block_unevictable("s")
+    # a has 3 laps of credit: reinserted with 2, b evicted
+    assert keys_of(p.evict(1, ())) == ["b"]
+    assert p.snapshot()["freq"]["a"] == 2
+    add(p, "c")  # enters S (an eviction happened) and is pinned: S has no candidate
+    p.block_unevictable("c")
+    before = p.visited
+    # M is only a: reinserted twice (2 -> 1 -> 0), then evicted: 3 examinations
+    assert keys_of(p.evict(1, ())) == ["a"]
+    assert p.visited - before == 3
+
+
+def test_evict_is_atomic_and_skips_pinned_and_pending():
+    p = S3FIFOPolicy(10)
+    for key in "abc":
+        add(p, key)
+    p.touch(["b", "b", "c"])
+    p.insert("x", 9)  # pending
+    p.block_unevictable("a")  # pinned
+    snap, visited = p.snapshot(), p.visited
+    assert p.evict(2, ["b"]) is None
+    assert p.evict(3, ()) is None
+    assert p.snapshot() == snap and p.visited == visited
+    # S has no evictable block (a pinned): M b(2) c(1) -> b(1) c(0) -> b(0) c evicted -> b
+    assert keys_of(p.evict(2, ())) == ["c", "b"]
+
+
+def test_ghost_is_bounded():
+    p = S3FIFOPolicy(10)
+    for i in range(100):
+        add(p, i)
+        if len(p) > 10:
+            p.evict(1, ())
+    p.on_store([])
+    assert len(p.snapshot()["ghost"]) <= p.ghost_capacity
+    assert len(p) == 10
+
+
+def test_touch_of_a_pinned_block_counts_and_it_reenters_its_queue_tail():
+    m = OffloadingManager(10, policy="s3fifo")
+    m.complete_store(m.prepare_store(["a", "b", "c"]).keys_to_store)
+    # a is in S (stored first), b and c in M (S was full during the first fill)
+    m.prepare_load(["a"])
+    m.touch(["a", "a"])
+    m.complete_load(["a"])
+    assert state(m.policy) == (["a"], ["c", "b"], [])
+    assert m.policy.snapshot()["freq"]["a"] == 2
