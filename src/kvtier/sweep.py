@@ -162,7 +162,11 @@ def plot_mrc(
     ax.set_xscale("log")
     ax.set_xlabel("tier size (blocks)")
     ax.set_ylabel("block miss ratio")
-    ax.set_ylim(bottom=0, top=1.0)
+    ys = [r.miss_ratio for r in results]
+    if unique_blocks and block_refs:
+        ys.append(unique_blocks / block_refs)
+    if ys:
+        ax.set_ylim(bottom=max(0.0, min(ys) - 0.05), top=min(1.0, max(ys) + 0.03))
     ax.grid(True, which="both", alpha=0.3)
     if unique_blocks:
         sec = ax.secondary_xaxis(
@@ -172,7 +176,7 @@ def plot_mrc(
         )
         sec.set_xlabel("tier size (% of distinct blocks)")
     if title:
-        ax.set_title(title, fontsize=10)
+        fig.suptitle(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     out = Path(out)
