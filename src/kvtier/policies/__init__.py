@@ -18,6 +18,12 @@ from kvtier.policies.arc import ARCPolicy
 register_policy("lru", LRUPolicy)
 register_policy("arc", ARCPolicy)
 
+from kvtier.policies.s3fifo import S3FIFOPolicy  # noqa: E402
+from kvtier.policies.sieve import SievePolicy  # noqa: E402
+
+register_policy("s3fifo", S3FIFOPolicy)
+register_policy("sieve", SievePolicy)
+
 __all__ = [
     "ENTRY_POINT_GROUP",
     "ARCPolicy",
