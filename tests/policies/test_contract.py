@@ -1,0 +1,111 @@
+"""The CachePolicy contract, checked on every registered policy (built-in and plugins).
+
+Driven through the manager, which is how policies are used. Exact eviction orders are tested
+per policy in ``test_<policy>.py``; here: what every policy must guarantee.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtier import OffloadingManager, available_policies
+
+POLICIES = available_policies()
+
+
+def full(policy: str, n: int) -> OffloadingManager:
+    m = OffloadingManager(n, policy)
+    keys = list(range(n))
+    m.prepare_store(keys)
+    m.complete_store(keys)
+    return m
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("pinned_share", [0.0, 0.9, 0.99])
+def test_eviction_visits_victims_and_protected_keys_only(policy, pinned_share):
+    n = 4000
+    m = full(policy, n)
+    pinned = int(n * pinned_share)
+    if pinned:
+        m.prepare_load(list(range(pinned)))
+    protected = list(range(pinned, pinned + 5))  # named in the call: must be skipped
+    m.policy.visited = 0
+    out = m.prepare_store(protected + list(range(n, n + 20)))
+    assert out is not None and len(out.evicted_keys) == 20
+    assert not set(out.evicted_keys) & set(protected)
+    assert all(k >= pinned for k in out.evicted_keys)
+    assert m.policy.visited <= 20 + len(protected)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_refused_eviction_changes_nothing(policy):
+    m = full(policy, 10)
+    m.touch([1, 3, 5])
+    m.prepare_load(list(range(7)))  # 3 evictable: 7, 8, 9
+    before = m.snapshot()
+    assert m.policy.evict(3, protected={8}) is None
+    assert m.snapshot() == before
+    assert m.prepare_store([8, 10, 11, 12]) is None
+    assert m.snapshot() == before
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_pending_and_pinned_blocks_are_not_candidates(policy):
+    m = OffloadingManager(6, policy)
+    m.prepare_store([0, 1])  # pending
+    m.prepare_store([2, 3])
+    m.complete_store([2, 3])
+    m.prepare_load([2])  # pinned
+    m.prepare_store([4, 5])
+    m.complete_store([4, 5])
+    victims = m.policy.evict(2, protected=())
+    assert victims is not None
+    assert {k for k, _ in victims} <= {3, 4, 5}
+    assert m.policy.evict(4, protected=()) is None
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_victims_carry_their_slots(policy):
+    m = full(policy, 8)
+    slots = {k: m.snapshot()["slot_of"][k] for k in range(8)}
+    victims = m.policy.evict(3, protected=())
+    assert victims is not None
+    for key, slot in victims:
+        assert slots[key] == slot
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_clear_forgets_everything(policy):
+    m = full(policy, 8)
+    m.touch([1, 2])
+    m.reset_cache()
+    assert len(m.policy) == 0
+    fresh = OffloadingManager(8, policy)
+    assert m.snapshot() == fresh.snapshot()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_policy_rejects_bad_capacity(policy):
+    from kvtier import get_policy
+
+    with pytest.raises(ValueError, match="capacity"):
+        get_policy(policy)(0)
+
+
+def test_registry_lists_builtins_and_accepts_plugins():
+    from kvtier import CachePolicy, get_policy, register_policy
+    from kvtier.policies.lru import LRUPolicy
+
+    assert {"lru", "arc"} <= set(POLICIES)
+
+    class MyPolicy(LRUPolicy):
+        name = "my-lru"
+
+    register_policy("my-lru-test", MyPolicy)
+    assert get_policy("my-lru-test") is MyPolicy
+    assert isinstance(OffloadingManager(4, "my-lru-test").policy, CachePolicy)
+    with pytest.raises(ValueError, match="already registered"):
+        register_policy("lru", MyPolicy)
+    with pytest.raises(TypeError, match="not a CachePolicy"):
+        register_policy("bad", dict)  # type: ignore[arg-type]
