@@ -1,0 +1,503 @@
+"""Transfer engine: batched, asynchronous block copies between an engine's paged KV cache and a
+:class:`~kvtier.dataplane.HostBlockPool`.
+
+The engine's KV cache is one tensor ``[num_device_blocks, *block_shape]`` or several tensors
+``[num_device_blocks, *block_shape[1:]]`` (``block_shape[0]`` of them, e.g. one per layer);
+tensor ``t`` then maps to ``pool.tensor[:, t]``. Block ``b`` of the engine is index ``b`` of
+dimension 0 of every tensor.
+
+Every job is a list of (source, destination) block pairs and is copied with a few batched
+index operations per tensor (``index_select`` / ``index_copy_`` on the block dimension), never
+a Python loop per block per tensor:
+
+* **CPU** (KV cache tensors on the CPU): a worker thread runs the jobs in submission order.
+  Per tensor, a job is one call when the pool-side or the engine-side ids form a consecutive
+  range (``index_copy_`` from a slice, or ``index_select`` into a slice); otherwise it is
+  gathered into a small reusable staging buffer (``staging_bytes``, sized to stay in cache)
+  and scattered from it, one pair of calls per tensor per staging chunk.
+* **CUDA** (KV cache tensors on a CUDA device): the copies are queued at submit time on a
+  dedicated store stream (device->host) or load stream (host->device), each of which first
+  waits for the caller's current stream; a ``torch.cuda.Event`` recorded after the job is
+  polled with ``query()``. Blocks are gathered/scattered on the device (``index_select`` /
+  ``index_copy_`` into a device staging buffer in the pool's layout) and moved over PCIe
+  with one ``copy_(non_blocking=True)`` per run of consecutive pool slots (the job is sorted
+  by pool slot first, so a job whose slots were allocated together is one DMA per chunk).
+
+Jobs on the same direction finish in submission order. On CPU, stores and loads share one
+FIFO worker; on CUDA they run on two streams and are not ordered against each other, so a
+caller must not load a slot whose store is still in flight (the
+:class:`~kvtier.OffloadingManager` enforces exactly that: a pending block cannot be loaded).
+
+A failed copy never raises into the caller's loop: :meth:`TransferEngine.poll` reports the job
+with ``ok=False`` and :meth:`TransferEngine.take_errors` returns the exception.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+
+from kvtier.dataplane.pool import HostBlockPool
+
+__all__ = ["TransferEngine", "TransferResult"]
+
+STORE = "store"
+LOAD = "load"
+
+
+class TransferResult(NamedTuple):
+    """A finished job, as returned by :meth:`TransferEngine.poll`.
+
+    Attributes:
+        job_id: the id given at submit time.
+        ok: ``True`` when every block of the job was copied; ``False`` when a copy failed
+            (some blocks may have been written, some not).
+    """
+
+    job_id: Hashable
+    ok: bool
+
+
+@dataclass
+class _Job:
+    job_id: Hashable
+    kind: str  # STORE (device -> pool) or LOAD (pool -> device)
+    pool_ids: list[int]  # sorted ascending
+    dev_ids: list[int]  # paired with pool_ids
+    event: Any = None  # torch.cuda.Event on the CUDA path
+    error: BaseException | None = None  # CUDA path: failed while queueing its copies
+    keep: list = field(default_factory=list)  # tensors to keep alive until the event
+
+
+def _as_id_list(name: str, values: Any, limit: int, what: str) -> list[int]:
+    if isinstance(values, torch.Tensor):
+        if values.dim() != 1 or values.dtype.is_floating_point or values.dtype == torch.bool:
+            raise TypeError(f"{name} must be a 1-D integer tensor or a sequence of ints")
+        values = values.tolist()
+    elif isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}")
+    out: list[int] = []
+    for v in values:
+        if isinstance(v, bool):
+            raise TypeError(f"{name}: {v!r} is not a block id (bool)")
+        try:
+            i = operator.index(v)
+        except TypeError:
+            raise TypeError(f"{name}: {v!r} is not an int block id") from None
+        if not 0 <= i < limit:
+            raise ValueError(f"{name}: {what} {i} is out of range 0..{limit - 1}")
+        out.append(i)
+    return out
+
+
+def _runs(ids: list[int]) -> list[tuple[int, int, int]]:
+    """Maximal runs of consecutive ids: (position in ids, first id, length)."""
+    runs: list[tuple[int, int, int]] = []
+    if not ids:
+        return runs
+    start = 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[i - 1] + 1:
+            runs.append((start, ids[start], i - start))
+            start = i
+    return runs
+
+
+def _is_range(ids: list[int]) -> bool:
+    """True when ids are ``a, a+1, ..., a+n-1`` (n >= 1)."""
+    return bool(ids) and all(b == a + 1 for a, b in zip(ids, ids[1:]))
+
+
+class TransferEngine:
+    """Copies KV blocks between an engine's paged KV cache and a host block pool.
+
+    Args:
+        kv_caches: the engine's KV cache: one tensor ``[num_device_blocks, *pool.block_shape]``
+            or a sequence of ``pool.block_shape[0]`` tensors
+            ``[num_device_blocks, *pool.block_shape[1:]]``, all on one device (CPU or CUDA),
+            with ``pool.dtype``. They are used in place (never copied).
+        pool: the host pool the manager's slot ids refer to.
+        staging_bytes: size of the staging buffer, in bytes (>= one block of the largest
+            tensor is always used). CPU: the reusable gather/scatter buffer (default 32 MiB,
+            small enough to stay in cache). CUDA: the largest device staging buffer one chunk
+            of a job allocates (default 32 MiB too; raise it for fewer, larger DMAs).
+
+    Raises:
+        TypeError: a KV cache entry is not a tensor, or ``pool`` is not a HostBlockPool.
+        ValueError: empty ``kv_caches``; tensors on different devices, of a dtype other than
+            ``pool.dtype``, with different block counts, or a shape that does not match the
+            pool's ``block_shape`` as described above; a non-positive ``staging_bytes``.
+
+    The engine is driven from one thread (the caller's); the CPU worker thread touches only
+    tensors. Use as a context manager, or call :meth:`close`, to stop the worker.
+    """
+
+    def __init__(
+        self,
+        kv_caches: torch.Tensor | Sequence[torch.Tensor],
+        pool: HostBlockPool,
+        *,
+        staging_bytes: int = 32 * 2**20,
+    ) -> None:
+        if not isinstance(pool, HostBlockPool):
+            raise TypeError(f"pool must be a HostBlockPool, got {type(pool).__name__}")
+        if isinstance(kv_caches, torch.Tensor):
+            tensors = [kv_caches]
+        elif isinstance(kv_caches, Sequence) and not isinstance(kv_caches, (str, bytes)):
+            tensors = list(kv_caches)
+        else:
+            raise TypeError(
+                f"kv_caches must be a tensor or a sequence of tensors, got {type(kv_caches).__name__}"
+            )
+        if not tensors:
+            raise ValueError("kv_caches must hold at least one tensor, got an empty sequence")
+        for i, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"kv_caches[{i}] must be a torch.Tensor, got {type(t).__name__}")
+            if t.dtype != pool.dtype:
+                raise ValueError(
+                    f"kv_caches[{i}] has dtype {t.dtype}, but the pool's dtype is {pool.dtype}"
+                )
+            if t.device != tensors[0].device:
+                raise ValueError(
+                    f"kv_caches[{i}] is on {t.device}, kv_caches[0] on {tensors[0].device}: "
+                    "all KV cache tensors must be on one device"
+                )
+            if t.dim() < 1 or t.shape[0] != tensors[0].shape[0] or t.shape[0] < 1:
+                raise ValueError(
+                    f"kv_caches[{i}] has shape {tuple(t.shape)}: every tensor needs the same "
+                    f"number of blocks ({tensors[0].shape[0]}) on dimension 0"
+                )
+        bs = tuple(pool.block_shape)
+        if len(tensors) == 1 and tuple(tensors[0].shape[1:]) == bs:
+            pool_views = [pool.tensor]
+        elif len(tensors) == bs[0] and all(tuple(t.shape[1:]) == bs[1:] for t in tensors):
+            pool_views = [pool.tensor.select(1, i) for i in range(len(tensors))]
+        else:
+            raise ValueError(
+                f"KV cache shapes {[tuple(t.shape) for t in tensors]} do not match the pool's "
+                f"block_shape {list(bs)}: expected one tensor [num_device_blocks, *{list(bs)}] "
+                f"or {bs[0]} tensors [num_device_blocks, *{list(bs[1:])}]"
+            )
+        if isinstance(staging_bytes, bool) or not isinstance(staging_bytes, int) or staging_bytes < 1:
+            raise ValueError(f"staging_bytes must be a positive int, got {staging_bytes!r}")
+
+        self.pool = pool
+        self.kv_caches = tensors
+        self.device = tensors[0].device
+        self.num_device_blocks = int(tensors[0].shape[0])
+        self.staging_bytes = staging_bytes
+        self._pool_views = pool_views
+        self._single = len(tensors) == 1 and pool_views[0] is pool.tensor
+        self._unreported: set[Hashable] = set()  # submitted, not yet returned by poll()
+        self._errors: dict[Hashable, BaseException] = {}
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._done: deque[TransferResult] = deque()
+        self._outstanding = 0  # submitted and not finished
+        self._closed = False
+        # Test hook: called as hook(job_id, kind, tensor_index) before each tensor's copy of a
+        # job (on the worker thread on CPU); an exception fails the job mid-batch.
+        self._before_copy: Callable[[Hashable, str, int], None] | None = None
+
+        self.is_cuda = self.device.type == "cuda"
+        if self.is_cuda:
+            self._store_stream = torch.cuda.Stream(device=self.device)
+            self._load_stream = torch.cuda.Stream(device=self.device)
+            self._cuda_jobs: deque[_Job] = deque()
+            self._worker = None
+        elif self.device.type == "cpu":
+            per_block = max(t[0].numel() for t in tensors)
+            itemsize = tensors[0].element_size()
+            self._stage_blocks = max(1, staging_bytes // (per_block * itemsize))
+            # Allocated lazily by the worker on first use of the staged path.
+            self._staging: torch.Tensor | None = None
+            self._queue: deque[_Job | None] = deque()
+            self._qcv = threading.Condition()
+            self._worker = threading.Thread(
+                target=self._worker_loop, name="kvtier-transfer", daemon=True
+            )
+            self._worker.start()
+        else:
+            raise ValueError(f"unsupported KV cache device {self.device} (CPU or CUDA only)")
+
+    # -- submission ------------------------------------------------------------------------
+    def submit_store(
+        self, job_id: Hashable, src_block_ids: Sequence[int], dst_slots: Sequence[int]
+    ) -> None:
+        """Queue a copy of engine blocks ``src_block_ids`` into pool slots ``dst_slots``.
+
+        Args:
+            job_id: any hashable id, unique among jobs not yet returned by :meth:`poll`.
+            src_block_ids: engine block ids, ``0 <= id < num_device_blocks`` (repeats allowed).
+            dst_slots: pool slots, ``0 <= slot < pool.num_blocks``, pairwise distinct, same
+                length as ``src_block_ids``.
+
+        Raises:
+            ValueError: duplicate or unhashable job id, ids out of range, different lengths,
+                a slot named twice, or the engine is closed. Nothing is queued then.
+            TypeError: an id is not an int.
+        """
+        self._submit(STORE, job_id, src_block_ids, dst_slots)
+
+    def submit_load(
+        self, job_id: Hashable, src_slots: Sequence[int], dst_block_ids: Sequence[int]
+    ) -> None:
+        """Queue a copy of pool slots ``src_slots`` into engine blocks ``dst_block_ids``.
+
+        Args:
+            job_id: any hashable id, unique among jobs not yet returned by :meth:`poll`.
+            src_slots: pool slots, ``0 <= slot < pool.num_blocks`` (repeats allowed).
+            dst_block_ids: engine block ids, ``0 <= id < num_device_blocks``, pairwise
+                distinct, same length as ``src_slots``.
+
+        Raises:
+            ValueError / TypeError: as :meth:`submit_store`. Nothing is queued then.
+        """
+        self._submit(LOAD, job_id, src_slots, dst_block_ids)
+
+    def _submit(self, kind: str, job_id: Hashable, src: Any, dst: Any) -> None:
+        if self._closed:
+            raise ValueError("the transfer engine is closed")
+        try:
+            hash(job_id)
+        except TypeError:
+            raise ValueError(f"job_id {job_id!r} is not hashable") from None
+        if job_id in self._unreported:
+            raise ValueError(f"job_id {job_id!r} is already in use (not yet returned by poll)")
+        if kind == STORE:
+            dev = _as_id_list("src_block_ids", src, self.num_device_blocks, "engine block id")
+            pool_ids = _as_id_list("dst_slots", dst, self.pool.num_blocks, "pool slot")
+            dst_ids, dst_name = pool_ids, "dst_slots"
+        else:
+            pool_ids = _as_id_list("src_slots", src, self.pool.num_blocks, "pool slot")
+            dev = _as_id_list("dst_block_ids", dst, self.num_device_blocks, "engine block id")
+            dst_ids, dst_name = dev, "dst_block_ids"
+        if len(dev) != len(pool_ids):
+            raise ValueError(
+                f"{kind}: {len(src)} sources but {len(dst)} destinations; they must pair up"
+            )
+        if len(set(dst_ids)) != len(dst_ids):
+            seen: set[int] = set()
+            dup = next(i for i in dst_ids if i in seen or seen.add(i))
+            raise ValueError(f"{dst_name} names {dup} twice: each destination must be distinct")
+        order = sorted(range(len(pool_ids)), key=pool_ids.__getitem__)
+        job = _Job(job_id, kind, [pool_ids[i] for i in order], [dev[i] for i in order])
+
+        self._unreported.add(job_id)
+        with self._lock:
+            self._outstanding += 1
+        if self.is_cuda:
+            self._launch_cuda(job)
+        else:
+            with self._qcv:
+                self._queue.append(job)
+                self._qcv.notify()
+
+    # -- completion ------------------------------------------------------------------------
+    def poll(self) -> list[TransferResult]:
+        """Return the jobs finished since the last call, as ``(job_id, ok)`` pairs.
+
+        Never blocks and never raises for a failed copy (see :meth:`take_errors`).
+        """
+        if self.is_cuda:
+            self._check_cuda_events()
+        with self._lock:
+            out = list(self._done)
+            self._done.clear()
+        for r in out:
+            self._unreported.discard(r.job_id)
+        return out
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every submitted job has finished (not necessarily polled).
+
+        Args:
+            timeout: seconds to wait at most; ``None`` waits forever.
+
+        Returns:
+            ``True`` when nothing is in flight any more, ``False`` on timeout.
+        """
+        if self.is_cuda:
+            for job in list(self._cuda_jobs):
+                if job.event is not None:
+                    job.event.synchronize()
+            self._check_cuda_events()
+            return self._outstanding == 0
+        with self._cv:
+            return self._cv.wait_for(lambda: self._outstanding == 0, timeout)
+
+    @property
+    def in_flight(self) -> int:
+        """Number of jobs submitted and not finished yet."""
+        if self.is_cuda:
+            self._check_cuda_events()
+        return self._outstanding
+
+    def take_errors(self) -> dict[Hashable, BaseException]:
+        """Return and clear the exception of each failed job, by job id."""
+        with self._lock:
+            errors, self._errors = self._errors, {}
+        return errors
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish the jobs in flight, then stop the worker thread. Idempotent."""
+        if self._closed:
+            return
+        self.wait(timeout)
+        self._closed = True
+        if self._worker is not None:
+            with self._qcv:
+                self._queue.append(None)
+                self._qcv.notify()
+            self._worker.join(timeout)
+
+    def __enter__(self) -> TransferEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _finish(self, job: _Job, ok: bool, error: BaseException | None) -> None:
+        with self._cv:
+            self._done.append(TransferResult(job.job_id, ok))
+            if error is not None:
+                self._errors[job.job_id] = error
+            self._outstanding -= 1
+            self._cv.notify_all()
+
+    # -- CPU path --------------------------------------------------------------------------
+    def _worker_loop(self) -> None:
+        while True:
+            with self._qcv:
+                while not self._queue:
+                    self._qcv.wait()
+                job = self._queue.popleft()
+            if job is None:
+                return
+            try:
+                self._run_cpu(job)
+            except Exception as e:  # reported as ok=False, never raised into the caller
+                self._finish(job, False, e)
+            else:
+                self._finish(job, True, None)
+
+    def _stage(self, numel: int) -> torch.Tensor:
+        if self._staging is None:
+            per_block = max(t[0].numel() for t in self.kv_caches)
+            self._staging = torch.empty(self._stage_blocks * per_block, dtype=self.pool.dtype)
+        return self._staging[:numel]
+
+    def _run_cpu(self, job: _Job) -> None:
+        n = len(job.pool_ids)
+        if n == 0:
+            return
+        pool_idx = torch.tensor(job.pool_ids, dtype=torch.long)
+        dev_idx = torch.tensor(job.dev_ids, dtype=torch.long)
+        pool_range = _is_range(job.pool_ids)
+        dev_range = _is_range(job.dev_ids)
+        p0, d0 = job.pool_ids[0], job.dev_ids[0]
+        hook = self._before_copy
+        for t, (dev, pv) in enumerate(zip(self.kv_caches, self._pool_views)):
+            if hook is not None:
+                hook(job.job_id, job.kind, t)
+            if job.kind == STORE:
+                src, dst, src_idx, dst_idx = dev, pv, dev_idx, pool_idx
+                src_range, dst_range, s0, t0 = dev_range, pool_range, d0, p0
+            else:
+                src, dst, src_idx, dst_idx = pv, dev, pool_idx, dev_idx
+                src_range, dst_range, s0, t0 = pool_range, dev_range, p0, d0
+            if src_range and dst_range:
+                dst[t0 : t0 + n].copy_(src[s0 : s0 + n])
+            elif src_range:
+                dst.index_copy_(0, dst_idx, src[s0 : s0 + n])
+            elif dst_range and dst[t0 : t0 + n].is_contiguous():
+                torch.index_select(src, 0, src_idx, out=dst[t0 : t0 + n])
+            else:
+                block_shape = tuple(src.shape[1:])
+                per_block = src[0].numel()
+                step = self._stage_blocks
+                for c in range(0, n, step):
+                    k = min(step, n - c)
+                    stg = self._stage(k * per_block).view(k, *block_shape)
+                    torch.index_select(src, 0, src_idx[c : c + k], out=stg)
+                    dst.index_copy_(0, dst_idx[c : c + k], stg)
+
+    # -- CUDA path -------------------------------------------------------------------------
+    def _launch_cuda(self, job: _Job) -> None:
+        stream = self._store_stream if job.kind == STORE else self._load_stream
+        try:
+            self._enqueue_cuda(job, stream)
+        except Exception as e:  # reported as ok=False, never raised into the caller
+            job.error = e
+        if job.event is None:
+            # Copies queued before the failure may still be running: report the job only
+            # once they are done, so its blocks are not reused under a running copy.
+            try:
+                job.event = torch.cuda.Event()
+                job.event.record(stream)
+            except Exception as e:
+                job.keep.clear()
+                self._finish(job, False, job.error or e)
+                return
+        self._cuda_jobs.append(job)
+
+    def _enqueue_cuda(self, job: _Job, stream: Any) -> None:
+        # Stores read blocks the compute stream wrote; loads overwrite blocks it may still read.
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        n = len(job.pool_ids)
+        pool = self.pool.tensor
+        cap = max(1, self.staging_bytes // self.pool.block_nbytes)
+        hook = self._before_copy
+        with torch.cuda.stream(stream):
+            for c in range(0, n, cap):
+                k = min(cap, n - c)
+                pool_ids = job.pool_ids[c : c + k]
+                dev_idx = torch.tensor(job.dev_ids[c : c + k], dtype=torch.long).to(
+                    self.device, non_blocking=True
+                )
+                stg = torch.empty((k, *self.pool.block_shape), dtype=pool.dtype, device=self.device)
+                if job.kind == STORE:
+                    for t, dev in enumerate(self.kv_caches):
+                        if hook is not None:
+                            hook(job.job_id, job.kind, t)
+                        if self._single:
+                            torch.index_select(dev, 0, dev_idx, out=stg)
+                        else:
+                            stg.select(1, t).copy_(dev.index_select(0, dev_idx))
+                    for i0, s0, length in _runs(pool_ids):
+                        pool[s0 : s0 + length].copy_(stg[i0 : i0 + length], non_blocking=True)
+                else:
+                    for i0, s0, length in _runs(pool_ids):
+                        stg[i0 : i0 + length].copy_(pool[s0 : s0 + length], non_blocking=True)
+                    for t, dev in enumerate(self.kv_caches):
+                        if hook is not None:
+                            hook(job.job_id, job.kind, t)
+                        dev.index_copy_(0, dev_idx, stg if self._single else stg.select(1, t))
+                job.keep.append(stg)
+                job.keep.append(dev_idx)
+            job.event = torch.cuda.Event()
+            job.event.record(stream)
+
+    def _check_cuda_events(self) -> None:
+        remaining: deque[_Job] = deque()
+        while self._cuda_jobs:
+            job = self._cuda_jobs.popleft()
+            try:
+                done = job.event.query()
+            except Exception as e:  # an asynchronous CUDA error surfaces here
+                job.keep.clear()
+                self._finish(job, False, e)
+                continue
+            if done:
+                job.keep.clear()
+                self._finish(job, job.error is None, job.error)
+            else:
+                remaining.append(job)
+        self._cuda_jobs = remaining

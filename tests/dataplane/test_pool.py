@@ -1,0 +1,84 @@
+"""HostBlockPool: layout, size accounting, and refusal of impossible sizes before allocating."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kvtier.dataplane import HostBlockPool, PoolAllocationError, available_host_memory  # noqa: E402
+from kvtier.errors import KVTierError  # noqa: E402
+
+
+def test_layout_size_and_zero_fill():
+    pool = HostBlockPool(7, [3, 2, 4, 2, 8], torch.float16, pin_memory=False)
+    assert pool.tensor.shape == (7, 3, 2, 4, 2, 8)
+    assert pool.tensor.dtype == torch.float16
+    assert pool.tensor.is_contiguous()
+    assert pool.tensor.device.type == "cpu"
+    assert pool.block_nbytes == 3 * 2 * 4 * 2 * 8 * 2
+    assert pool.nbytes == 7 * pool.block_nbytes == pool.tensor.nbytes
+    assert len(pool) == 7
+    assert int(pool.tensor.count_nonzero()) == 0
+    # a slot is a view of the pool: writing it writes the pool
+    pool[3].fill_(1.5)
+    assert float(pool.tensor[3].sum()) == 1.5 * pool.tensor[3].numel()
+    assert int(pool.tensor[:3].count_nonzero()) == 0 and int(pool.tensor[4:].count_nonzero()) == 0
+
+
+def test_pinning_follows_cuda_availability():
+    pool = HostBlockPool(2, [4], torch.float32)
+    assert pool.pinned == torch.cuda.is_available()
+    assert pool.tensor.is_pinned() == pool.pinned
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="pin_memory=True needs CUDA"):
+            HostBlockPool(2, [4], torch.float32, pin_memory=True)
+
+
+def test_refuses_more_than_available_before_allocating():
+    avail = available_host_memory()
+    assert avail > 0
+    block = [1024, 1024]  # 4 MiB per block in float32
+    num_blocks = avail // (4 * 2**20) + 10
+    with pytest.raises(PoolAllocationError) as info:
+        HostBlockPool(num_blocks, block, torch.float32)
+    err = info.value
+    assert isinstance(err, MemoryError) and isinstance(err, KVTierError)
+    assert err.requested_bytes == num_blocks * 4 * 2**20
+    assert str(err.requested_bytes) in str(err)
+    # absurd sizes are refused without trying (would take petabytes)
+    with pytest.raises(PoolAllocationError, match="bytes"):
+        HostBlockPool(10**9, [1024, 1024], torch.float32)
+
+
+def test_max_bytes_limit():
+    pool = HostBlockPool(4, [8], torch.float32, max_bytes=128)
+    assert pool.nbytes == 128
+    with pytest.raises(PoolAllocationError, match="max_bytes=127") as info:
+        HostBlockPool(4, [8], torch.float32, max_bytes=127)
+    assert info.value.requested_bytes == 128 and info.value.available_bytes == 127
+
+
+@pytest.mark.parametrize(
+    "num_blocks, shape, dtype, exc, match",
+    [
+        (0, [4], torch.float32, ValueError, "num_blocks must be a positive int, got 0"),
+        (True, [4], torch.float32, ValueError, "num_blocks"),
+        (2, [], torch.float32, ValueError, "at least one dimension"),
+        (2, [4, 0], torch.float32, ValueError, r"bad dimension 0"),
+        (2, [4, 2.0], torch.float32, ValueError, r"bad dimension 2.0"),
+        (2, "44", torch.float32, TypeError, "block_shape"),
+        (2, [4], "float32", TypeError, "dtype must be a torch.dtype"),
+    ],
+)
+def test_bad_arguments(num_blocks, shape, dtype, exc, match):
+    with pytest.raises(exc, match=match):
+        HostBlockPool(num_blocks, shape, dtype)
+
+
+def test_slot_index_checked():
+    pool = HostBlockPool(3, [2], torch.float32)
+    with pytest.raises(IndexError, match=r"0\.\.2, got 3"):
+        pool[3]
+    with pytest.raises(IndexError):
+        pool[-1]
