@@ -221,14 +221,16 @@ class OffloadingManager:
                     key, "prepare_load: block's store is still in flight (HIT_PENDING)"
                 )
             slots.append(slot)
-        unevictable = self.policy.block_unevictable
+        newly_pinned = []
         for key, slot in zip(keys, slots):
             count = ref[slot]
             if count == 0:
-                self._evictable -= 1
-                self._pinned += 1
-                unevictable(key)
+                newly_pinned.append(key)
             ref[slot] = count + 1
+        if newly_pinned:
+            self._evictable -= len(newly_pinned)
+            self._pinned += len(newly_pinned)
+            self.policy.blocks_unevictable(newly_pinned)
         self._loads += len(slots)
         return slots
 
@@ -270,15 +272,19 @@ class OffloadingManager:
                         f"complete_load: released {releases[slot]} times in one call but "
                         f"pinned only {ref[slot]} times",
                     )
-        evictable = self.policy.block_evictable
-        for i in range(len(slots) - 1, -1, -1):
+        freed_keys = []
+        freed_slots = []
+        for i in range(len(slots) - 1, -1, -1):  # reverse: keys[0] ends most recent
             slot = slots[i]
             count = ref[slot] - 1
             ref[slot] = count
             if count == 0:
-                self._evictable += 1
-                self._pinned -= 1
-                evictable(keys[i], slot)
+                freed_keys.append(keys[i])
+                freed_slots.append(slot)
+        if freed_keys:
+            self._evictable += len(freed_keys)
+            self._pinned -= len(freed_keys)
+            self.policy.blocks_evictable(freed_keys, freed_slots)
 
     # -- use -----------------------------------------------------------------------------
     def touch(self, keys: Sequence[Hashable], req_context: Any = None) -> None:
@@ -401,15 +407,16 @@ class OffloadingManager:
         ref = self._ref
         done: list[Hashable] = []
         if success:
-            evictable = self.policy.block_evictable
-            for i in range(len(slots) - 1, -1, -1):
+            done_slots = []
+            for i in range(len(slots) - 1, -1, -1):  # reverse: keys[0] ends most recent
                 slot = slots[i]
                 if slot is not None and ref[slot] == _PENDING:
                     ref[slot] = 0
-                    key = keys[i]
-                    evictable(key, slot)
-                    done.append(key)
-            self._pending_keys.difference_update(done)
+                    done.append(keys[i])
+                    done_slots.append(slot)
+            if done:
+                self._pending_keys.difference_update(done)
+                self.policy.blocks_evictable(done, done_slots)
             self._evictable += len(done)
             self._completed_stores += len(done)
             if done and self.enable_events:

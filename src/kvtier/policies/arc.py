@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 
 from kvtier.policies.base import CachePolicy, Key
 
@@ -108,6 +108,15 @@ class ARCPolicy(CachePolicy):
         else:
             self._t2[key] = slot
 
+    def blocks_evictable(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
+        pending, t1_all, t1, t2 = self._pending, self._t1_all, self._t1, self._t2
+        pending.difference_update(keys)
+        for key, slot in zip(keys, slots):
+            if key in t1_all:
+                t1[key] = slot
+            else:
+                t2[key] = slot
+
     def block_unevictable(self, key: Key) -> None:
         if key in self._t1:
             del self._t1[key]
@@ -138,57 +147,69 @@ class ARCPolicy(CachePolicy):
                 b2.move_to_end(key)
 
     def evict(self, n: int, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
-        t1_iter: Iterator[tuple[Key, int]] | None = iter(self._t1.items())
-        t2_iter: Iterator[tuple[Key, int]] | None = iter(self._t2.items())
-        from_t1: list[tuple[Key, int]] = []
-        victims: list[tuple[Key, int]] = []
-        t1_size = len(self._t1_all)
-        floor_target = math.floor(self.target)
+        # The per-victim rule ("from T1 while |T1| - T1 victims so far >= floor(target), else
+        # from T2; fall back to the other list when the preferred one has no eligible block")
+        # unrolls into three phases over two iterators, so each list is walked at most once:
+        #   1. T1, while it is preferred: at most |T1| - floor(target) + 1 victims;
+        #   2. T2 (preferred from then on, or the fallback once T1 is exhausted);
+        #   3. T1 again (fallback once T2 is exhausted), continuing where phase 1 stopped.
+        t1_items = iter(self._t1.items())
+        t2_items = iter(self._t2.items())
         visited = 0
-        while len(victims) < n:
-            prefer_t1 = t1_size - len(from_t1) >= floor_target
-            picked = None
-            for use_t1 in (prefer_t1, not prefer_t1):
-                it = t1_iter if use_t1 else t2_iter
-                if it is None:
-                    continue
-                for item in it:
-                    visited += 1
-                    if item[0] not in protected:
-                        picked = item
+        t1_quota = max(0, len(self._t1_all) - math.floor(self.target) + 1)
+        t1_victims: list[tuple[Key, int]] = []
+        t2_victims: list[tuple[Key, int]] = []
+        late_t1: list[tuple[Key, int]] = []
+        t1_exhausted = False
+
+        want = min(n, t1_quota)
+        if want:
+            for item in t1_items:
+                visited += 1
+                if item[0] not in protected:
+                    t1_victims.append(item)
+                    if len(t1_victims) == want:
                         break
-                if picked is not None:
-                    if use_t1:
-                        from_t1.append(picked)
-                    break
-                # this list is exhausted for the rest of the call
-                if use_t1:
-                    t1_iter = None
-                else:
-                    t2_iter = None
-            if picked is None:
-                self.visited += visited
-                return None
-            victims.append(picked)
+            else:
+                t1_exhausted = True
+        want = n - len(t1_victims)
+        if want:
+            for item in t2_items:
+                visited += 1
+                if item[0] not in protected:
+                    t2_victims.append(item)
+                    if len(t2_victims) == want:
+                        break
+        want = n - len(t1_victims) - len(t2_victims)
+        if want and not t1_exhausted:
+            for item in t1_items:
+                visited += 1
+                if item[0] not in protected:
+                    late_t1.append(item)
+                    if len(late_t1) == want:
+                        break
         self.visited += visited
+        if len(t1_victims) + len(t2_victims) + len(late_t1) < n:
+            return None
 
         # commit: victims leave T1/T2 and go to the MRU end of their ghost list
-        t1_keys = {key for key, _ in from_t1}
-        for key, _ in victims:
-            if key in t1_keys:
-                del self._t1[key]
-                del self._t1_all[key]
-                self._b1[key] = None
-            else:
-                del self._t2[key]
-                del self._t2_all[key]
-                self._b2[key] = None
+        t1, t1_all, b1 = self._t1, self._t1_all, self._b1
+        t2, t2_all, b2 = self._t2, self._t2_all, self._b2
+        for part in (t1_victims, late_t1):
+            for key, _ in part:
+                del t1[key]
+                del t1_all[key]
+                b1[key] = None
+        for key, _ in t2_victims:
+            del t2[key]
+            del t2_all[key]
+            b2[key] = None
         capacity = self.capacity
-        while len(self._b1) > capacity:
-            self._b1.popitem(last=False)
-        while len(self._b2) > capacity:
-            self._b2.popitem(last=False)
-        return victims
+        while len(b1) > capacity:
+            b1.popitem(last=False)
+        while len(b2) > capacity:
+            b2.popitem(last=False)
+        return t1_victims + t2_victims + late_t1
 
     def snapshot(self) -> dict:
         return {

@@ -90,6 +90,19 @@ class CachePolicy(ABC):
         for key, slot in zip(keys, slots):
             insert(key, slot)
 
+    def blocks_evictable(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
+        """Batch form of :meth:`block_evictable`, applied in the given order (the last key
+        ends most recent). The manager passes a call's keys already reversed."""
+        evictable = self.block_evictable
+        for key, slot in zip(keys, slots):
+            evictable(key, slot)
+
+    def blocks_unevictable(self, keys: Sequence[Key]) -> None:
+        """Batch form of :meth:`block_unevictable` (keys distinct)."""
+        unevictable = self.block_unevictable
+        for key in keys:
+            unevictable(key)
+
     @abstractmethod
     def remove(self, key: Key) -> None:
         """Drop a resident, non-evictable block without evicting it (its store failed).

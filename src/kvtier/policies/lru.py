@@ -49,8 +49,18 @@ class LRUPolicy(CachePolicy):
         self._held.pop(key, None)
         self._order[key] = slot
 
+    def blocks_evictable(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
+        held_pop = self._held.pop
+        for key in keys:
+            held_pop(key, None)
+        self._order.update(zip(keys, slots))
+
     def block_unevictable(self, key: Key) -> None:
         self._held[key] = self._order.pop(key)
+
+    def blocks_unevictable(self, keys: Sequence[Key]) -> None:
+        order_pop = self._order.pop
+        self._held.update([(key, order_pop(key)) for key in keys])
 
     def touch(self, keys: Sequence[Key]) -> None:
         order = self._order
