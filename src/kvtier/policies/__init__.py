@@ -24,6 +24,10 @@ from kvtier.policies.sieve import SievePolicy  # noqa: E402
 register_policy("s3fifo", S3FIFOPolicy)
 register_policy("sieve", SievePolicy)
 
+from kvtier.policies.lfu import LFUPolicy  # noqa: E402
+
+register_policy("lfu", LFUPolicy)
+
 __all__ = [
     "ENTRY_POINT_GROUP",
     "ARCPolicy",
