@@ -192,6 +192,17 @@ class OffloadingManager:
             tracker.popitem(last=False)
 
     # -- loads ---------------------------------------------------------------------------
+    def _slots_of(self, keys: Sequence[Hashable], method: str) -> list[int]:
+        """Slots of ``keys``, or the error naming the first key that is not stored."""
+        slot_of = self._slot_of
+        try:
+            return [slot_of[key] for key in keys]
+        except KeyError:
+            key = next(k for k in keys if k not in slot_of)
+            raise BlockStateError(key, f"{method}: block is not stored in the tier") from None
+        except TypeError:
+            raise _unhashable(keys, method) from None
+
     def prepare_load(self, keys: Sequence[Hashable], req_context: Any = None) -> list[int]:
         """Pin ready blocks for reading: ref count +1 each. O(len(keys)).
 
@@ -206,21 +217,14 @@ class OffloadingManager:
                 is pinned then.
             TypeError: a key is not hashable.
         """
-        slot_of = self._slot_of
+        slots = self._slots_of(keys, "prepare_load")
+        pending = self._pending_keys
+        if pending and not pending.isdisjoint(keys):
+            key = next(k for k in keys if k in pending)
+            raise BlockStateError(
+                key, "prepare_load: block's store is still in flight (HIT_PENDING)"
+            )
         ref = self._ref
-        slots: list[int] = []
-        for key in keys:
-            try:
-                slot = slot_of.get(key)
-            except TypeError:
-                raise _unhashable(keys, "prepare_load") from None
-            if slot is None:
-                raise BlockStateError(key, "prepare_load: block is not stored in the tier")
-            if ref[slot] < 0:
-                raise BlockStateError(
-                    key, "prepare_load: block's store is still in flight (HIT_PENDING)"
-                )
-            slots.append(slot)
         newly_pinned = []
         for key, slot in zip(keys, slots):
             count = ref[slot]
@@ -244,24 +248,16 @@ class OffloadingManager:
                 it was pinned. Nothing is released then.
             TypeError: a key is not hashable.
         """
-        slot_of = self._slot_of
+        slots = self._slots_of(keys, "complete_load")
         ref = self._ref
-        slots: list[int] = []
-        for key in keys:
-            try:
-                slot = slot_of.get(key)
-            except TypeError:
-                raise _unhashable(keys, "complete_load") from None
-            if slot is None:
-                raise BlockStateError(key, "complete_load: block is not stored in the tier")
+        for key, slot in zip(keys, slots):
             if ref[slot] <= 0:
                 raise BlockStateError(
                     key,
                     "complete_load: block is not pinned (ref count "
                     f"{ref[slot]}; complete_load must follow prepare_load)",
                 )
-            slots.append(slot)
-        if len(slots) > 1:
+        if len(slots) > 1 and len(set(slots)) != len(slots):
             releases: dict[int, int] = {}
             for slot in slots:
                 releases[slot] = releases.get(slot, 0) + 1
@@ -357,11 +353,10 @@ class OffloadingManager:
             victims = self.policy.evict(shortfall, protected)
             if victims is None:
                 return None
-            free = self._free
-            for key, slot in victims:
+            evicted_keys = [key for key, _ in victims]
+            for key in evicted_keys:
                 del slot_of[key]
-                free.append(slot)
-                evicted_keys.append(key)
+            self._free.extend([slot for _, slot in victims])
             self._evictable -= shortfall
             self._evictions += shortfall
             if self.enable_events:

@@ -137,7 +137,8 @@ class HostBlockPool:
         self.dtype = dtype
         self.pinned = bool(pin_memory)
         self.block_nbytes = block_nbytes
-        self.tensor = torch.zeros((num_blocks, *shape), dtype=dtype, pin_memory=self.pinned)
+        with torch.inference_mode(False):  # a normal tensor even if built in inference mode
+            self.tensor = torch.zeros((num_blocks, *shape), dtype=dtype, pin_memory=self.pinned)
 
     @property
     def nbytes(self) -> int:

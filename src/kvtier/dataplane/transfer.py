@@ -382,7 +382,10 @@ class TransferEngine:
             if job is None:
                 return
             try:
-                self._run_cpu(job)
+                # Inference mode lets the copies write tensors created under inference mode
+                # as well as normal ones, and keeps autograd out of the way.
+                with torch.inference_mode():
+                    self._run_cpu(job)
             except Exception as e:  # reported as ok=False, never raised into the caller
                 self._finish(job, False, e)
             else:
@@ -433,7 +436,8 @@ class TransferEngine:
     def _launch_cuda(self, job: _Job) -> None:
         stream = self._store_stream if job.kind == STORE else self._load_stream
         try:
-            self._enqueue_cuda(job, stream)
+            with torch.inference_mode():
+                self._enqueue_cuda(job, stream)
         except Exception as e:  # reported as ok=False, never raised into the caller
             job.error = e
         if job.event is None:

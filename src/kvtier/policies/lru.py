@@ -73,13 +73,16 @@ class LRUPolicy(CachePolicy):
         # order afterwards; on failure every popped block goes back, so nothing changes.
         order = self._order
         popitem = order.popitem
-        victims: list[tuple[Key, int]] = []
-        popped: list[tuple[Key, int]] = []
-        while len(victims) < n and order:
-            item = popitem(last=False)
-            popped.append(item)
-            if item[0] not in protected:
-                victims.append(item)
+        popped = [popitem(last=False) for _ in range(min(n, len(order)))]
+        if protected and any(key in protected for key, _ in popped):
+            victims = [item for item in popped if item[0] not in protected]
+            while len(victims) < n and order:
+                item = popitem(last=False)
+                popped.append(item)
+                if item[0] not in protected:
+                    victims.append(item)
+        else:
+            victims = popped
         self.visited += len(popped)
         ok = len(victims) == n
         if len(popped) != len(victims) or not ok:
