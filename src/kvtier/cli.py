@@ -177,7 +177,10 @@ def _trace_info(path: Path, reader, n_req: int, n_refs: int, unique: int, parse_
 
 def _trace_caption(info: dict) -> str:
     rate = info["parse_refs_per_s"]
-    text = (f"{info['path']} ({info['format']}): {info['requests']:,} requests, "
+    name = info["path"]
+    if name == str(embedded_sample_path()):
+        name = f"embedded sample {Path(name).name}"
+    text = (f"{name} ({info['format']}): {info['requests']:,} requests, "
             f"{info['block_refs']:,} block refs, {info['unique_blocks']:,} distinct blocks; "
             f"parsed in {info['parse_s'] * 1e3:,.0f} ms"
             + (f" ({rate / 1e6:.2f} M refs/s)" if rate else ""))
