@@ -22,6 +22,7 @@ from typing import Annotated, Optional
 import typer
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -38,7 +39,7 @@ app = typer.Typer(
 )
 
 _err = Console(stderr=True)
-_AUTO_PROGRESS_REFS = 2_000_000  # show a progress bar when a run replays more references
+_AUTO_PROGRESS_REFS = 1_000_000  # show a progress bar when a run replays more references
 
 
 class _CliError(Exception):
@@ -118,20 +119,32 @@ def _progress(enabled: bool | None, total_refs: int) -> Progress | None:
     )
 
 
-def _results_table(results: list[ReplayResult], title: str) -> Table:
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in ("policy", "capacity\nblocks", "requests", "block\nrefs", "hit\nblocks",
-                 "block\nhit %", "token\nhit %", "store\nfails", "evictions",
-                 "time\nms", "ns per\nblock ref"):
-        table.add_column(name, justify="left" if name == "policy" else "right",
-                         no_wrap=True)
-    for r in results:
-        table.add_row(
-            r.policy, f"{r.capacity:,}", f"{r.requests:,}", f"{r.block_refs:,}",
-            f"{r.hit_blocks:,}", f"{r.block_hit_ratio * 100:.2f}",
-            f"{r.token_hit_ratio * 100:.2f}", f"{r.store_failures:,}", f"{r.evictions:,}",
-            f"{r.bookkeeping_s * 1e3:,.1f}", f"{r.ns_per_block_ref:,.0f}",
-        )
+_COLUMNS = ("policy", "tier\nblocks", "requests", "block\nrefs", "hit\nblocks",
+            "block\nhit %", "token\nhit %", "store\nfails", "evictions", "time\nms",
+            "ns per\nref")
+_UNIFORM = {"requests", "block\nrefs"}  # the same in every row: dropped first when narrow
+
+
+def _results_table(results: list[ReplayResult], title: str, console: Console) -> Table:
+    """The results table; on a console too narrow for it, the two columns that are the
+    same in every row (requests, block refs; also in the caption) are left out."""
+    for columns in (_COLUMNS, tuple(c for c in _COLUMNS if c not in _UNIFORM)):
+        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD,
+                      pad_edge=False, collapse_padding=True, show_edge=False)
+        for name in columns:
+            table.add_column(name, justify="left" if name == "policy" else "right",
+                             no_wrap=True)
+        for r in results:
+            cells = dict(zip(_COLUMNS, (
+                r.policy, f"{r.capacity:,}", f"{r.requests:,}", f"{r.block_refs:,}",
+                f"{r.hit_blocks:,}", f"{r.block_hit_ratio * 100:.2f}",
+                f"{r.token_hit_ratio * 100:.2f}", f"{r.store_failures:,}", f"{r.evictions:,}",
+                f"{r.bookkeeping_s * 1e3:,.1f}", f"{r.ns_per_block_ref:,.0f}",
+            )))
+            table.add_row(*(cells[c] for c in columns))
+        natural = Measurement.get(console, console.options.update_width(10_000), table)
+        if natural.maximum <= console.width:
+            break
     return table
 
 
@@ -140,7 +153,7 @@ def _out_console(json_out: Path | None) -> Console:
     than the table when not writing to a terminal (files, pipes, CI logs)."""
     console = Console(stderr=str(json_out) == "-")
     if not console.is_terminal:
-        console.width = max(console.width, 110)
+        console.width = max(console.width, 96)
     return console
 
 
@@ -267,6 +280,7 @@ def _replay(trace, policy, capacity, fmt, block_tokens, inflight, protocol, stor
         results,
         f"kvtier replay — protocol {protocol}, in-flight window {inflight}"
         + (f", store threshold {store_threshold}" if store_threshold > 1 else ""),
+        out,
     ))
     out.print(_trace_caption(info), highlight=False, soft_wrap=True)
     _write_json(json_out, {"trace": info, "results": [r.to_dict() for r in results]})
@@ -347,7 +361,7 @@ def _sweep(trace, policy, points, cap_min, cap_max, capacity, fmt, block_tokens,
         raise _CliError(f"cannot write plot to {plot}: {exc}") from None
     out = _out_console(json_out)
     out.print(_results_table(results, f"kvtier sweep — protocol {protocol}, "
-                                      f"in-flight window {inflight}"))
+                                      f"in-flight window {inflight}", out))
     out.print(_trace_caption(info), highlight=False, soft_wrap=True)
     out.print(f"miss-ratio curves written to {plot}", highlight=False)
     _write_json(json_out, {"trace": info, "capacities": capacities, "plot": str(plot),
