@@ -28,6 +28,20 @@ from kvtier.policies.lfu import LFUPolicy  # noqa: E402
 
 register_policy("lfu", LFUPolicy)
 
+from kvtier.policies.prefix import (  # noqa: E402
+    PrefixARCPolicy,
+    PrefixAwarePolicy,
+    PrefixLFUPolicy,
+    PrefixLRUPolicy,
+    PrefixS3FIFOPolicy,
+    PrefixSievePolicy,
+    prefix_aware,
+)
+
+for _cls in (PrefixLRUPolicy, PrefixARCPolicy, PrefixS3FIFOPolicy, PrefixSievePolicy,
+             PrefixLFUPolicy):
+    register_policy(_cls.name, _cls)
+
 __all__ = [
     "ENTRY_POINT_GROUP",
     "ARCPolicy",
