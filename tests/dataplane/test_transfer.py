@@ -271,18 +271,18 @@ def test_per_layer_copies_are_batched_not_per_block(monkeypatch):
     """A 200-block scattered job issues O(layers) index ops, not O(blocks x layers)."""
     pool, kv, eng = make("cpu", 3, 256, 256)
     calls = {"n": 0}
-    real_select, real_copy = torch.index_select, torch.Tensor.index_copy_
+    real_select, real_put = torch.index_select, torch.Tensor.index_put_
 
     def counting_select(*a, **k):
         calls["n"] += 1
         return real_select(*a, **k)
 
-    def counting_copy(self, *a, **k):
+    def counting_put(self, *a, **k):
         calls["n"] += 1
-        return real_copy(self, *a, **k)
+        return real_put(self, *a, **k)
 
     monkeypatch.setattr(torch, "index_select", counting_select)
-    monkeypatch.setattr(torch.Tensor, "index_copy_", counting_copy)
+    monkeypatch.setattr(torch.Tensor, "index_put_", counting_put)
     rng = random.Random(0)
     src = rng.sample(range(256), 200)
     dst = rng.sample(range(256), 200)

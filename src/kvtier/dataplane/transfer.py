@@ -12,7 +12,7 @@ a Python loop per block per tensor:
 
 * **CPU** (KV cache tensors on the CPU): a worker thread runs the jobs in submission order.
   Per tensor, a job is one call when the pool-side or the engine-side ids form a consecutive
-  range (``index_copy_`` from a slice, or ``index_select`` into a slice); otherwise it is
+  range (``index_put_`` from a slice, or ``index_select`` into a slice); otherwise it is
   gathered into a small reusable staging buffer (``staging_bytes``, sized to stay in cache)
   and scattered from it, one pair of calls per tensor per staging chunk.
 * **CUDA** (KV cache tensors on a CUDA device): the copies are queued at submit time on a
@@ -416,11 +416,13 @@ class TransferEngine:
             else:
                 src, dst, src_idx, dst_idx = pv, dev, pool_idx, dev_idx
                 src_range, dst_range, s0, t0 = pool_range, dev_range, p0, d0
+            # index_put_ (advanced-index assignment) measured faster than index_copy_ on CPU.
             if src_range and dst_range:
                 dst[t0 : t0 + n].copy_(src[s0 : s0 + n])
             elif src_range:
-                dst.index_copy_(0, dst_idx, src[s0 : s0 + n])
-            elif dst_range and dst[t0 : t0 + n].is_contiguous():
+                dst.index_put_((dst_idx,), src[s0 : s0 + n])
+            elif dst_range:
+                # writes in place also into a strided view (one layer of the pool)
                 torch.index_select(src, 0, src_idx, out=dst[t0 : t0 + n])
             else:
                 block_shape = tuple(src.shape[1:])
@@ -430,7 +432,7 @@ class TransferEngine:
                     k = min(step, n - c)
                     stg = self._stage(k * per_block).view(k, *block_shape)
                     torch.index_select(src, 0, src_idx[c : c + k], out=stg)
-                    dst.index_copy_(0, dst_idx[c : c + k], stg)
+                    dst.index_put_((dst_idx[c : c + k],), stg)
 
     # -- CUDA path -------------------------------------------------------------------------
     def _launch_cuda(self, job: _Job) -> None:
