@@ -150,11 +150,20 @@ def plot_mrc(
     for r in results:
         by_policy.setdefault(r.policy, []).append(r)
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    # a wrapped policy ("prefix-lru") shares its base's colour and marker, dashed and
+    # drawn on top, so the two stay visible when their curves coincide
     markers = "osD^v<>ph*"
-    for i, (policy, rs) in enumerate(sorted(by_policy.items())):
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    bases = sorted({name.rsplit("-", 1)[-1] for name in by_policy})
+    for policy, rs in sorted(by_policy.items(), key=lambda kv: ("-" in kv[0], kv[0])):
+        i = bases.index(policy.rsplit("-", 1)[-1])
+        wrapped = "-" in policy
         rs = sorted(rs, key=lambda r: r.capacity)
         ax.plot([r.capacity for r in rs], [r.miss_ratio for r in rs],
-                marker=markers[i % len(markers)], markersize=4, linewidth=1.5, label=policy)
+                color=colors[i % len(colors)], marker=markers[i % len(markers)],
+                markersize=3 if wrapped else 5, markerfacecolor="white" if wrapped else None,
+                linestyle=(0, (4, 2)) if wrapped else "-", linewidth=1.2 if wrapped else 1.8,
+                label=policy)
     if unique_blocks and block_refs:
         floor = unique_blocks / block_refs
         ax.axhline(floor, color="grey", linestyle="--", linewidth=1,
@@ -177,7 +186,7 @@ def plot_mrc(
         sec.set_xlabel("tier size (% of distinct blocks)")
     if title:
         fig.suptitle(title, fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, ncol=2 if len(by_policy) > 5 else 1)
     fig.tight_layout()
     out = Path(out)
     fig.savefig(out)
