@@ -150,7 +150,7 @@ def test_sweep_on_embedded_sample(tmp_path):
 def test_sweep_default_grid_in_process(tmp_path):
     out = tmp_path / "s.json"
     res = run("sweep", "-p", "lru", "--points", "12", "--workers", "1",
-              "--plot", tmp_path / "m.png", "--json", out, "--protocol", "get")
+              "--plot", tmp_path / "m.png", "--json", out)
     assert res.exit_code == 0, res.output
     caps = json.loads(out.read_text())["capacities"]
     # 12 log-spaced points from 0.5% (59 blocks) to 100% (11,879) of the distinct blocks

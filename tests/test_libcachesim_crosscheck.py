@@ -22,7 +22,7 @@ from kvtier.trace import embedded_sample_path, read_trace
 lcs = pytest.importorskip("libcachesim")
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "mooncake_conversation.jsonl"
-SLICE_REQUESTS = 3000
+SLICE_REQUESTS = 2000
 
 
 @pytest.fixture(scope="module")
