@@ -20,9 +20,36 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from itertools import islice
 
 from kvtier.policies.base import CachePolicy, Key
+
+
+def _take(
+    items: Iterator[tuple[Key, int]], want: int, protected: Collection[Key]
+) -> tuple[list[tuple[Key, int]], int, bool]:
+    """Take up to ``want`` unprotected items from ``items`` (an iterator over one list).
+
+    Returns ``(taken, entries examined, whether the list ran out)``. The common case, no
+    protected key among the first ``want`` entries, is one C-level slice.
+    """
+    if want <= 0:
+        return [], 0, False
+    taken = list(islice(items, want))
+    visited = len(taken)
+    if protected and any(item[0] in protected for item in taken):
+        taken = [item for item in taken if item[0] not in protected]
+        for item in items:
+            visited += 1
+            if item[0] not in protected:
+                taken.append(item)
+                if len(taken) == want:
+                    break
+        else:
+            return taken, visited, True
+        return taken, visited, False
+    return taken, visited, visited < want
 
 
 class ARCPolicy(CachePolicy):
@@ -155,41 +182,19 @@ class ARCPolicy(CachePolicy):
         #   3. T1 again (fallback once T2 is exhausted), continuing where phase 1 stopped.
         t1_items = iter(self._t1.items())
         t2_items = iter(self._t2.items())
-        visited = 0
         t1_quota = max(0, len(self._t1_all) - math.floor(self.target) + 1)
-        t1_victims: list[tuple[Key, int]] = []
-        t2_victims: list[tuple[Key, int]] = []
-        late_t1: list[tuple[Key, int]] = []
-        t1_exhausted = False
-
         want = min(n, t1_quota)
-        if want:
-            for item in t1_items:
-                visited += 1
-                if item[0] not in protected:
-                    t1_victims.append(item)
-                    if len(t1_victims) == want:
-                        break
-            else:
-                t1_exhausted = True
+        t1_victims, visited, t1_exhausted = _take(t1_items, want, protected)
         want = n - len(t1_victims)
-        if want:
-            for item in t2_items:
-                visited += 1
-                if item[0] not in protected:
-                    t2_victims.append(item)
-                    if len(t2_victims) == want:
-                        break
-        want = n - len(t1_victims) - len(t2_victims)
+        t2_victims, seen, _ = _take(t2_items, want, protected)
+        visited += seen
+        want -= len(t2_victims)
+        late_t1: list[tuple[Key, int]] = []
         if want and not t1_exhausted:
-            for item in t1_items:
-                visited += 1
-                if item[0] not in protected:
-                    late_t1.append(item)
-                    if len(late_t1) == want:
-                        break
+            late_t1, seen, _ = _take(t1_items, want, protected)
+            visited += seen
         self.visited += visited
-        if len(t1_victims) + len(t2_victims) + len(late_t1) < n:
+        if want > len(late_t1):
             return None
 
         # commit: victims leave T1/T2 and go to the MRU end of their ghost list
