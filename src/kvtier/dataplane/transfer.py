@@ -109,6 +109,24 @@ def _runs(ids: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
+_WIDE_DTYPES = (torch.complex128, torch.int64, torch.int32)
+
+
+def _as_wide_pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a`` and ``b`` viewed with the widest element type both layouts allow (same bytes).
+
+    Only a reinterpretation: no copy, and bit patterns (NaN, -0.0) are untouched.
+    """
+    for dtype in _WIDE_DTYPES:
+        if dtype.itemsize <= a.element_size():
+            break
+        try:
+            return a.view(dtype), b.view(dtype)
+        except RuntimeError:
+            continue
+    return a, b
+
+
 def _is_range(ids: list[int]) -> bool:
     """True when ids are ``a, a+1, ..., a+n-1`` (n >= 1)."""
     return bool(ids) and all(b == a + 1 for a, b in zip(ids, ids[1:]))
@@ -416,6 +434,9 @@ class TransferEngine:
             else:
                 src, dst, src_idx, dst_idx = pv, dev, pool_idx, dev_idx
                 src_range, dst_range, s0, t0 = pool_range, dev_range, p0, d0
+            # CPU index kernels copy element by element: the same bytes viewed with 16-byte
+            # elements move about twice as fast (measured: 2.0 -> 4.0 GB/s for 2 MiB blocks).
+            src, dst = _as_wide_pair(src, dst)
             # index_put_ (advanced-index assignment) measured faster than index_copy_ on CPU.
             if src_range and dst_range:
                 dst[t0 : t0 + n].copy_(src[s0 : s0 + n])
@@ -428,9 +449,10 @@ class TransferEngine:
                 block_shape = tuple(src.shape[1:])
                 per_block = src[0].numel()
                 step = self._stage_blocks
+                narrow_per_block = per_block * src.element_size() // self.pool.dtype.itemsize
                 for c in range(0, n, step):
                     k = min(step, n - c)
-                    stg = self._stage(k * per_block).view(k, *block_shape)
+                    stg = self._stage(k * narrow_per_block).view(src.dtype).view(k, *block_shape)
                     torch.index_select(src, 0, src_idx[c : c + k], out=stg)
                     dst.index_put_((dst_idx[c : c + k],), stg)
 
