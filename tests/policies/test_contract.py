@@ -93,9 +93,12 @@ def test_policy_rejects_bad_capacity(policy):
         get_policy(policy)(0)
 
 
-def test_registry_lists_builtins_and_accepts_plugins():
+def test_registry_lists_builtins_and_accepts_plugins(monkeypatch):
     from kvtier import CachePolicy, get_policy, register_policy
+    from kvtier.policies import registry
     from kvtier.policies.lru import LRUPolicy
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # leave no trace
 
     assert {"lru", "arc"} <= set(POLICIES)
 

@@ -3,32 +3,24 @@
 Use a policy by name (``OffloadingManager(n, policy="arc")``) or by class. See
 :mod:`kvtier.policies.base` for the contract and :mod:`kvtier.policies.registry` for adding
 your own.
+
+==================  ==================================================================
+name                policy (source in each module's docstring)
+==================  ==================================================================
+``lru``             least recently used
+``arc``             Adaptive Replacement Cache (Megiddo & Modha, FAST'03)
+``s3fifo``          S3-FIFO (Yang et al., SOSP'23)
+``sieve``           SIEVE (Zhang et al., NSDI'24)
+``lfu``             LFU with dynamic aging, O(1) frequency buckets
+``prefix-<name>``   any of the above, evicting prefix orphans first (:mod:`.prefix`)
+==================  ==================================================================
 """
 
-from kvtier.policies.base import CachePolicy
-from kvtier.policies.registry import (
-    ENTRY_POINT_GROUP,
-    available_policies,
-    get_policy,
-    register_policy,
-)
-from kvtier.policies.lru import LRUPolicy
 from kvtier.policies.arc import ARCPolicy
-
-register_policy("lru", LRUPolicy)
-register_policy("arc", ARCPolicy)
-
-from kvtier.policies.s3fifo import S3FIFOPolicy  # noqa: E402
-from kvtier.policies.sieve import SievePolicy  # noqa: E402
-
-register_policy("s3fifo", S3FIFOPolicy)
-register_policy("sieve", SievePolicy)
-
-from kvtier.policies.lfu import LFUPolicy  # noqa: E402
-
-register_policy("lfu", LFUPolicy)
-
-from kvtier.policies.prefix import (  # noqa: E402
+from kvtier.policies.base import CachePolicy
+from kvtier.policies.lfu import LFUPolicy
+from kvtier.policies.lru import LRUPolicy
+from kvtier.policies.prefix import (
     PrefixARCPolicy,
     PrefixAwarePolicy,
     PrefixLFUPolicy,
@@ -37,17 +29,41 @@ from kvtier.policies.prefix import (  # noqa: E402
     PrefixSievePolicy,
     prefix_aware,
 )
+from kvtier.policies.registry import (
+    ENTRY_POINT_GROUP,
+    available_policies,
+    get_policy,
+    register_policy,
+)
+from kvtier.policies.s3fifo import S3FIFOPolicy
+from kvtier.policies.sieve import SievePolicy
 
-for _cls in (PrefixLRUPolicy, PrefixARCPolicy, PrefixS3FIFOPolicy, PrefixSievePolicy,
-             PrefixLFUPolicy):
+for _cls in (
+    LRUPolicy,
+    ARCPolicy,
+    S3FIFOPolicy,
+    SievePolicy,
+    LFUPolicy,
+    PrefixLRUPolicy,
+    PrefixARCPolicy,
+    PrefixS3FIFOPolicy,
+    PrefixSievePolicy,
+    PrefixLFUPolicy,
+):
     register_policy(_cls.name, _cls)
+del _cls
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "ARCPolicy",
     "CachePolicy",
+    "LFUPolicy",
     "LRUPolicy",
+    "PrefixAwarePolicy",
+    "S3FIFOPolicy",
+    "SievePolicy",
     "available_policies",
     "get_policy",
+    "prefix_aware",
     "register_policy",
 ]
