@@ -112,3 +112,25 @@ def test_registry_lists_builtins_and_accepts_plugins(monkeypatch):
         register_policy("lru", MyPolicy)
     with pytest.raises(TypeError, match="not a CachePolicy"):
         register_policy("bad", dict)  # type: ignore[arg-type]
+
+
+def test_entry_point_plugins_are_found_by_name(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    from kvtier.policies import registry
+    from kvtier.policies.lru import LRUPolicy
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    plugin = EntryPoint("ext-lru", "kvtier.policies.lru:LRUPolicy", registry.ENTRY_POINT_GROUP)
+    seen_groups = []
+
+    def fake_entry_points(*, group):
+        seen_groups.append(group)
+        return [plugin]
+
+    monkeypatch.setattr(registry, "entry_points", fake_entry_points)
+    assert registry.get_policy("ext-lru") is LRUPolicy
+    assert "ext-lru" in registry.available_policies()
+    assert seen_groups == ["kvtier.policies"]
+    assert isinstance(OffloadingManager(4, "ext-lru").policy, LRUPolicy)
