@@ -339,3 +339,64 @@ def test_req_context_accepted_everywhere():
     m.touch(["a"], req_context=ctx)
     m.prepare_load(["a"], req_context=ctx)
     m.complete_load(["a"], req_context=ctx)
+
+
+# -- input shapes ----------------------------------------------------------------------------
+def test_any_iterable_of_keys_is_accepted():
+    m = OffloadingManager(4)
+    out = m.prepare_store(k for k in ["a", "b"])
+    assert out.keys_to_store == ["a", "b"]
+    m.complete_store(iter(["a", "b"]))
+    assert m.lookup_prefix(k for k in ["a", "b", "c"]) == 2
+    assert m.prepare_load(k for k in ["a"]) == [0]
+    assert m.ref_count("a") == 1
+    m.touch(k for k in ["b", "a"])
+    m.complete_load(iter(["a"]))
+    assert m.ref_count("a") == 0
+    with pytest.raises(BlockStateError, match="'zz'.*not stored"):
+        m.prepare_load(iter(["zz"]))
+
+
+@pytest.mark.parametrize(
+    "call", ["prepare_store", "prepare_load", "complete_load", "complete_store", "touch",
+             "lookup_prefix"],
+)
+def test_a_bare_string_is_refused_not_split_into_characters(call):
+    m = OffloadingManager(4)
+    store(m, ["h0"])
+    before = m.snapshot()
+    with pytest.raises(TypeError, match=f"{call}: keys must be a list.*'h0'"):
+        getattr(m, call)("h0")
+    assert m.snapshot() == before
+
+
+def test_none_and_tuples_are_ordinary_keys_for_every_policy():
+    for policy in ALL_POLICIES:
+        m = OffloadingManager(3, policy)
+        store(m, [None, ("t", 1)])
+        m.prepare_store(["x", None])
+        m.complete_store(["x", None], success=False)
+        s = m.stats()
+        assert (s.used, s.pending, s.evictable) == (2, 0, 2), policy
+        assert m.lookup(None) is LookupResult.HIT
+
+
+def test_lookup_of_unhashable_key_names_it():
+    m = OffloadingManager(2)
+    with pytest.raises(TypeError, match=r"lookup: block key \['x'\] is not hashable"):
+        m.lookup(["x"])
+
+
+def test_lookup_prefix_with_admission_counts_nothing_on_bad_key():
+    m = OffloadingManager(4, store_threshold=2)
+    before = m.snapshot()
+    with pytest.raises(TypeError, match="not hashable"):
+        m.lookup_prefix(["a", ["x"]])
+    assert m.snapshot() == before
+
+
+def test_num_blocks_above_the_slot_id_range_is_refused():
+    from kvtier.manager import MAX_BLOCKS
+
+    with pytest.raises(ValueError, match="at most"):
+        OffloadingManager(MAX_BLOCKS + 1)

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from kvtier import BlockStateError, LookupResult, OffloadingManager, available_policies
 
-KEYS = st.integers(min_value=0, max_value=5)
+# None and a tuple are valid block keys too (a policy must not use None as a marker)
+KEYS = st.sampled_from([0, 1, 2, 3, None, ("t", 1)])
 KEY_LISTS = st.lists(KEYS, min_size=0, max_size=5)
 DISTINCT = st.lists(KEYS, min_size=1, max_size=3, unique=True)
 # "store" and "touch" are listed several times: they build the ready blocks and the recency
@@ -97,17 +98,17 @@ def run(policy: str, capacity: int, ops) -> None:
     for op in ops:
         name = op[0]
         if name == "finish_stores":
-            pending = sorted(k for k, r in model.ref.items() if r < 0)
+            pending = sorted((k for k, r in model.ref.items() if r < 0), key=repr)
             op[2].shuffle(pending)
             op = ("complete_store", pending, op[1])
             name = op[0]
         elif name == "load_ready":
-            ready = sorted(k for k, r in model.ref.items() if r >= 0)
+            ready = sorted((k for k, r in model.ref.items() if r >= 0), key=repr)
             op[1].shuffle(ready)
             op = ("prepare_load", ready[:3])
             name = op[0]
         elif name == "finish_loads":
-            pinned = sorted(k for k, r in model.ref.items() if r > 0)
+            pinned = sorted((k for k, r in model.ref.items() if r > 0), key=repr)
             op[1].shuffle(pinned)
             op = ("complete_load", pinned)
             name = op[0]

@@ -21,6 +21,7 @@ leaves the manager exactly as it was.
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -39,6 +40,28 @@ def _check_positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
+
+
+MAX_BLOCKS = 2**31 - 1
+"""Largest ``num_blocks``: slot ids and ref counts are stored as 32-bit ints."""
+
+
+def _key_list(keys: Any, method: str) -> list[Hashable]:
+    """``keys`` as a list (the methods take lists or tuples directly; anything else is copied).
+
+    Raises:
+        TypeError: ``keys`` is a single str/bytes (almost always a forgotten list) or is not
+            iterable.
+    """
+    if isinstance(keys, (str, bytes)):
+        raise TypeError(
+            f"{method}: keys must be a list of block keys, not a single "
+            f"{type(keys).__name__} {keys!r} (wrap it in a list)"
+        )
+    try:
+        return list(keys)
+    except TypeError:
+        raise TypeError(f"{method}: keys must be an iterable of block keys, got {keys!r}") from None
 
 
 def _unhashable(keys: Sequence[Hashable], method: str) -> TypeError:
@@ -90,6 +113,8 @@ class OffloadingManager:
         max_tracker_size: int = 64_000,
     ) -> None:
         _check_positive_int("num_blocks", num_blocks)
+        if num_blocks > MAX_BLOCKS:
+            raise ValueError(f"num_blocks must be at most {MAX_BLOCKS}, got {num_blocks}")
         _check_positive_int("store_threshold", store_threshold)
         _check_positive_int("max_tracker_size", max_tracker_size)
         if isinstance(policy, str):
@@ -109,7 +134,8 @@ class OffloadingManager:
 
     def _init_state(self) -> None:
         self._slot_of: dict[Hashable, int] = {}
-        self._ref: list[int] = [0] * self.num_blocks
+        # array, not list: no per-slot objects for the cyclic garbage collector to walk
+        self._ref = array("i", bytes(4 * self.num_blocks))
         self._pending_keys: set[Hashable] = set()
         self._free: list[int] = []
         self._next_fresh = 0
@@ -142,7 +168,11 @@ class OffloadingManager:
         """
         if self._tracker is not None:
             self._track((key,))
-        if key not in self._slot_of:
+        try:
+            stored = key in self._slot_of
+        except TypeError:
+            raise _unhashable((key,), "lookup") from None
+        if not stored:
             self._misses += 1
             return _MISS
         if key in self._pending_keys:
@@ -160,10 +190,14 @@ class OffloadingManager:
         Raises:
             TypeError: a key is not hashable (nothing is counted).
         """
+        if type(keys) is not list and type(keys) is not tuple:
+            keys = _key_list(keys, "lookup_prefix")
         slot_of = self._slot_of
         pending = self._pending_keys
         hits = 0
         try:
+            if self._tracker is not None:
+                self._track(keys)  # validates every key before counting anything
             for key in keys:
                 if key not in slot_of:
                     self._misses += 1
@@ -172,8 +206,6 @@ class OffloadingManager:
                     self._pending_hits += 1
                     break
                 hits += 1
-            if self._tracker is not None:
-                self._track(keys)
         except TypeError:
             raise _unhashable(keys, "lookup_prefix") from None
         self._hits += hits
@@ -217,6 +249,8 @@ class OffloadingManager:
                 is pinned then.
             TypeError: a key is not hashable.
         """
+        if type(keys) is not list and type(keys) is not tuple:
+            keys = _key_list(keys, "prepare_load")
         slots = self._slots_of(keys, "prepare_load")
         pending = self._pending_keys
         if pending and not pending.isdisjoint(keys):
@@ -248,6 +282,8 @@ class OffloadingManager:
                 it was pinned. Nothing is released then.
             TypeError: a key is not hashable.
         """
+        if type(keys) is not list and type(keys) is not tuple:
+            keys = _key_list(keys, "complete_load")
         slots = self._slots_of(keys, "complete_load")
         ref = self._ref
         for key, slot in zip(keys, slots):
@@ -291,6 +327,8 @@ class OffloadingManager:
         Raises:
             TypeError: a key is not hashable (nothing is recorded).
         """
+        if type(keys) is not list and type(keys) is not tuple:
+            keys = _key_list(keys, "touch")
         if len(keys) > 1:  # a single key fails on its first (hashing) use: nothing changes
             try:
                 for key in keys:
@@ -322,6 +360,8 @@ class OffloadingManager:
         Raises:
             TypeError: a key is not hashable (nothing changed).
         """
+        if type(keys) is not list and type(keys) is not tuple:
+            keys = _key_list(keys, "prepare_store")
         slot_of = self._slot_of
         try:
             new_keys = [key for key in keys if key not in slot_of]
@@ -394,6 +434,8 @@ class OffloadingManager:
         Raises:
             TypeError: a key is not hashable (nothing changed).
         """
+        if type(keys) is not list and type(keys) is not tuple:
+            keys = _key_list(keys, "complete_store")
         slot_of = self._slot_of
         try:
             slots = [slot_of.get(key) for key in keys]
@@ -490,7 +532,7 @@ class OffloadingManager:
         """
         return {
             "slot_of": dict(self._slot_of),
-            "ref": list(self._ref),
+            "ref": self._ref.tolist(),
             "free": list(self._free),
             "pending_keys": set(self._pending_keys),
             "next_fresh": self._next_fresh,

@@ -56,6 +56,9 @@ from kvtier.policies.s3fifo import S3FIFOPolicy
 from kvtier.policies.sieve import SievePolicy
 
 
+_NO_PARENT = object()  # "no learned parent" (None is a valid block key)
+
+
 class PrefixAwarePolicy(CachePolicy):
     """Orphans first, then the inner policy's choice (see the module docstring).
 
@@ -131,10 +134,10 @@ class PrefixAwarePolicy(CachePolicy):
             queue.pop(key, None)
 
     def _link(self, child: Key, parent: Key) -> None:
-        old = self._parent.get(child)
-        if old == parent or child == parent:
+        old = self._parent.get(child, _NO_PARENT)
+        if old is not _NO_PARENT and old == parent or child == parent:
             return
-        if old is not None:
+        if old is not _NO_PARENT:
             siblings = self._children[old]
             del siblings[child]
             if not siblings:
@@ -155,8 +158,8 @@ class PrefixAwarePolicy(CachePolicy):
         if was_orphan:
             self._orphans.discard(key)
             self._queue.pop(key, None)
-        parent = self._parent.pop(key, None)
-        if parent is not None:
+        parent = self._parent.pop(key, _NO_PARENT)
+        if parent is not _NO_PARENT:
             siblings = self._children[parent]
             del siblings[key]
             if not siblings:
@@ -231,7 +234,7 @@ class PrefixAwarePolicy(CachePolicy):
         res, parents = self._res, self._parent
         prev = None
         for i, key in enumerate(keys):
-            if i and key in res and prev in res and parents.get(key) != prev:
+            if i and key in res and prev in res and parents.get(key, _NO_PARENT) != prev:
                 self._link(key, prev)
             prev = key
 
@@ -240,7 +243,7 @@ class PrefixAwarePolicy(CachePolicy):
         res, parents = self._res, self._parent
         prev = None
         for i, key in enumerate(keys):
-            if i and key in res and parents.get(key) != prev:
+            if i and key in res and parents.get(key, _NO_PARENT) != prev:
                 self._link(key, prev)
             prev = key
 
