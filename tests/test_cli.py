@@ -111,12 +111,25 @@ def test_bad_line_exits_nonzero_naming_file_and_line(tmp_path):
         (["--format", "xml"], "unknown format 'xml'"),
         (["--protocol", "put"], "unknown protocol 'put'"),
         (["--protocol", "get", "-W", "2"], "--inflight needs --protocol prefix"),
+        (["-p", ""], "--policy was given but names nothing"),
+        (["-p", ",", "--json", "-"], "--policy was given but names nothing"),
+        (["-c", ""], "--capacity was given but names nothing"),
+        (["--json", "/nonexistent-dir/o.json"], "cannot write there"),
     ],
 )
 def test_bad_arguments_exit_1(args, message):
     res = run("replay", *args)
     assert res.exit_code == 1
     assert message in res.stderr
+
+
+def test_sweep_checks_outputs_before_running(tmp_path):
+    res = run("sweep", "--json", "/nonexistent-dir/x.json", "--plot", tmp_path / "m.png")
+    assert res.exit_code == 1
+    assert "cannot write there" in res.stderr
+    assert not (tmp_path / "m.png").exists()
+    res = run("sweep", "-c", "", "--plot", tmp_path / "m.png")
+    assert res.exit_code == 1 and "names nothing" in res.stderr
 
 
 def test_empty_and_missing_files_exit_1(tmp_path):

@@ -76,11 +76,22 @@ ProgressOpt = Annotated[Optional[bool], typer.Option("--progress/--no-progress",
                                                      help="Progress bar (default: on long runs).")]
 
 
-def _split(values: list[str] | None, default: list[str]) -> list[str]:
+def _split(values: list[str] | None, default: list[str], option: str) -> list[str]:
     out: list[str] = []
     for value in values or default:
         out.extend(v.strip() for v in value.split(",") if v.strip())
+    if values and not out:
+        raise _CliError(f"{option} was given but names nothing ({values!r})")
     return out
+
+
+def _check_writable(target: Path | None, option: str) -> None:
+    """Fail before any work when an output file cannot be created."""
+    if target is None or str(target) == "-":
+        return
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir() or not os.access(parent, os.W_OK) or target.is_dir():
+        raise _CliError(f"{option} {target}: cannot write there (no such writable folder)")
 
 
 def _check_common(policies: list[str], fmt: str, protocol: str, inflight: int) -> None:
@@ -239,8 +250,10 @@ def replay_cmd(
 def _replay(trace, policy, capacity, fmt, block_tokens, inflight, protocol, store_threshold,
             skip_bad_lines, limit, stream, json_out, progress) -> None:
     path = trace if trace is not None else embedded_sample_path()
-    policies = _split(policy, ["lru", "arc"])
+    policies = _split(policy, ["lru", "arc"], "--policy")
     _check_common(policies, fmt, protocol, inflight)
+    _check_writable(json_out, "--json")
+    capacity_specs = _split(capacity, ["5%", "20%", "50%"], "--capacity")
 
     def open_trace():
         reader = read_trace(path, fmt=fmt, block_tokens=block_tokens,
@@ -259,7 +272,7 @@ def _replay(trace, policy, capacity, fmt, block_tokens, inflight, protocol, stor
         t0 += time.perf_counter() - parse_end  # the distinct-block count is not parsing
     parse_s = time.perf_counter() - t0
     info = _trace_info(path, reader, n_req, n_refs, unique, parse_s)
-    capacities = _capacities(_split(capacity, ["5%", "20%", "50%"]), unique)
+    capacities = _capacities(capacity_specs, unique)
 
     runs = [(p, c) for p in policies for c in capacities]
     results: list[ReplayResult] = []
@@ -328,14 +341,16 @@ def _sweep(trace, policy, points, cap_min, cap_max, capacity, fmt, block_tokens,
     from kvtier.sweep import plot_mrc, run_grid
 
     path = trace if trace is not None else embedded_sample_path()
-    policies = _split(policy, available_policies())
+    policies = _split(policy, available_policies(), "--policy")
     _check_common(policies, fmt, protocol, inflight)
+    _check_writable(json_out, "--json")
+    capacity_specs = _split(capacity, [], "--capacity")
     reader = read_trace(path, fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines)
     t0 = time.perf_counter()
     n_req, n_refs, unique = count_unique_blocks(reader)
     info = _trace_info(path, reader, n_req, n_refs, unique, time.perf_counter() - t0)
-    if capacity:
-        capacities = sorted(_capacities(_split(capacity, []), unique))
+    if capacity_specs:
+        capacities = sorted(_capacities(capacity_specs, unique))
     else:
         lo, hi = _capacities([cap_min], unique)[0], _capacities([cap_max], unique)[0]
         if hi < lo:
