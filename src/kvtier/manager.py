@@ -34,6 +34,13 @@ _MISS = LookupResult.MISS
 _HIT = LookupResult.HIT
 _HIT_PENDING = LookupResult.HIT_PENDING
 _PENDING = -1
+# key types whose hashing cannot fail: single-key fast paths skip validation for them
+_PLAIN_KEY_TYPES = frozenset({int, str, bytes})
+
+
+def _output(keys: list, block_ids: list[int], evicted: list) -> PrepareStoreOutput:
+    """Build a PrepareStoreOutput without the NamedTuple's Python-level ``__new__``."""
+    return tuple.__new__(PrepareStoreOutput, (keys, block_ids, evicted))
 
 
 def _check_positive_int(name: str, value: Any) -> int:
@@ -127,6 +134,10 @@ class OffloadingManager:
             )
         self.num_blocks = num_blocks
         self.policy: CachePolicy = policy_cls(num_blocks)
+        # skip the per-store hook call for policies that do not use it
+        self._on_store = (
+            None if type(self.policy).on_store is CachePolicy.on_store else self.policy.on_store
+        )
         self.enable_events = enable_events
         self.store_threshold = store_threshold
         self.max_tracker_size = max_tracker_size
@@ -251,6 +262,18 @@ class OffloadingManager:
         """
         if type(keys) is not list and type(keys) is not tuple:
             keys = _key_list(keys, "prepare_load")
+        if len(keys) == 1:  # fast path; anything unusual falls through to the checks below
+            key = keys[0]
+            slot = self._slot_of.get(key) if type(key) in _PLAIN_KEY_TYPES else None
+            if slot is not None and key not in self._pending_keys:
+                count = self._ref[slot]
+                if count == 0:
+                    self._evictable -= 1
+                    self._pinned += 1
+                    self.policy.block_unevictable(key)
+                self._ref[slot] = count + 1
+                self._loads += 1
+                return [slot]
         slots = self._slots_of(keys, "prepare_load")
         pending = self._pending_keys
         if pending and not pending.isdisjoint(keys):
@@ -284,6 +307,18 @@ class OffloadingManager:
         """
         if type(keys) is not list and type(keys) is not tuple:
             keys = _key_list(keys, "complete_load")
+        if len(keys) == 1:  # fast path; anything unusual falls through to the checks below
+            key = keys[0]
+            slot = self._slot_of.get(key) if type(key) in _PLAIN_KEY_TYPES else None
+            if slot is not None:
+                count = self._ref[slot] - 1
+                if count >= 0:
+                    self._ref[slot] = count
+                    if count == 0:
+                        self._evictable += 1
+                        self._pinned -= 1
+                        self.policy.block_evictable(key, slot)
+                    return
         slots = self._slots_of(keys, "complete_load")
         ref = self._ref
         for key, slot in zip(keys, slots):
@@ -364,7 +399,10 @@ class OffloadingManager:
             keys = _key_list(keys, "prepare_store")
         slot_of = self._slot_of
         try:
-            new_keys = [key for key in keys if key not in slot_of]
+            if len(keys) == 1:
+                new_keys = [] if keys[0] in slot_of else list(keys)
+            else:
+                new_keys = [key for key in keys if key not in slot_of]
         except TypeError:
             raise _unhashable(keys, "prepare_store") from None
         if len(new_keys) > 1:
@@ -380,8 +418,9 @@ class OffloadingManager:
             new_keys = admitted
         if not new_keys:
             self._skipped_stores += skipped
-            self.policy.on_store(keys)
-            return PrepareStoreOutput([], [], [])
+            if self._on_store is not None:
+                self._on_store(keys)
+            return _output([], [], [])
 
         num_new = len(new_keys)
         shortfall = num_new - (self.num_blocks - len(slot_of))
@@ -393,34 +432,54 @@ class OffloadingManager:
             victims = self.policy.evict(shortfall, protected)
             if victims is None:
                 return None
-            evicted_keys = [key for key, _ in victims]
-            for key in evicted_keys:
+            if shortfall == 1:
+                key, slot = victims[0]
+                evicted_keys = [key]
                 del slot_of[key]
-            self._free.extend([slot for _, slot in victims])
+                self._free.append(slot)
+            else:
+                evicted_keys = [key for key, _ in victims]
+                for key in evicted_keys:
+                    del slot_of[key]
+                self._free.extend([slot for _, slot in victims])
             self._evictable -= shortfall
             self._evictions += shortfall
             if self.enable_events:
                 self._events.append(OffloadingEvent(evicted_keys, True))
 
         ref = self._ref
-        fresh = min(num_new, self.num_blocks - self._next_fresh)
-        block_ids = list(range(self._next_fresh, self._next_fresh + fresh))
-        self._next_fresh += fresh
-        if fresh < num_new:
-            free = self._free
-            reused = num_new - fresh
-            block_ids.extend(reversed(free[-reused:]))
-            del free[-reused:]
-        slot_of.update(zip(new_keys, block_ids))
-        for slot in block_ids:
+        if num_new == 1:
+            if self._next_fresh < self.num_blocks:
+                slot = self._next_fresh
+                self._next_fresh = slot + 1
+            else:
+                slot = self._free.pop()
+            block_ids = [slot]
+            key = new_keys[0]
+            slot_of[key] = slot
             ref[slot] = _PENDING
-        self._pending_keys.update(new_keys)
-        self.policy.insert_many(new_keys, block_ids)
+            self._pending_keys.add(key)
+            self.policy.insert(key, slot)
+        else:
+            fresh = min(num_new, self.num_blocks - self._next_fresh)
+            block_ids = list(range(self._next_fresh, self._next_fresh + fresh))
+            self._next_fresh += fresh
+            if fresh < num_new:
+                free = self._free
+                reused = num_new - fresh
+                block_ids.extend(reversed(free[-reused:]))
+                del free[-reused:]
+            slot_of.update(zip(new_keys, block_ids))
+            for slot in block_ids:
+                ref[slot] = _PENDING
+            self._pending_keys.update(new_keys)
+            self.policy.insert_many(new_keys, block_ids)
         self._pending += num_new
         self._stores += num_new
         self._skipped_stores += skipped
-        self.policy.on_store(keys)
-        return PrepareStoreOutput(new_keys, block_ids, evicted_keys)
+        if self._on_store is not None:
+            self._on_store(keys)
+        return _output(new_keys, block_ids, evicted_keys)
 
     def complete_store(
         self, keys: Sequence[Hashable], success: bool = True, req_context: Any = None
@@ -437,6 +496,19 @@ class OffloadingManager:
         if type(keys) is not list and type(keys) is not tuple:
             keys = _key_list(keys, "complete_store")
         slot_of = self._slot_of
+        if len(keys) == 1 and success and type(keys[0]) in _PLAIN_KEY_TYPES:  # fast path
+            key = keys[0]
+            slot = slot_of.get(key)
+            if slot is not None and self._ref[slot] == _PENDING:
+                self._ref[slot] = 0
+                self._pending_keys.discard(key)
+                self.policy.block_evictable(key, slot)
+                self._evictable += 1
+                self._completed_stores += 1
+                self._pending -= 1
+                if self.enable_events:
+                    self._events.append(OffloadingEvent([key], False))
+            return
         try:
             slots = [slot_of.get(key) for key in keys]
         except TypeError:

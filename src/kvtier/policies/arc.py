@@ -180,6 +180,8 @@ class ARCPolicy(CachePolicy):
         #   1. T1, while it is preferred: at most |T1| - floor(target) + 1 victims;
         #   2. T2 (preferred from then on, or the fallback once T1 is exhausted);
         #   3. T1 again (fallback once T2 is exhausted), continuing where phase 1 stopped.
+        if n == 1:
+            return self._evict_one(protected)
         t1_items = iter(self._t1.items())
         t2_items = iter(self._t2.items())
         t1_quota = max(0, len(self._t1_all) - math.floor(self.target) + 1)
@@ -215,6 +217,27 @@ class ARCPolicy(CachePolicy):
         while len(b2) > capacity:
             b2.popitem(last=False)
         return t1_victims + t2_victims + late_t1
+
+    def _evict_one(self, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
+        """:meth:`evict` for one victim: the same rule, without the batch bookkeeping."""
+        lists = [(self._t1, self._t1_all, self._b1), (self._t2, self._t2_all, self._b2)]
+        if len(self._t1_all) < math.floor(self.target):  # T1 below target: prefer T2
+            lists.reverse()
+        visited = 0
+        for order, members, ghost in lists:
+            for item in order.items():
+                visited += 1
+                key = item[0]
+                if key not in protected:
+                    del order[key]
+                    del members[key]
+                    ghost[key] = None
+                    if len(ghost) > self.capacity:
+                        ghost.popitem(last=False)
+                    self.visited += visited
+                    return [item]
+        self.visited += visited
+        return None
 
     def snapshot(self) -> dict:
         return {

@@ -73,6 +73,13 @@ class LRUPolicy(CachePolicy):
         # order afterwards; on failure every popped block goes back, so nothing changes.
         order = self._order
         popitem = order.popitem
+        if n == 1 and order:  # the common single-victim case
+            item = popitem(last=False)
+            if item[0] not in protected:
+                self.visited += 1
+                return [item]
+            order[item[0]] = item[1]
+            order.move_to_end(item[0], last=False)
         popped = [popitem(last=False) for _ in range(min(n, len(order)))]
         if protected and any(key in protected for key, _ in popped):
             victims = [item for item in popped if item[0] not in protected]
