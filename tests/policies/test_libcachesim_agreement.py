@@ -18,38 +18,11 @@ the repository, else the embedded 500-request sample.
 
 from __future__ import annotations
 
-import itertools
-from pathlib import Path
-
 import pytest
 
 from kvtier.replay import replay
-from kvtier.trace import embedded_sample_path, read_trace
 
 lcs = pytest.importorskip("libcachesim")
-
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "mooncake_conversation.jsonl"
-SLICE_REQUESTS = 2000
-
-
-@pytest.fixture(scope="module")
-def trace():
-    if SHARED.is_file():
-        return list(itertools.islice(read_trace(SHARED), SLICE_REQUESTS))
-    return list(read_trace(embedded_sample_path()))
-
-
-def libcachesim_hits(cache, requests) -> int:
-    req = lcs.Request()
-    req.obj_size = 1
-    get = cache.get
-    hits = 0
-    for r in requests:
-        for key in r.keys:
-            req.obj_id = key
-            if get(req):
-                hits += 1
-    return hits
 
 
 @pytest.mark.parametrize(
@@ -57,8 +30,8 @@ def libcachesim_hits(cache, requests) -> int:
     [("s3fifo", lambda c: lcs.S3FIFO(c)), ("sieve", lambda c: lcs.Sieve(c))],
 )
 @pytest.mark.parametrize("capacity", [20, 500, 3000])
-def test_agrees_exactly_with_libcachesim(trace, policy, make, capacity):
-    ours = replay(trace, policy, capacity, protocol="get")
-    theirs = libcachesim_hits(make(capacity), trace)
+def test_agrees_exactly_with_libcachesim(trace_slice, libcachesim_hits, policy, make, capacity):
+    ours = replay(trace_slice, policy, capacity, protocol="get")
+    theirs = libcachesim_hits(make(capacity), trace_slice)
     assert ours.block_refs > 10_000
     assert ours.hit_blocks == theirs
