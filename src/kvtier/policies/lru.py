@@ -50,17 +50,19 @@ class LRUPolicy(CachePolicy):
         self._order[key] = slot
 
     def blocks_evictable(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
-        held_pop = self._held.pop
-        for key in keys:
+        # a plain loop: OrderedDict.update goes through the generic mapping protocol, slower
+        held_pop, order = self._held.pop, self._order
+        for key, slot in zip(keys, slots):
             held_pop(key, None)
-        self._order.update(zip(keys, slots))
+            order[key] = slot
 
     def block_unevictable(self, key: Key) -> None:
         self._held[key] = self._order.pop(key)
 
     def blocks_unevictable(self, keys: Sequence[Key]) -> None:
-        order_pop = self._order.pop
-        self._held.update([(key, order_pop(key)) for key in keys])
+        held, order_pop = self._held, self._order.pop
+        for key in keys:
+            held[key] = order_pop(key)
 
     def touch(self, keys: Sequence[Key]) -> None:
         order = self._order
