@@ -5,14 +5,18 @@ meaning, so an engine can switch. The manager owns the shared logic — the key 
 counts, the free-slot list, admission, events and statistics — and delegates only the *order*
 of evictable blocks and the choice of victims to a :class:`~kvtier.policies.CachePolicy`.
 
-Per-block state is plain ints indexed by slot (``_ref``) plus one dict (key -> slot), so the
-cyclic garbage collector has no per-block objects to walk even at 10^6 blocks.
+Per-block state is plain ints indexed by slot (``_ref``, the pin counts) plus one dict
+(key -> slot) and the set of pending keys, so the cyclic garbage collector has no per-block
+objects to walk even at 10^6 blocks.
 
-Ref count of a cached block::
+Ref count of a cached block (as :meth:`OffloadingManager.ref_count` reports it)::
 
     -1  store in flight (pending): answers HIT_PENDING, cannot be loaded or evicted
      0  ready and evictable
     >0  ready and pinned by that many in-flight loads: cannot be evicted
+
+A pending block is the one state kept by key: it is in ``_pending_keys`` and its ``_ref`` entry
+stays 0, so starting and completing a store write no per-slot entry.
 
 Every public method accepts an optional ``req_context`` (ignored here) so vLLM-style callers
 fit. Every method validates all its keys before it changes anything: a bad call raises and
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from typing import Any
 
 from kvtier.errors import BlockStateError
@@ -321,14 +325,15 @@ class OffloadingManager:
                     return
         slots = self._slots_of(keys, "complete_load")
         ref = self._ref
-        for key, slot in zip(keys, slots):
-            if ref[slot] <= 0:
-                raise BlockStateError(
-                    key,
-                    "complete_load: block is not pinned (ref count "
-                    f"{ref[slot]}; complete_load must follow prepare_load)",
-                )
-        if len(slots) > 1 and len(set(slots)) != len(slots):
+        counts = [ref[slot] - 1 for slot in slots]  # each count after one release
+        if counts and min(counts) < 0:  # a block that is not pinned (pending ones hold 0)
+            key = keys[next(i for i, count in enumerate(counts) if count < 0)]
+            raise BlockStateError(
+                key,
+                "complete_load: block is not pinned (ref count "
+                f"{self.ref_count(key)}; complete_load must follow prepare_load)",
+            )
+        if len(slots) > 1 and len(set(slots)) != len(slots):  # a key released several times
             releases: dict[int, int] = {}
             for slot in slots:
                 releases[slot] = releases.get(slot, 0) + 1
@@ -339,15 +344,25 @@ class OffloadingManager:
                         f"complete_load: released {releases[slot]} times in one call but "
                         f"pinned only {ref[slot]} times",
                     )
-        freed_keys = []
-        freed_slots = []
-        for i in range(len(slots) - 1, -1, -1):  # reverse: keys[0] ends most recent
-            slot = slots[i]
-            count = ref[slot] - 1
-            ref[slot] = count
-            if count == 0:
-                freed_keys.append(keys[i])
-                freed_slots.append(slot)
+            freed_keys = []
+            freed_slots = []
+            for i in range(len(slots) - 1, -1, -1):  # reverse: keys[0] ends most recent
+                slot = slots[i]
+                count = ref[slot] - 1
+                ref[slot] = count
+                if count == 0:
+                    freed_keys.append(keys[i])
+                    freed_slots.append(slot)
+        else:
+            for slot, count in zip(slots, counts):
+                ref[slot] = count
+            if any(counts):  # some blocks stay pinned by other loads
+                freed = [i for i in range(len(slots) - 1, -1, -1) if counts[i] == 0]
+                freed_keys = [keys[i] for i in freed]
+                freed_slots = [slots[i] for i in freed]
+            else:  # reverse: keys[0] ends most recent
+                freed_keys = list(reversed(keys))
+                freed_slots = slots[::-1]
         if freed_keys:
             self._evictable += len(freed_keys)
             self._pinned -= len(freed_keys)
@@ -366,8 +381,7 @@ class OffloadingManager:
             keys = _key_list(keys, "touch")
         if len(keys) > 1:  # a single key fails on its first (hashing) use: nothing changes
             try:
-                for key in keys:
-                    hash(key)
+                hash(tuple(keys))  # hashes every key: validates them all before any change
             except TypeError:
                 raise _unhashable(keys, "touch") from None
         try:
@@ -405,10 +419,9 @@ class OffloadingManager:
                 new_keys = [key for key in keys if key not in slot_of]
         except TypeError:
             raise _unhashable(keys, "prepare_store") from None
-        if len(new_keys) > 1:
-            unique = list(dict.fromkeys(new_keys))
-            if len(unique) != len(new_keys):
-                new_keys = unique
+        num_resident = len(keys) - len(new_keys)  # occurrences of keys already stored
+        if len(new_keys) > 1 and len(set(new_keys)) != len(new_keys):
+            new_keys = list(dict.fromkeys(new_keys))  # a key named twice is stored once
         skipped = 0
         tracker = self._tracker
         if tracker is not None and new_keys:
@@ -428,7 +441,14 @@ class OffloadingManager:
         if shortfall > 0:
             if shortfall > self._evictable:
                 return None  # fast fail: the policy is not asked
-            protected = keys if len(keys) <= 8 else set(keys)
+            # only the call's keys that are already stored can be victims, so only they are
+            # passed as protected; usually there are none
+            if num_resident == 0:
+                protected: Collection[Hashable] = ()
+            elif num_resident <= 8:
+                protected = [key for key in keys if key in slot_of]
+            else:
+                protected = {key for key in keys if key in slot_of}
             victims = self.policy.evict(shortfall, protected)
             if victims is None:
                 return None
@@ -447,7 +467,6 @@ class OffloadingManager:
             if self.enable_events:
                 self._events.append(OffloadingEvent(evicted_keys, True))
 
-        ref = self._ref
         if num_new == 1:
             if self._next_fresh < self.num_blocks:
                 slot = self._next_fresh
@@ -457,7 +476,6 @@ class OffloadingManager:
             block_ids = [slot]
             key = new_keys[0]
             slot_of[key] = slot
-            ref[slot] = _PENDING
             self._pending_keys.add(key)
             self.policy.insert(key, slot)
         else:
@@ -470,8 +488,6 @@ class OffloadingManager:
                 block_ids.extend(reversed(free[-reused:]))
                 del free[-reused:]
             slot_of.update(zip(new_keys, block_ids))
-            for slot in block_ids:
-                ref[slot] = _PENDING
             self._pending_keys.update(new_keys)
             self.policy.insert_many(new_keys, block_ids)
         self._pending += num_new
@@ -496,13 +512,12 @@ class OffloadingManager:
         if type(keys) is not list and type(keys) is not tuple:
             keys = _key_list(keys, "complete_store")
         slot_of = self._slot_of
+        pending = self._pending_keys
         if len(keys) == 1 and success and type(keys[0]) in _PLAIN_KEY_TYPES:  # fast path
             key = keys[0]
-            slot = slot_of.get(key)
-            if slot is not None and self._ref[slot] == _PENDING:
-                self._ref[slot] = 0
-                self._pending_keys.discard(key)
-                self.policy.block_evictable(key, slot)
+            if key in pending:
+                pending.remove(key)
+                self.policy.block_evictable(key, slot_of[key])
                 self._evictable += 1
                 self._completed_stores += 1
                 self._pending -= 1
@@ -510,22 +525,27 @@ class OffloadingManager:
                     self._events.append(OffloadingEvent([key], False))
             return
         try:
-            slots = [slot_of.get(key) for key in keys]
+            all_pending = len(keys) > 0 and pending.issuperset(keys)
+            if not all_pending:  # issuperset stopped at the first key not pending
+                hash(tuple(keys))  # hashes every key: validates them all before any change
         except TypeError:
             raise _unhashable(keys, "complete_store") from None
-        ref = self._ref
         done: list[Hashable] = []
+        if all_pending:  # the usual call: each key is pending, and named once
+            before = len(pending)
+            pending.difference_update(keys)
+            if before - len(pending) == len(keys):
+                done = list(reversed(keys))  # reverse: keys[0] ends most recent
+            else:  # a key named several times is done at its last occurrence
+                done = list(dict.fromkeys(reversed(keys)))
+        else:
+            for key in reversed(keys):
+                if key in pending:
+                    pending.remove(key)  # a key named again earlier is not pending any more
+                    done.append(key)
         if success:
-            done_slots = []
-            for i in range(len(slots) - 1, -1, -1):  # reverse: keys[0] ends most recent
-                slot = slots[i]
-                if slot is not None and ref[slot] == _PENDING:
-                    ref[slot] = 0
-                    done.append(keys[i])
-                    done_slots.append(slot)
             if done:
-                self._pending_keys.difference_update(done)
-                self.policy.blocks_evictable(done, done_slots)
+                self.policy.blocks_evictable(done, [slot_of[key] for key in done])
             self._evictable += len(done)
             self._completed_stores += len(done)
             if done and self.enable_events:
@@ -533,16 +553,10 @@ class OffloadingManager:
                 self._events.append(OffloadingEvent(done, False))
         else:
             remove = self.policy.remove
-            for i in range(len(slots) - 1, -1, -1):
-                slot = slots[i]
-                if slot is not None and ref[slot] == _PENDING:
-                    key = keys[i]
-                    ref[slot] = 0
-                    del slot_of[key]
-                    self._free.append(slot)
-                    remove(key)
-                    done.append(key)
-            self._pending_keys.difference_update(done)
+            free = self._free
+            for key in done:
+                free.append(slot_of.pop(key))
+                remove(key)
             self._failed_stores += len(done)
         self._pending -= len(done)
 
@@ -588,7 +602,9 @@ class OffloadingManager:
     def ref_count(self, key: Hashable) -> int | None:
         """Ref count of ``key`` (-1 pending, 0 evictable, >0 pinned), or None if not stored."""
         slot = self._slot_of.get(key)
-        return None if slot is None else self._ref[slot]
+        if slot is None:
+            return None
+        return _PENDING if key in self._pending_keys else self._ref[slot]
 
     def __len__(self) -> int:
         """Blocks stored (pending and ready)."""
@@ -602,9 +618,12 @@ class OffloadingManager:
 
         Costs O(num_blocks); two snapshots are ``==`` exactly when nothing changed.
         """
+        ref = self._ref.tolist()
+        for key in self._pending_keys:
+            ref[self._slot_of[key]] = _PENDING
         return {
             "slot_of": dict(self._slot_of),
-            "ref": self._ref.tolist(),
+            "ref": ref,
             "free": list(self._free),
             "pending_keys": set(self._pending_keys),
             "next_fresh": self._next_fresh,

@@ -142,8 +142,10 @@ class CachePolicy(ABC):
 
         Args:
             n: number of victims wanted (>= 1).
-            protected: keys that must not be evicted (the keys named in the current
-                ``prepare_store`` call). Pinned and pending blocks are never candidates.
+            protected: keys that must not be evicted: the keys named in the current
+                ``prepare_store`` call that are already resident (the others cannot be victims
+                anyway, so the manager leaves them out; usually it passes an empty
+                collection). Pinned and pending blocks are never candidates.
 
         Returns:
             ``[(key, slot), ...]`` in eviction order, or ``None`` (and no state changed) if
