@@ -107,7 +107,7 @@ class ARCPolicy(CachePolicy):
 
     def insert_many(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
         b1, b2, t1_all, t2_all = self._b1, self._b2, self._t1_all, self._t2_all
-        if not b1 and not b2:
+        if b1.keys().isdisjoint(keys) and b2.keys().isdisjoint(keys):  # no ghost hit
             t1_all.update(zip(keys, slots))
         else:
             for key, slot in zip(keys, slots):
@@ -150,12 +150,20 @@ class ARCPolicy(CachePolicy):
         else:
             del self._t2[key]
 
+    def blocks_unevictable(self, keys: Sequence[Key]) -> None:
+        t1, t2 = self._t1, self._t2
+        for key in keys:
+            if key in t1:
+                del t1[key]
+            else:
+                del t2[key]
+
     def touch(self, keys: Sequence[Key]) -> None:
         t1_all, t2_all, t1, t2 = self._t1_all, self._t2_all, self._t1, self._t2
-        b1, b2 = self._b1, self._b2
+        b1, b2, pending = self._b1, self._b2, self._pending
         for key in reversed(keys):
             if key in t1_all:
-                if key in self._pending:
+                if key in pending:
                     continue
                 slot = t1_all.pop(key)
                 t2_all[key] = slot
@@ -212,10 +220,9 @@ class ARCPolicy(CachePolicy):
             del t2_all[key]
             b2[key] = None
         capacity = self.capacity
-        while len(b1) > capacity:
-            b1.popitem(last=False)
-        while len(b2) > capacity:
-            b2.popitem(last=False)
+        for ghost in (b1, b2):  # trim each ghost list to the capacity, oldest first
+            for _ in range(len(ghost) - capacity):
+                ghost.popitem(False)
         return t1_victims + t2_victims + late_t1
 
     def _evict_one(self, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
