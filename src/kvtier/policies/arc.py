@@ -136,13 +136,23 @@ class ARCPolicy(CachePolicy):
             self._t2[key] = slot
 
     def blocks_evictable(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
-        pending, t1_all, t1, t2 = self._pending, self._t1_all, self._t1, self._t2
-        pending.difference_update(keys)
+        t1_all, t1, t2 = self._t1_all, self._t1, self._t2
+        self._pending.difference_update(keys)
+        # usually every key is in the same list (a request's new blocks, or its loaded prefix):
+        # one membership test per key in C, then a plain loop
+        if self._t2_all.keys().isdisjoint(keys):
+            order = t1
+        elif t1_all.keys().isdisjoint(keys):
+            order = t2
+        else:
+            for key, slot in zip(keys, slots):
+                if key in t1_all:
+                    t1[key] = slot
+                else:
+                    t2[key] = slot
+            return
         for key, slot in zip(keys, slots):
-            if key in t1_all:
-                t1[key] = slot
-            else:
-                t2[key] = slot
+            order[key] = slot
 
     def block_unevictable(self, key: Key) -> None:
         if key in self._t1:
@@ -190,6 +200,8 @@ class ARCPolicy(CachePolicy):
         #   3. T1 again (fallback once T2 is exhausted), continuing where phase 1 stopped.
         if n == 1:
             return self._evict_one(protected)
+        if not protected:
+            return self._evict_unprotected(n)
         t1_items = iter(self._t1.items())
         t2_items = iter(self._t2.items())
         t1_quota = max(0, len(self._t1_all) - math.floor(self.target) + 1)
@@ -219,11 +231,47 @@ class ARCPolicy(CachePolicy):
             del t2[key]
             del t2_all[key]
             b2[key] = None
+        self._trim_ghosts()
+        return t1_victims + t2_victims + late_t1
+
+    def _evict_unprotected(self, n: int) -> list[tuple[Key, int]] | None:
+        """:meth:`evict` with no protected key (the usual call): the same three phases.
+
+        Every block in T1's and T2's order is eligible, so the number each phase takes follows
+        from the sizes, and the victims are popped straight off the LRU ends (in the order the
+        phases take them: phase 3 continues phase 1 on T1).
+        """
+        t1, t2 = self._t1, self._t2
+        from_t1 = min(n, max(0, len(self._t1_all) - math.floor(self.target) + 1), len(t1))
+        from_t2 = min(n - from_t1, len(t2))
+        late_t1 = min(n - from_t1 - from_t2, len(t1) - from_t1)
+        self.visited += from_t1 + from_t2 + late_t1
+        if from_t1 + from_t2 + late_t1 < n:
+            return None
+
+        victims = []
+        for order, members, ghost, count in (
+            (t1, self._t1_all, self._b1, from_t1 + late_t1),
+            (t2, self._t2_all, self._b2, from_t2),
+        ):
+            pop = order.popitem
+            for _ in range(count):  # victims leave the LRU end for their ghost list's MRU end
+                item = pop(False)
+                key = item[0]
+                del members[key]
+                ghost[key] = None
+                victims.append(item)
+        self._trim_ghosts()
+        if late_t1:  # phase 3's T1 victims come after T2's
+            return victims[:from_t1] + victims[from_t1 + late_t1 :] + victims[from_t1 : from_t1 + late_t1]
+        return victims
+
+    def _trim_ghosts(self) -> None:
+        """Trim each ghost list to the capacity, oldest first."""
         capacity = self.capacity
-        for ghost in (b1, b2):  # trim each ghost list to the capacity, oldest first
+        for ghost in (self._b1, self._b2):
             for _ in range(len(ghost) - capacity):
                 ghost.popitem(False)
-        return t1_victims + t2_victims + late_t1
 
     def _evict_one(self, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
         """:meth:`evict` for one victim: the same rule, without the batch bookkeeping."""
