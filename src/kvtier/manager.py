@@ -458,10 +458,11 @@ class OffloadingManager:
                 del slot_of[key]
                 self._free.append(slot)
             else:
-                evicted_keys = [key for key, _ in victims]
+                victim_keys, victim_slots = zip(*victims)
+                evicted_keys = list(victim_keys)
                 for key in evicted_keys:
                     del slot_of[key]
-                self._free.extend([slot for _, slot in victims])
+                self._free.extend(victim_slots)
             self._evictable -= shortfall
             self._evictions += shortfall
             if self.enable_events:
