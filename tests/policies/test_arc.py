@@ -1,4 +1,4 @@
-"""Scenarios 1 and 2 of the core issue: ARC's eviction rule, fallback and one walk per list."""
+"""ARC: scenarios 1 and 2 of the core issue (eviction rule, fallback, one walk per list)."""
 
 from __future__ import annotations
 
