@@ -59,8 +59,9 @@ TraceArg = Annotated[
 ]
 PolicyOpt = Annotated[
     Optional[list[str]],
-    typer.Option("--policy", "-p", help="Policy name; repeat or comma-separate for several. "
-                 "Choices: the registered policies (kvtier.available_policies())."),
+    typer.Option("--policy", "-p", help="Policy name; repeat or comma-separate for several "
+                 "(default: lru,arc). Choices: "
+                 + ", ".join(available_policies()) + "."),
 ]
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help=f"Trace format: {', '.join(FORMATS)}.")]
 BlockTokensOpt = Annotated[int, typer.Option("--block-tokens", min=1,
@@ -199,17 +200,22 @@ def _trace_info(path: Path, reader, n_req: int, n_refs: int, unique: int, parse_
     }
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 request``, ``2 requests``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def _trace_caption(info: dict) -> str:
     rate = info["parse_refs_per_s"]
     name = info["path"]
     if name == str(embedded_sample_path()):
         name = f"embedded sample {Path(name).name}"
-    text = (f"{name} ({info['format']}): {info['requests']:,} requests, "
+    text = (f"{name} ({info['format']}): {_count(info['requests'], 'request')}, "
             f"{info['block_refs']:,} block refs, {info['unique_blocks']:,} distinct blocks; "
             f"parsed in {info['parse_s'] * 1e3:,.0f} ms"
             + (f" ({rate / 1e6:.2f} M refs/s)" if rate else ""))
     if info["bad_lines"]:
-        text += f"; {info['bad_lines']:,} bad lines skipped"
+        text += f"; {_count(info['bad_lines'], 'bad line')} skipped"
     return text
 
 
