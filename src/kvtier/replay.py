@@ -211,10 +211,9 @@ def replay(
         raise ValueError(f"block_tokens must be a positive int (tokens), got {block_tokens!r}")
     manager = OffloadingManager(capacity, policy, store_threshold=store_threshold)
     streamed = not isinstance(requests, (list, tuple))
-    run = _run_prefix if protocol == "prefix" else _run_get
-    counts, manager_ns, total_ns = run(
-        manager, requests, inflight, block_tokens, progress, streamed
-    )
+    protocol_steps = _prefix_protocol if protocol == "prefix" else _get_protocol
+    step, drain = protocol_steps(manager, inflight)
+    counts, manager_ns, total_ns = _run(step, drain, requests, block_tokens, progress, streamed)
     stats = manager.stats()
     return ReplayResult(
         policy=policy if isinstance(policy, str) else getattr(policy, "name", str(policy)),
@@ -237,56 +236,103 @@ def replay(
     )
 
 
-def _run_prefix(manager, requests, window_size, block_tokens, progress, streamed):
+def _prefix_protocol(manager: OffloadingManager, window_size: int):
+    """``(step, drain)`` of the engine's protocol; ``step(keys)`` handles one request and
+    returns ``(hit blocks, failed prepare_store calls, blocks they failed to store)``."""
     lookup_prefix = manager.lookup_prefix
     touch = manager.touch
     prepare_load = manager.prepare_load
     complete_load = manager.complete_load
     prepare_store = manager.prepare_store
     complete_store = manager.complete_store
-    now = time.perf_counter_ns
     window: deque = deque()
-    push = window.append
-    pop = window.popleft
-    n_req = refs = hit_blocks = in_tok = hit_tok = fails = failed_blocks = 0
-    manager_ns = 0
-    t0 = 0
-    mask = _PROGRESS_EVERY - 1
-    start = now()
-    for req in requests:
-        if streamed:
-            t0 = now()
-        keys = req.keys
+
+    def complete(loaded, stored) -> None:
+        if loaded:
+            complete_load(loaded)
+        if stored:
+            complete_store(stored)
+
+    def step(keys):
         n = len(keys)
         hits = lookup_prefix(keys)
         touch(keys)
-        loaded = None
-        stored = None
+        loaded = stored = None
+        fails = failed_blocks = 0
         if hits:
             loaded = keys[:hits]
             prepare_load(loaded)
         if hits < n:
             out = prepare_store(keys[hits:] if hits else keys)
             if out is None:
-                fails += 1
-                failed_blocks += n - hits
+                fails, failed_blocks = 1, n - hits
             else:
                 stored = out.keys_to_store
         if window_size == 0:
-            if loaded:
-                complete_load(loaded)
-            if stored:
-                complete_store(stored)
+            complete(loaded, stored)
         else:
-            push((loaded, stored))
+            window.append((loaded, stored))
             if len(window) > window_size:
-                old_loaded, old_stored = pop()
-                if old_loaded:
-                    complete_load(old_loaded)
-                if old_stored:
-                    complete_store(old_stored)
+                complete(*window.popleft())
+        return hits, fails, failed_blocks
+
+    def drain() -> None:  # the last W requests complete, oldest first
+        while window:
+            complete(*window.popleft())
+
+    return step, drain
+
+
+def _get_protocol(manager: OffloadingManager, window_size: int):
+    """``(step, drain)`` of the cache literature's protocol: one get-with-insert per key."""
+    lookup = manager.lookup
+    touch = manager.touch
+    prepare_store = manager.prepare_store
+    complete_store = manager.complete_store
+    hit = LookupResult.HIT
+
+    def step(keys):
+        hits = fails = 0
+        for key in keys:
+            single = (key,)
+            if lookup(key) is hit:
+                hits += 1
+                touch(single)
+            else:
+                touch(single)
+                out = prepare_store(single)
+                if out is None:
+                    fails += 1
+                elif out.keys_to_store:
+                    complete_store(out.keys_to_store)
+        return hits, fails, fails
+
+    def drain() -> None:
+        pass
+
+    return step, drain
+
+
+def _run(step, drain, requests, block_tokens, progress, streamed):
+    """Drive ``step`` over the requests and count; the counting is the same for every
+    protocol. Returns ``(counts, manager ns, total ns)``; ``manager ns`` is only measured
+    (per request) when the requests are streamed."""
+    now = time.perf_counter_ns
+    n_req = refs = hit_blocks = in_tok = hit_tok = fails = failed_blocks = 0
+    manager_ns = 0
+    t0 = 0
+    mask = _PROGRESS_EVERY - 1
+    start = now()
+    for req in requests:
+        keys = req.keys
+        if streamed:
+            t0 = now()
+        hits, failed_calls, failed = step(keys)
         if streamed:
             manager_ns += now() - t0
+        fails += failed_calls
+        failed_blocks += failed
+        n = len(keys)
         n_req += 1
         refs += n
         length = req.input_length
@@ -300,65 +346,9 @@ def _run_prefix(manager, requests, window_size, block_tokens, progress, streamed
         if progress is not None and not n_req & mask:
             progress(_PROGRESS_EVERY)
     t0 = now()
-    while window:  # drain: the last W requests complete, oldest first
-        old_loaded, old_stored = pop()
-        if old_loaded:
-            complete_load(old_loaded)
-        if old_stored:
-            complete_store(old_stored)
+    drain()
     end = now()
     manager_ns += end - t0
-    if progress is not None and n_req & mask:
-        progress(n_req & mask)
-    return (n_req, refs, hit_blocks, in_tok, hit_tok, fails, failed_blocks), manager_ns, end - start
-
-
-def _run_get(manager, requests, window_size, block_tokens, progress, streamed):
-    lookup = manager.lookup
-    touch = manager.touch
-    prepare_store = manager.prepare_store
-    complete_store = manager.complete_store
-    hit = LookupResult.HIT
-    now = time.perf_counter_ns
-    n_req = refs = hit_blocks = in_tok = hit_tok = fails = failed_blocks = 0
-    manager_ns = 0
-    t0 = 0
-    mask = _PROGRESS_EVERY - 1
-    start = now()
-    for req in requests:
-        if streamed:
-            t0 = now()
-        keys = req.keys
-        hits = 0
-        for key in keys:
-            single = (key,)
-            if lookup(key) is hit:
-                hits += 1
-                touch(single)
-            else:
-                touch(single)
-                out = prepare_store(single)
-                if out is None:
-                    fails += 1
-                    failed_blocks += 1
-                elif out.keys_to_store:
-                    complete_store(out.keys_to_store)
-        if streamed:
-            manager_ns += now() - t0
-        n = len(keys)
-        n_req += 1
-        refs += n
-        length = req.input_length
-        if length is None:
-            length = n * block_tokens
-        in_tok += length
-        if hits:
-            hit_blocks += hits
-            tok = hits * block_tokens
-            hit_tok += tok if tok < length else length
-        if progress is not None and not n_req & mask:
-            progress(_PROGRESS_EVERY)
-    end = now()
     if progress is not None and n_req & mask:
         progress(n_req & mask)
     return (n_req, refs, hit_blocks, in_tok, hit_tok, fails, failed_blocks), manager_ns, end - start
