@@ -24,11 +24,7 @@ import prefix_reuse as pr  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prefix-tokens", type=int, default=2048)
-    ap.add_argument("--suffix-tokens", type=int, default=64)
-    ap.add_argument("--block-tokens", type=int, default=16)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--hidden", type=int, default=128)
+    pr.add_model_args(ap)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json")
     args = ap.parse_args(argv)

@@ -233,13 +233,18 @@ def make_requests(
     return prefix + tail_a, prefix + tail_b
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """The prompt and model sizes, shared with benchmarks/bench_prefix_reuse.py."""
     ap.add_argument("--prefix-tokens", type=int, default=2048)
     ap.add_argument("--suffix-tokens", type=int, default=64)
     ap.add_argument("--block-tokens", type=int, default=16)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=128)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_args(ap)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 

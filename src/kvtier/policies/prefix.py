@@ -325,36 +325,9 @@ def prefix_aware(inner: type[CachePolicy], name: str | None = None) -> type[Pref
     )
 
 
-class PrefixLRUPolicy(PrefixAwarePolicy):
-    """Prefix-aware eviction around LRU (``prefix-lru``)."""
-
-    name = "prefix-lru"
-    inner_class = LRUPolicy
-
-
-class PrefixARCPolicy(PrefixAwarePolicy):
-    """Prefix-aware eviction around ARC (``prefix-arc``)."""
-
-    name = "prefix-arc"
-    inner_class = ARCPolicy
-
-
-class PrefixS3FIFOPolicy(PrefixAwarePolicy):
-    """Prefix-aware eviction around S3-FIFO (``prefix-s3fifo``)."""
-
-    name = "prefix-s3fifo"
-    inner_class = S3FIFOPolicy
-
-
-class PrefixSievePolicy(PrefixAwarePolicy):
-    """Prefix-aware eviction around SIEVE (``prefix-sieve``)."""
-
-    name = "prefix-sieve"
-    inner_class = SievePolicy
-
-
-class PrefixLFUPolicy(PrefixAwarePolicy):
-    """Prefix-aware eviction around LFU with aging (``prefix-lfu``)."""
-
-    name = "prefix-lfu"
-    inner_class = LFUPolicy
+# the registered wrappers: ``prefix-lru``, ``prefix-arc``, ``prefix-s3fifo``, ...
+PrefixLRUPolicy = prefix_aware(LRUPolicy)
+PrefixARCPolicy = prefix_aware(ARCPolicy)
+PrefixS3FIFOPolicy = prefix_aware(S3FIFOPolicy)
+PrefixSievePolicy = prefix_aware(SievePolicy)
+PrefixLFUPolicy = prefix_aware(LFUPolicy)
