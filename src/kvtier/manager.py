@@ -412,11 +412,10 @@ class OffloadingManager:
         if type(keys) is not list and type(keys) is not tuple:
             keys = _key_list(keys, "prepare_store")
         slot_of = self._slot_of
+        if len(keys) == 1 and self._tracker is None:
+            return self._store_one(keys)
         try:
-            if len(keys) == 1:
-                new_keys = [] if keys[0] in slot_of else list(keys)
-            else:
-                new_keys = [key for key in keys if key not in slot_of]
+            new_keys = [key for key in keys if key not in slot_of]
         except TypeError:
             raise _unhashable(keys, "prepare_store") from None
         num_resident = len(keys) - len(new_keys)  # occurrences of keys already stored
@@ -498,6 +497,51 @@ class OffloadingManager:
             self._on_store(keys)
         return _output(new_keys, block_ids, evicted_keys)
 
+    def _store_one(self, keys: Sequence[Hashable]) -> PrepareStoreOutput | None:
+        """:meth:`prepare_store` of one key without admission: the same steps, fewer checks.
+
+        In a full tier the victim's slot is the new block's (as the general path's free list
+        would give it), and a tier with a free slot evicts nothing.
+        """
+        key = keys[0]
+        slot_of = self._slot_of
+        try:
+            stored = key in slot_of
+        except TypeError:
+            raise _unhashable(keys, "prepare_store") from None
+        if stored:
+            if self._on_store is not None:
+                self._on_store(keys)
+            return _output([], [], [])
+        evicted_keys: list[Hashable] = []
+        if len(slot_of) < self.num_blocks:
+            slot = self._next_fresh
+            if slot < self.num_blocks:
+                self._next_fresh = slot + 1
+            else:
+                slot = self._free.pop()
+        else:  # full: every slot is used, so the free list is empty; evict one block
+            if not self._evictable:
+                return None  # fast fail: the policy is not asked
+            victims = self.policy.evict(1, ())
+            if victims is None:
+                return None
+            victim, slot = victims[0]
+            del slot_of[victim]
+            evicted_keys.append(victim)
+            self._evictable -= 1
+            self._evictions += 1
+            if self.enable_events:
+                self._events.append(OffloadingEvent(evicted_keys, True))
+        slot_of[key] = slot
+        self._pending_keys.add(key)
+        self.policy.insert(key, slot)
+        self._pending += 1
+        self._stores += 1
+        if self._on_store is not None:
+            self._on_store(keys)
+        return _output([key], [slot], evicted_keys)
+
     def complete_store(
         self, keys: Sequence[Hashable], success: bool = True, req_context: Any = None
     ) -> None:
@@ -514,9 +558,13 @@ class OffloadingManager:
             keys = _key_list(keys, "complete_store")
         slot_of = self._slot_of
         pending = self._pending_keys
-        if len(keys) == 1 and success and type(keys[0]) in _PLAIN_KEY_TYPES:  # fast path
+        if len(keys) == 1 and success:  # fast path
             key = keys[0]
-            if key in pending:
+            try:
+                is_pending = key in pending
+            except TypeError:
+                raise _unhashable(keys, "complete_store") from None
+            if is_pending:
                 pending.remove(key)
                 self.policy.block_evictable(key, slot_of[key])
                 self._evictable += 1

@@ -171,17 +171,18 @@ class ARCPolicy(CachePolicy):
     def touch(self, keys: Sequence[Key]) -> None:
         t1_all, t2_all, t1, t2 = self._t1_all, self._t2_all, self._t1, self._t2
         b1, b2, pending = self._b1, self._b2, self._pending
+        # a T2 block that is pinned or pending needs nothing, and is in no other list: it
+        # falls through every test below
         for key in reversed(keys):
-            if key in t1_all:
+            if key in t2:
+                t2.move_to_end(key)
+            elif key in t1_all:
                 if key in pending:
                     continue
                 slot = t1_all.pop(key)
                 t2_all[key] = slot
                 if t1.pop(key, None) is not None:
                     t2[key] = slot
-            elif key in t2_all:
-                if key in t2:
-                    t2.move_to_end(key)
             elif key in b1:
                 self.target = min(
                     self.target + max(1.0, len(b2) / len(b1)), float(self.capacity)
@@ -250,18 +251,30 @@ class ARCPolicy(CachePolicy):
             return None
 
         victims = []
+        capacity = self.capacity
         for order, members, ghost, count in (
             (t1, self._t1_all, self._b1, from_t1 + late_t1),
             (t2, self._t2_all, self._b2, from_t2),
         ):
+            if not count:
+                continue
             pop = order.popitem
-            for _ in range(count):  # victims leave the LRU end for their ghost list's MRU end
-                item = pop(False)
-                key = item[0]
-                del members[key]
-                ghost[key] = None
-                victims.append(item)
-        self._trim_ghosts()
+            taken = [pop(False) for _ in range(count)]  # the LRU end, least recent first
+            # each victim goes to the MRU end of its ghost list, which is trimmed to the
+            # capacity; when the list is already full each victim pushes out its oldest key
+            if len(ghost) == capacity:
+                trim = ghost.popitem
+                for key, _ in taken:
+                    del members[key]
+                    ghost[key] = None
+                    trim(False)
+            else:
+                for key, _ in taken:
+                    del members[key]
+                    ghost[key] = None
+                for _ in range(len(ghost) - capacity):
+                    ghost.popitem(False)
+            victims += taken
         if late_t1:  # phase 3's T1 victims come after T2's
             return victims[:from_t1] + victims[from_t1 + late_t1 :] + victims[from_t1 : from_t1 + late_t1]
         return victims
@@ -275,8 +288,23 @@ class ARCPolicy(CachePolicy):
 
     def _evict_one(self, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
         """:meth:`evict` for one victim: the same rule, without the batch bookkeeping."""
+        t1_preferred = len(self._t1_all) >= math.floor(self.target)  # else T1 is below target
+        if not protected:  # the first block of the preferred list, else of the other one
+            if self._t1 and (t1_preferred or not self._t2):
+                order, members, ghost = self._t1, self._t1_all, self._b1
+            elif self._t2:
+                order, members, ghost = self._t2, self._t2_all, self._b2
+            else:
+                return None
+            item = order.popitem(False)
+            del members[item[0]]
+            ghost[item[0]] = None
+            if len(ghost) > self.capacity:
+                ghost.popitem(False)
+            self.visited += 1
+            return [item]
         lists = [(self._t1, self._t1_all, self._b1), (self._t2, self._t2_all, self._b2)]
-        if len(self._t1_all) < math.floor(self.target):  # T1 below target: prefer T2
+        if not t1_preferred:
             lists.reverse()
         visited = 0
         for order, members, ghost in lists:
