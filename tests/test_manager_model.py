@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtier import BlockStateError, LookupResult, OffloadingManager, available_policies
+from kvtier.policies import ARCPolicy, LFUPolicy, LRUPolicy, S3FIFOPolicy, SievePolicy
+from kvtier.policies.prefix import prefix_aware
 
 # None and a tuple are valid block keys too (a policy must not use None as a marker)
 KEYS = st.sampled_from([0, 1, 2, 3, None, ("t", 1)])
@@ -209,4 +211,18 @@ def run(policy: str, capacity: int, ops) -> None:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(capacity=st.integers(min_value=1, max_value=4), ops=OPS)
 def test_random_operations_match_reference_model(policy, capacity, ops):
+    run(policy, capacity, ops)
+
+
+# the prefix wrappers' dead-leaf path needs hundreds of stores before it may switch on; these
+# variants demote from the start, so random sequences exercise it too
+@pytest.mark.parametrize(
+    "policy",
+    [prefix_aware(inner, f"prefix-{inner.name}-always", leaf_mode="always")
+     for inner in (LRUPolicy, ARCPolicy, S3FIFOPolicy, SievePolicy, LFUPolicy)],
+    ids=lambda cls: cls.name,
+)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(capacity=st.integers(min_value=1, max_value=4), ops=OPS)
+def test_random_operations_match_reference_model_always_demoting(policy, capacity, ops):
     run(policy, capacity, ops)

@@ -9,8 +9,22 @@ from __future__ import annotations
 import pytest
 
 from kvtier import OffloadingManager, available_policies
+from kvtier.policies.arc import ARCPolicy
+from kvtier.policies.lru import LRUPolicy
+from kvtier.policies.prefix import prefix_aware
+from kvtier.policies.s3fifo import S3FIFOPolicy
 
-POLICIES = available_policies()
+# the prefix wrappers demote dead leaves only on traffic that has them; these variants always
+# do, so the contract is checked on that eviction path too (passed as classes, not registered)
+ALWAYS_DEMOTING = [
+    prefix_aware(inner, f"prefix-{inner.name}-always", leaf_mode="always")
+    for inner in (LRUPolicy, ARCPolicy, S3FIFOPolicy)
+]
+POLICIES = available_policies() + ALWAYS_DEMOTING
+
+
+def _name(policy) -> str:
+    return policy if isinstance(policy, str) else policy.name
 
 
 def full(policy: str, n: int) -> OffloadingManager:
@@ -21,7 +35,7 @@ def full(policy: str, n: int) -> OffloadingManager:
     return m
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", POLICIES, ids=_name)
 @pytest.mark.parametrize("pinned_share", [0.0, 0.9, 0.99])
 def test_eviction_visits_victims_and_protected_keys_only(policy, pinned_share):
     n = 4000
@@ -38,7 +52,7 @@ def test_eviction_visits_victims_and_protected_keys_only(policy, pinned_share):
     assert m.policy.visited <= 20 + len(protected)
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", POLICIES, ids=_name)
 def test_refused_eviction_changes_nothing(policy):
     m = full(policy, 10)
     m.touch([1, 3, 5])
@@ -50,7 +64,7 @@ def test_refused_eviction_changes_nothing(policy):
     assert m.snapshot() == before
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", POLICIES, ids=_name)
 def test_pending_and_pinned_blocks_are_not_candidates(policy):
     m = OffloadingManager(6, policy)
     m.prepare_store([0, 1])  # pending
@@ -65,7 +79,7 @@ def test_pending_and_pinned_blocks_are_not_candidates(policy):
     assert m.policy.evict(4, protected=()) is None
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", POLICIES, ids=_name)
 def test_victims_carry_their_slots(policy):
     m = full(policy, 8)
     slots = {k: m.snapshot()["slot_of"][k] for k in range(8)}
@@ -75,7 +89,7 @@ def test_victims_carry_their_slots(policy):
         assert slots[key] == slot
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", POLICIES, ids=_name)
 def test_clear_forgets_everything(policy):
     m = full(policy, 8)
     m.touch([1, 2])
@@ -85,12 +99,13 @@ def test_clear_forgets_everything(policy):
     assert m.snapshot() == fresh.snapshot()
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", POLICIES, ids=_name)
 def test_policy_rejects_bad_capacity(policy):
     from kvtier import get_policy
 
+    cls = get_policy(policy) if isinstance(policy, str) else policy
     with pytest.raises(ValueError, match="capacity"):
-        get_policy(policy)(0)
+        cls(0)
 
 
 def test_registry_lists_builtins_and_accepts_plugins(monkeypatch):

@@ -91,7 +91,6 @@ from kvtier.policies.lru import LRUPolicy
 from kvtier.policies.s3fifo import S3FIFOPolicy
 from kvtier.policies.sieve import SievePolicy
 
-
 _NO_PARENT = object()  # "no learned parent" (None is a valid block key)
 
 LEAF_MODES = ("adaptive", "never", "always")
