@@ -183,6 +183,18 @@ def test_leaf_memory_is_bounded_and_freed():
     assert m.policy.snapshot() == OffloadingManager(40, policy="prefix-lru").policy.snapshot()
 
 
+def test_a_store_call_without_keys_or_pair_samples_nothing():
+    p = PrefixLRUPolicy(8)
+    p.insert("a", 0)
+    p.on_store([])  # no keys: nothing to sample, the inserted block is classified anyway
+    p.insert("b", 1)
+    p.on_store(["b"])  # a single stored key has no parent in the call: no pair
+    assert p.leaf_stats()["stored"] == {"parent": 0, "leaf": 0}
+    chain(p, ["c", "d"], 2)
+    assert p.leaf_stats()["stored"] == {"parent": 1, "leaf": 1}
+    assert p.snapshot()["probe"] == [("c", 0), ("d", 1)] and p.snapshot()["fresh"] == []
+
+
 def test_leaf_mode_is_validated():
     with pytest.raises(ValueError, match="leaf_mode"):
         PrefixLRUPolicy(4, leaf_mode="sometimes")
@@ -264,7 +276,7 @@ def test_dead_tails_are_demoted_and_the_wrapper_beats_its_inner_policy(capacity)
     lru_hits, _, _ = drive(trace, "lru", capacity)
     hits, m, flags = drive(trace, "prefix-lru", capacity)
     stats = m.policy.leaf_stats()
-    assert stats["reused"]["leaf"] == 0 and stats["reused"]["inner"] > 0
+    assert stats["reused"]["leaf"] == 0 and stats["reused"]["parent"] > 0
     first = flags.index(True)
     assert first < len(trace) // 4 and all(flags[first:])  # learnt early, never undone
     assert hits > lru_hits
@@ -280,5 +292,5 @@ def test_demotion_does_not_hide_the_reuse_of_live_leaves():
     _, m, _ = drive(trace, AlwaysLRU, 300)
     stats = m.policy.leaf_stats()
     r_leaf = stats["reused"]["leaf"] / stats["stored"]["leaf"]
-    r_inner = stats["reused"]["inner"] / stats["stored"]["inner"]
+    r_inner = stats["reused"]["parent"] / stats["stored"]["parent"]
     assert r_inner > 0.1 and abs(r_leaf - r_inner) < 0.05

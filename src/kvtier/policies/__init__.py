@@ -12,7 +12,8 @@ name                policy (source in each module's docstring)
 ``s3fifo``          S3-FIFO (Yang et al., SOSP'23)
 ``sieve``           SIEVE (Zhang et al., NSDI'24)
 ``lfu``             LFU with dynamic aging, O(1) frequency buckets
-``prefix-<name>``   any of the above, evicting prefix orphans first (:mod:`.prefix`)
+``prefix-<name>``   any of the above, evicting prefix orphans first, then leaves while
+                    they are measured dead (:mod:`.prefix`)
 ==================  ==================================================================
 """
 

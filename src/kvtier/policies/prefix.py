@@ -162,7 +162,7 @@ class PrefixAwarePolicy(CachePolicy):
         self._leafq: OrderedDict[Key, None] = OrderedDict()  # evictable leaves, oldest first
         self._fresh: dict[Key, None] = {}  # inserted, not yet classified by on_store
         self._probe: OrderedDict[Key, int] = OrderedDict()  # last `capacity` stores -> class
-        self._stored = [0, 0]  # stores per class (0 = inner block, 1 = leaf), halved per window
+        self._stored = [0, 0]  # sampled stores per class (0 = parent, 1 = leaf), decayed
         self._reused = [0, 0]  # of those, re-named by a touch within the probe horizon
         self.demoting: bool = mode == "always"
 
@@ -267,12 +267,12 @@ class PrefixAwarePolicy(CachePolicy):
         return key in self._leaf
 
     def leaf_stats(self) -> dict:
-        """The reuse estimate behind :attr:`demoting`: decayed ``stored`` and ``reused`` counts
-        for ``"leaf"`` and ``"inner"`` blocks (reuse = named by a touch within ``capacity``
-        later stores) and the current decision."""
+        """The reuse estimate behind :attr:`demoting`, in sampled blocks: the decayed counts of
+        sampled leaves and of their parents (``stored``), and of those named again by a touch
+        while still in the probe (``reused``); plus the current decision."""
         return {
-            "stored": {"inner": self._stored[0], "leaf": self._stored[1]},
-            "reused": {"inner": self._reused[0], "leaf": self._reused[1]},
+            "stored": {"parent": self._stored[0], "leaf": self._stored[1]},
+            "reused": {"parent": self._reused[0], "leaf": self._reused[1]},
             "demoting": self.demoting,
         }
 
@@ -297,7 +297,7 @@ class PrefixAwarePolicy(CachePolicy):
         """After a store: when the call stored both its last key (a leaf) and the key before it
         (its parent), record the pair in the probe, one block per class."""
         fresh = self._fresh
-        tail = keys[-1]
+        tail = keys[-1] if keys else None
         if len(keys) >= 2 and tail in fresh and tail in self._leaf and keys[-2] in fresh:
             probe, stored, reused = self._probe, self._stored, self._reused
             for key, cls in ((keys[-2], 0), (tail, 1)):
