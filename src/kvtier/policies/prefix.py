@@ -161,9 +161,9 @@ class PrefixAwarePolicy(CachePolicy):
         self._leaf: set[Key] = set()  # resident blocks with no known child, any state
         self._leafq: OrderedDict[Key, None] = OrderedDict()  # evictable leaves, oldest first
         self._fresh: dict[Key, None] = {}  # inserted, not yet classified by on_store
-        self._probe: OrderedDict[Key, int] = OrderedDict()  # last `capacity` stores -> class
+        self._probe: OrderedDict[Key, int] = OrderedDict()  # sampled key -> class, <= capacity
         self._stored = [0, 0]  # sampled stores per class (0 = parent, 1 = leaf), decayed
-        self._reused = [0, 0]  # of those, re-named by a touch within the probe horizon
+        self._reused = [0, 0]  # of those, named again by a touch while in the probe
         self.demoting: bool = mode == "always"
 
     # -- queries -------------------------------------------------------------------------
@@ -449,13 +449,15 @@ class PrefixAwarePolicy(CachePolicy):
         self.visited += visited
 
         victims: list[tuple[Key, int]] = []
-        for key in orphans:
+        cut = []
+        for key in orphans:  # orphans, then demoted leaves
             slot = inner.get(key)
             inner.block_unevictable(key)
             inner.remove(key)
             victims.append((key, slot))  # type: ignore[arg-type]
-            self._unlink(key)
-        cut = [key for key, _ in chosen if self._unlink(key)]
+            if self._unlink(key) and key in self._children:  # a leaf has none; to be safe
+                cut.append(key)
+        cut.extend(key for key, _ in chosen if self._unlink(key))
         victims.extend(chosen)
         if cut:
             self._orphan_children(cut)
