@@ -28,6 +28,7 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict
 from collections.abc import Collection, Hashable, Sequence
+from functools import partial
 from typing import Any
 
 from kvtier.errors import BlockStateError
@@ -42,9 +43,9 @@ _PENDING = -1
 _PLAIN_KEY_TYPES = frozenset({int, str, bytes})
 
 
-def _output(keys: list, block_ids: list[int], evicted: list) -> PrepareStoreOutput:
-    """Build a PrepareStoreOutput without the NamedTuple's Python-level ``__new__``."""
-    return tuple.__new__(PrepareStoreOutput, (keys, block_ids, evicted))
+# ``_output((keys, block_ids, evicted))`` builds a PrepareStoreOutput in C, without the
+# NamedTuple's Python-level ``__new__`` (and without a Python frame)
+_output = partial(tuple.__new__, PrepareStoreOutput)
 
 
 def _check_positive_int(name: str, value: Any) -> int:
@@ -413,7 +414,47 @@ class OffloadingManager:
             keys = _key_list(keys, "prepare_store")
         slot_of = self._slot_of
         if len(keys) == 1 and self._tracker is None:
-            return self._store_one(keys)
+            # one key, no admission: the same steps with fewer checks. In a full tier every
+            # slot is used (the free list is empty) and the victim's slot is the new block's,
+            # as the general path's free list would give it; a tier with a free slot evicts
+            # nothing.
+            key = keys[0]
+            try:
+                stored = key in slot_of
+            except TypeError:
+                raise _unhashable(keys, "prepare_store") from None
+            if stored:
+                if self._on_store is not None:
+                    self._on_store(keys)
+                return _output(([], [], []))
+            evicted_keys: list[Hashable] = []
+            if len(slot_of) < self.num_blocks:
+                slot = self._next_fresh
+                if slot < self.num_blocks:
+                    self._next_fresh = slot + 1
+                else:
+                    slot = self._free.pop()
+            else:
+                if not self._evictable:
+                    return None  # fast fail: the policy is not asked
+                victims = self.policy.evict(1, ())
+                if victims is None:
+                    return None
+                victim, slot = victims[0]
+                del slot_of[victim]
+                evicted_keys.append(victim)
+                self._evictable -= 1
+                self._evictions += 1
+                if self.enable_events:
+                    self._events.append(OffloadingEvent(evicted_keys, True))
+            slot_of[key] = slot
+            self._pending_keys.add(key)
+            self.policy.insert(key, slot)
+            self._pending += 1
+            self._stores += 1
+            if self._on_store is not None:
+                self._on_store(keys)
+            return _output(([key], [slot], evicted_keys))
         try:
             new_keys = [key for key in keys if key not in slot_of]
         except TypeError:
@@ -432,11 +473,11 @@ class OffloadingManager:
             self._skipped_stores += skipped
             if self._on_store is not None:
                 self._on_store(keys)
-            return _output([], [], [])
+            return _output(([], [], []))
 
         num_new = len(new_keys)
         shortfall = num_new - (self.num_blocks - len(slot_of))
-        evicted_keys: list[Hashable] = []
+        evicted_keys = []
         if shortfall > 0:
             if shortfall > self._evictable:
                 return None  # fast fail: the policy is not asked
@@ -495,52 +536,7 @@ class OffloadingManager:
         self._skipped_stores += skipped
         if self._on_store is not None:
             self._on_store(keys)
-        return _output(new_keys, block_ids, evicted_keys)
-
-    def _store_one(self, keys: Sequence[Hashable]) -> PrepareStoreOutput | None:
-        """:meth:`prepare_store` of one key without admission: the same steps, fewer checks.
-
-        In a full tier the victim's slot is the new block's (as the general path's free list
-        would give it), and a tier with a free slot evicts nothing.
-        """
-        key = keys[0]
-        slot_of = self._slot_of
-        try:
-            stored = key in slot_of
-        except TypeError:
-            raise _unhashable(keys, "prepare_store") from None
-        if stored:
-            if self._on_store is not None:
-                self._on_store(keys)
-            return _output([], [], [])
-        evicted_keys: list[Hashable] = []
-        if len(slot_of) < self.num_blocks:
-            slot = self._next_fresh
-            if slot < self.num_blocks:
-                self._next_fresh = slot + 1
-            else:
-                slot = self._free.pop()
-        else:  # full: every slot is used, so the free list is empty; evict one block
-            if not self._evictable:
-                return None  # fast fail: the policy is not asked
-            victims = self.policy.evict(1, ())
-            if victims is None:
-                return None
-            victim, slot = victims[0]
-            del slot_of[victim]
-            evicted_keys.append(victim)
-            self._evictable -= 1
-            self._evictions += 1
-            if self.enable_events:
-                self._events.append(OffloadingEvent(evicted_keys, True))
-        slot_of[key] = slot
-        self._pending_keys.add(key)
-        self.policy.insert(key, slot)
-        self._pending += 1
-        self._stores += 1
-        if self._on_store is not None:
-            self._on_store(keys)
-        return _output([key], [slot], evicted_keys)
+        return _output((new_keys, block_ids, evicted_keys))
 
     def complete_store(
         self, keys: Sequence[Hashable], success: bool = True, req_context: Any = None

@@ -199,10 +199,25 @@ class ARCPolicy(CachePolicy):
         #   1. T1, while it is preferred: at most |T1| - floor(target) + 1 victims;
         #   2. T2 (preferred from then on, or the fallback once T1 is exhausted);
         #   3. T1 again (fallback once T2 is exhausted), continuing where phase 1 stopped.
+        if not protected:
+            if n == 1:  # the usual one-key store: the first block of the preferred list
+                t1, t2 = self._t1, self._t2
+                if t1 and (len(self._t1_all) >= math.floor(self.target) or not t2):
+                    order, members, ghost = t1, self._t1_all, self._b1
+                elif t2:
+                    order, members, ghost = t2, self._t2_all, self._b2
+                else:
+                    return None
+                item = order.popitem(False)
+                del members[item[0]]
+                ghost[item[0]] = None
+                if len(ghost) > self.capacity:
+                    ghost.popitem(False)
+                self.visited += 1
+                return [item]
+            return self._evict_unprotected(n)
         if n == 1:
             return self._evict_one(protected)
-        if not protected:
-            return self._evict_unprotected(n)
         t1_items = iter(self._t1.items())
         t2_items = iter(self._t2.items())
         t1_quota = max(0, len(self._t1_all) - math.floor(self.target) + 1)
@@ -287,24 +302,10 @@ class ARCPolicy(CachePolicy):
                 ghost.popitem(False)
 
     def _evict_one(self, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
-        """:meth:`evict` for one victim: the same rule, without the batch bookkeeping."""
-        t1_preferred = len(self._t1_all) >= math.floor(self.target)  # else T1 is below target
-        if not protected:  # the first block of the preferred list, else of the other one
-            if self._t1 and (t1_preferred or not self._t2):
-                order, members, ghost = self._t1, self._t1_all, self._b1
-            elif self._t2:
-                order, members, ghost = self._t2, self._t2_all, self._b2
-            else:
-                return None
-            item = order.popitem(False)
-            del members[item[0]]
-            ghost[item[0]] = None
-            if len(ghost) > self.capacity:
-                ghost.popitem(False)
-            self.visited += 1
-            return [item]
+        """:meth:`evict` for one victim with protected keys: the same rule, without the batch
+        bookkeeping."""
         lists = [(self._t1, self._t1_all, self._b1), (self._t2, self._t2_all, self._b2)]
-        if not t1_preferred:
+        if len(self._t1_all) < math.floor(self.target):  # T1 below target: prefer T2
             lists.reverse()
         visited = 0
         for order, members, ghost in lists:
