@@ -225,3 +225,47 @@ def test_corrupt_gzip(tmp_path):
     path.write_bytes(gzip.compress(b'{"hash_ids": [1], "input_length": 1}\n' * 100)[:40])
     with pytest.raises(TraceFormatError, match="cannot decompress"):
         list(read_trace(path))
+
+
+def _text_lines(n: int) -> bytes:
+    return "".join(f"{i} {i + 1} {i + 2}\n" for i in range(n)).encode()
+
+
+def test_zstd_multiple_frames_all_read(tmp_path):
+    raw = _text_lines(20_000)
+    zstd = zstandard.ZstdCompressor()
+    path = tmp_path / "t.txt.zst"
+    path.write_bytes(zstd.compress(raw[:100_001]) + zstd.compress(raw[100_001:]))
+    reqs = list(read_trace(path))
+    assert len(reqs) == 20_000 and reqs[-1].keys == [19_999, 20_000, 20_001]
+
+
+@pytest.mark.parametrize("keep", [0.1, 0.7])
+def test_truncated_zstd_is_an_error_not_a_shorter_trace(tmp_path, keep):
+    data = zstandard.ZstdCompressor().compress(_text_lines(50_000))
+    path = tmp_path / "t.txt.zst"
+    path.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(TraceFormatError, match="cannot decompress: .*truncated"):
+        list(read_trace(path))
+
+
+def test_corrupt_zstd(tmp_path):
+    path = tmp_path / "t.txt.zst"
+    path.write_bytes(b"\x28\xb5\x2f\xfd" + b"garbage" * 10)
+    with pytest.raises(TraceFormatError, match="line 1: cannot decompress: corrupt zstd"):
+        list(read_trace(path))
+
+
+def test_text_keys_int_only_when_canonical(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_text("01 1 +1 -1 1_000 0 -0 \u0661\u0662 abc 17,18\n", encoding="utf-8")
+    (req,) = read_trace(path)
+    assert req.keys == ["01", 1, "+1", -1, "1_000", 0, "-0", "\u0661\u0662", "abc", 17, 18]
+
+
+@pytest.mark.parametrize("fmt_suffix", ["jsonl", "txt"])
+def test_utf8_bom_is_skipped(tmp_path, fmt_suffix):
+    path = tmp_path / f"t.{fmt_suffix}"
+    line = json.dumps(MOONCAKE_LINES[0]) if fmt_suffix == "jsonl" else "5 6"
+    path.write_bytes(b"\xef\xbb\xbf" + line.encode() + b"\n")
+    assert [r.keys for r in read_trace(path)] == [[0, 1] if fmt_suffix == "jsonl" else [5, 6]]

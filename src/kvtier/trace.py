@@ -18,9 +18,11 @@ Formats (``fmt``):
 ``"jsonl"``
     Either of the two above, decided per line (``hash_ids`` wins when both are present).
 ``"text"``
-    One request per line; its block keys separated by spaces and/or commas. A key that is a
-    decimal integer becomes an ``int``, any other key stays a ``str``. Lines starting with
-    ``#`` are comments. Lengths and timestamps are ``None``.
+    One request per line; its block keys separated by spaces and/or commas. A key written as a
+    canonical ASCII decimal integer (``0``, ``17``, ``-3``) becomes an ``int``; any other key
+    stays a ``str`` (so ``01`` and ``1`` are different keys). Lines starting with ``#`` are
+    comments (a ``#`` later in a line is an ordinary key character). Lengths and timestamps
+    are ``None``.
 ``"auto"``
     ``.jsonl`` / ``.json`` / ``.ndjson`` -> ``"jsonl"``; ``.txt`` / ``.csv`` / ``.tsv`` ->
     ``"text"`` (after stripping ``.gz`` / ``.zst``); otherwise the first non-blank line
@@ -154,6 +156,56 @@ def chain_block_hashes(token_ids: list[int], block_tokens: int = 512) -> list[in
     return keys
 
 
+class _ZstdReader(io.RawIOBase):
+    """Decompress a zstd file frame after frame, failing loudly on damage.
+
+    ``zstandard``'s ``stream_reader`` returns the data of a truncated file as if the file
+    ended there; a trace cut short would then replay silently. Here a file that ends inside a
+    frame raises ``EOFError``, and a corrupt frame ``OSError``.
+    """
+
+    _CHUNK = 1 << 16  # compressed bytes read at a time
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        import zstandard
+
+        self._raw = raw
+        self._zstd = zstandard
+        self._dctx = zstandard.ZstdDecompressor()
+        self._frame = None  # decompressor of the frame being read
+        self._out = memoryview(b"")
+        self._carry = b""  # compressed bytes after the end of the last frame
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        while not self._out:
+            data = self._carry or self._raw.read(self._CHUNK)
+            self._carry = b""
+            if not data:
+                if self._frame is not None:
+                    raise EOFError("the file ends inside a zstd frame (truncated)")
+                return 0
+            if self._frame is None:
+                self._frame = self._dctx.decompressobj()
+            try:
+                self._out = memoryview(self._frame.decompress(data))
+            except self._zstd.ZstdError as exc:
+                raise OSError(f"corrupt zstd data: {exc}") from None
+            if self._frame.eof:
+                self._carry = self._frame.unused_data
+                self._frame = None
+        size = min(len(buffer), len(self._out))
+        buffer[:size] = self._out[:size]
+        self._out = self._out[size:]
+        return size
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
 def _open_text(path: Path) -> IO[str]:
     """Open ``path`` for text reading, decompressing gzip / zstd by magic bytes."""
     raw = open(path, "rb")  # noqa: SIM115 - closed by the returned wrapper
@@ -163,12 +215,10 @@ def _open_text(path: Path) -> IO[str]:
         if head[:2] == _GZIP_MAGIC:
             stream: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb")
         elif head == _ZSTD_MAGIC:
-            import zstandard
-
-            stream = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+            stream = io.BufferedReader(_ZstdReader(raw))
         else:
             stream = raw
-        return io.TextIOWrapper(stream, encoding="utf-8", newline=None)
+        return io.TextIOWrapper(stream, encoding="utf-8-sig", newline=None)  # a BOM is skipped
     except BaseException:
         raw.close()
         raise
@@ -372,14 +422,17 @@ class TraceReader:
             for part in parts:
                 if not part:
                     raise _LineError("empty key (two separators in a row)")
-                try:
+                digits = part[1:] if part[0] == "-" else part
+                if digits.isdecimal() and digits.isascii() and (
+                    digits[0] != "0" or part == "0"
+                ):  # canonical ASCII decimal: "01", "+1", "1_000" and "-0" stay strings
                     append(int(part))
-                except ValueError:
-                    if part[0] in "{[\"'":
-                        raise _LineError(
-                            f"{part[:20]!r} is not a block key (is this a JSON trace? "
-                            "use fmt='jsonl')"
-                        ) from None
+                elif part[0] in "{[\"'":
+                    raise _LineError(
+                        f"{part[:20]!r} is not a block key (is this a JSON trace? "
+                        "use fmt='jsonl')"
+                    )
+                else:
                     append(part)
             return Request(keys, None, None, None)
 
