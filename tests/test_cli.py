@@ -130,6 +130,23 @@ def test_sweep_checks_outputs_before_running(tmp_path):
     assert not (tmp_path / "m.png").exists()
     res = run("sweep", "-c", "", "--plot", tmp_path / "m.png")
     assert res.exit_code == 1 and "names nothing" in res.stderr
+    res = run("sweep", "-c", "10", "--plot", "/nonexistent-dir/m.png")
+    assert res.exit_code == 1 and "--plot /nonexistent-dir/m.png: cannot write there" in res.stderr
+    assert "Miss ratio" not in res.stdout and "requests" not in res.stdout  # nothing ran
+
+
+def test_sweep_keeps_the_results_when_the_plot_fails(tmp_path, monkeypatch):
+    import kvtier.sweep
+
+    def failing_plot(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(kvtier.sweep, "plot_mrc", failing_plot)
+    out = tmp_path / "s.json"
+    res = run("sweep", "-p", "lru", "-c", "100", "--plot", tmp_path / "m.png", "--json", out,
+              "--workers", "1")
+    assert res.exit_code == 1 and "cannot write plot" in res.stderr and "disk full" in res.stderr
+    assert json.loads(out.read_text())["results"][0]["capacity"] == 100
 
 
 def test_empty_and_missing_files_exit_1(tmp_path):

@@ -13,6 +13,8 @@ from kvtier import (
     available_policies,
 )
 
+from kvtier.manager import MAX_BLOCKS
+
 ALL_POLICIES = available_policies()
 
 
@@ -362,3 +364,44 @@ def test_num_blocks_above_the_slot_id_range_is_refused():
 
     with pytest.raises(ValueError, match="at most"):
         OffloadingManager(MAX_BLOCKS + 1)
+
+
+def test_complete_store_names_a_key_twice_first_occurrence_counts_as_in_touch():
+    for policy in ("lru", "arc"):
+        m = OffloadingManager(3, policy)
+        m.prepare_store(["a", "b", "c"])
+        m.complete_store(["a", "b", "c", "a"])  # "a" ends most recent, as touch would leave it
+        assert m.prepare_store(["d"]).evicted_keys == ["c"]
+
+
+def test_complete_store_success_must_be_a_bool():
+    m = OffloadingManager(3)
+    m.prepare_store(["a", "b"])
+    snap = m.snapshot()
+    with pytest.raises(TypeError, match="success must be a bool, got 'no'"):
+        m.complete_store(["a", "b"], success="no")
+    with pytest.raises(TypeError, match="success must be a bool"):
+        m.complete_store(["a"], success=1)
+    assert m.snapshot() == snap
+
+
+def test_lookup_with_admission_names_an_unhashable_key():
+    m = OffloadingManager(3, store_threshold=2)
+    snap = m.snapshot()
+    with pytest.raises(TypeError, match=r"lookup: block key \[1\] is not hashable"):
+        m.lookup([1])
+    assert m.snapshot() == snap
+
+
+def test_huge_tier_allocates_ref_counts_as_slots_are_used():
+    m = OffloadingManager(MAX_BLOCKS)
+    assert len(m._ref) <= 1 << 16  # nothing proportional to num_blocks up front
+    keys = list(range(200_000))
+    m.prepare_store(keys[:150_000])
+    for key in keys[150_000:]:
+        m.prepare_store([key])
+    m.complete_store(keys)
+    assert 200_000 <= len(m._ref) <= 400_000
+    assert m.prepare_load([keys[-1], keys[170_000], keys[-1]]) == [199_999, 170_000, 199_999]
+    assert m.ref_count(keys[-1]) == 2 and m.ref_count(keys[170_000]) == 1
+    assert m.stats().pinned == 2 and m.stats().evictable == 200_000 - 2

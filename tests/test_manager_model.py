@@ -191,11 +191,10 @@ def run(policy: str, capacity: int, ops) -> None:
         elif name == "complete_store":
             keys, success = op[1], op[2]
             m.complete_store(keys, success)
-            done = []
-            for k in reversed(keys):
-                if model.ref.get(k) == -1 and k not in done:
-                    done.append(k)
-            for k in done:
+            # each pending key once, at its first occurrence; applied in reverse, so the
+            # call's first key ends most recent (as touch)
+            done = [k for k in dict.fromkeys(keys) if model.ref.get(k) == -1]
+            for k in reversed(done):
                 if success:
                     model.ref[k] = 0
                     model.stamp[k] = next(model.clock)

@@ -324,7 +324,7 @@ def sweep_cmd(
     protocol: ProtocolOpt = "prefix",
     store_threshold: ThresholdOpt = 1,
     skip_bad_lines: SkipOpt = False,
-    plot: Annotated[Path, typer.Option("--plot", help="PNG to draw the miss-ratio curves to.")] = Path("mrc.png"),
+    plot: Annotated[Path, typer.Option("--plot", help="Image file for the miss-ratio curves (PNG; the suffix picks matplotlib's format). Always written.")] = Path("mrc.png"),
     json_out: JsonOpt = None,
     workers: Annotated[Optional[int], typer.Option("--workers", "-j", min=1,
                                                    help="Processes (default: one per core).")] = None,
@@ -350,6 +350,7 @@ def _sweep(trace, policy, points, cap_min, cap_max, capacity, fmt, block_tokens,
     policies = _split(policy, available_policies(), "--policy")
     _check_common(policies, fmt, protocol, inflight)
     _check_writable(json_out, "--json")
+    _check_writable(plot, "--plot")
     capacity_specs = _split(capacity, [], "--capacity")
     reader = read_trace(path, fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines)
     t0 = time.perf_counter()
@@ -376,17 +377,18 @@ def _sweep(trace, policy, points, cap_min, cap_max, capacity, fmt, block_tokens,
         )
     title = (f"{Path(path).name}: {n_req:,} requests, {n_refs:,} block refs, "
              f"{unique:,} distinct blocks\nprotocol {protocol}, in-flight window {inflight}")
-    try:
-        plot_mrc(results, plot, title=title, unique_blocks=unique, block_refs=n_refs)
-    except OSError as exc:
-        raise _CliError(f"cannot write plot to {plot}: {exc}") from None
+    # the table and the JSON first: a failing plot must not lose the results
     out = _out_console(json_out)
     out.print(_results_table(results, f"kvtier sweep — protocol {protocol}, "
                                       f"in-flight window {inflight}", out))
     out.print(_trace_caption(info), highlight=False, soft_wrap=True)
-    out.print(f"miss-ratio curves written to {plot}", highlight=False)
     _write_json(json_out, {"trace": info, "capacities": capacities, "plot": str(plot),
                            "results": [r.to_dict() for r in results]})
+    try:
+        plot_mrc(results, plot, title=title, unique_blocks=unique, block_refs=n_refs)
+    except OSError as exc:
+        raise _CliError(f"cannot write plot to {plot}: {exc}") from None
+    out.print(f"miss-ratio curves written to {plot}", highlight=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -41,6 +41,7 @@ _HIT_PENDING = LookupResult.HIT_PENDING
 _PENDING = -1
 # key types whose hashing cannot fail: single-key fast paths skip validation for them
 _PLAIN_KEY_TYPES = frozenset({int, str, bytes})
+_REF_CHUNK = 1 << 16  # ref-count entries allocated up front (the array grows past that)
 
 
 # ``_output((keys, block_ids, evicted))`` builds a PrepareStoreOutput in C, without the
@@ -148,10 +149,18 @@ class OffloadingManager:
         self.max_tracker_size = max_tracker_size
         self._init_state()
 
+    def _grow_ref(self) -> None:
+        """Extend the ref-count array (zeros) to cover every slot handed out: at least double
+        it, at most ``num_blocks`` entries."""
+        size = min(self.num_blocks, max(self._next_fresh, 2 * len(self._ref)))
+        self._ref.frombytes(bytes(4 * (size - len(self._ref))))
+
     def _init_state(self) -> None:
         self._slot_of: dict[Hashable, int] = {}
-        # array, not list: no per-slot objects for the cyclic garbage collector to walk
-        self._ref = array("i", bytes(4 * self.num_blocks))
+        # array, not list: no per-slot objects for the cyclic garbage collector to walk. It
+        # covers the slots handed out so far (grown by _grow_ref), so a huge, mostly empty
+        # tier costs no memory up front.
+        self._ref = array("i", bytes(4 * min(self.num_blocks, _REF_CHUNK)))
         self._pending_keys: set[Hashable] = set()
         self._free: list[int] = []
         self._next_fresh = 0
@@ -182,9 +191,9 @@ class OffloadingManager:
         Raises:
             TypeError: ``key`` is not hashable.
         """
-        if self._tracker is not None:
-            self._track((key,))
         try:
+            if self._tracker is not None:
+                self._track((key,))  # hashes the key before counting it
             stored = key in self._slot_of
         except TypeError:
             raise _unhashable((key,), "lookup") from None
@@ -432,6 +441,8 @@ class OffloadingManager:
                 slot = self._next_fresh
                 if slot < self.num_blocks:
                     self._next_fresh = slot + 1
+                    if slot == len(self._ref):
+                        self._grow_ref()
                 else:
                     slot = self._free.pop()
             else:
@@ -512,6 +523,8 @@ class OffloadingManager:
             if self._next_fresh < self.num_blocks:
                 slot = self._next_fresh
                 self._next_fresh = slot + 1
+                if slot == len(self._ref):
+                    self._grow_ref()
             else:
                 slot = self._free.pop()
             block_ids = [slot]
@@ -523,6 +536,8 @@ class OffloadingManager:
             fresh = min(num_new, self.num_blocks - self._next_fresh)
             block_ids = list(range(self._next_fresh, self._next_fresh + fresh))
             self._next_fresh += fresh
+            if self._next_fresh > len(self._ref):
+                self._grow_ref()
             if fresh < num_new:
                 free = self._free
                 reused = num_new - fresh
@@ -544,17 +559,19 @@ class OffloadingManager:
         """Finish the stores of ``keys``.
 
         With ``success=True`` pending blocks become ready and evictable (applied in reverse,
-        so ``keys[0]`` ends most recently used); with ``success=False`` they are dropped and
-        their slots freed. Keys that are not pending are ignored.
+        so ``keys[0]`` ends most recently used; a key named twice counts at its first
+        occurrence, as in :meth:`touch`); with ``success=False`` they are dropped and their
+        slots freed. Keys that are not pending are ignored (a store may be completed by
+        whichever caller finishes first).
 
         Raises:
-            TypeError: a key is not hashable (nothing changed).
+            TypeError: a key is not hashable, or ``success`` is not a bool (nothing changed).
         """
         if type(keys) is not list and type(keys) is not tuple:
             keys = _key_list(keys, "complete_store")
         slot_of = self._slot_of
         pending = self._pending_keys
-        if len(keys) == 1 and success:  # fast path
+        if len(keys) == 1 and success is True:  # fast path
             key = keys[0]
             try:
                 is_pending = key in pending
@@ -569,6 +586,8 @@ class OffloadingManager:
                 if self.enable_events:
                     self._events.append(OffloadingEvent([key], False))
             return
+        if type(success) is not bool:
+            raise TypeError(f"complete_store: success must be a bool, got {success!r}")
         try:
             all_pending = len(keys) > 0 and pending.issuperset(keys)
             if not all_pending:  # issuperset stopped at the first key not pending
@@ -581,13 +600,13 @@ class OffloadingManager:
             pending.difference_update(keys)
             if before - len(pending) == len(keys):
                 done = list(reversed(keys))  # reverse: keys[0] ends most recent
-            else:  # a key named several times is done at its last occurrence
-                done = list(dict.fromkeys(reversed(keys)))
+            else:  # a key named several times counts at its first occurrence
+                done = list(dict.fromkeys(keys))
+                done.reverse()
         else:
-            for key in reversed(keys):
-                if key in pending:
-                    pending.remove(key)  # a key named again earlier is not pending any more
-                    done.append(key)
+            done = [key for key in dict.fromkeys(keys) if key in pending]
+            pending.difference_update(done)
+            done.reverse()  # reverse: keys[0] ends most recent
         if success:
             if done:
                 self.policy.blocks_evictable(done, [slot_of[key] for key in done])
@@ -663,7 +682,7 @@ class OffloadingManager:
 
         Costs O(num_blocks); two snapshots are ``==`` exactly when nothing changed.
         """
-        ref = self._ref.tolist()
+        ref = self._ref[: self._next_fresh].tolist()  # later slots were never used
         for key in self._pending_keys:
             ref[self._slot_of[key]] = _PENDING
         return {

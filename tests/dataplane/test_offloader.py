@@ -257,6 +257,21 @@ def test_submit_failure_rolls_back_pending_store_and_pins():
     assert_clean(off, used=1)
 
 
+def test_closed_offloader_changes_nothing_even_in_a_full_tier():
+    off, _ = make(num_slots=2)
+    off.offload(["a", "b"], [0, 1])
+    off.close()
+    snap, stats = off.manager.snapshot(), off.manager.stats()
+    with pytest.raises(ValueError, match="closed"):
+        off.offload(["q"], [2])  # would evict "a" if the manager were asked
+    with pytest.raises(ValueError, match="closed"):
+        off.restore(["a"], [3])
+    with pytest.raises(ValueError, match="closed"):
+        off.restore_prefix(["a", "b"], [3, 4])
+    assert off.manager.snapshot() == snap and off.manager.stats() == stats
+    assert "a" in off.manager and "b" in off.manager
+
+
 def test_constructor_checks():
     pool = HostBlockPool(4, [1, *BLOCK], torch.float32)
     eng = TransferEngine([torch.zeros(3, *BLOCK)], pool)

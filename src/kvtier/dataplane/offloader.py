@@ -163,8 +163,11 @@ class KVOffloader:
             :attr:`refused_blocks`). With ``None`` the device blocks are free at once.
 
         Raises:
-            ValueError: lengths differ, or a block id is out of range (nothing changed).
+            ValueError: lengths differ, a block id is out of range, or the transfer engine is
+                closed (nothing changed).
             TypeError: a key is not hashable or an id is not an int (nothing changed).
+            Any error of ``engine.submit_store``: the new blocks are dropped again
+                (``complete_store(success=False)``); blocks evicted to make room stay evicted.
         """
         ids = self._check_pairs(keys, block_ids)
         out = self.manager.prepare_store(keys, req_context)
@@ -208,7 +211,8 @@ class KVOffloader:
 
         Raises:
             BlockStateError: a key is not stored or its store is in flight (nothing pinned).
-            ValueError: lengths differ, a block id is out of range or repeated.
+            ValueError: lengths differ, a block id is out of range or repeated, or the
+                transfer engine is closed (nothing changed).
             TypeError: a key is not hashable or an id is not an int.
         """
         ids = self._check_pairs(keys, block_ids)
@@ -242,6 +246,7 @@ class KVOffloader:
         Raises:
             as :meth:`restore`.
         """
+        self._check_open()  # before the lookup, which counts in the manager's stats
         if isinstance(block_ids, (str, bytes)) or not isinstance(block_ids, Sequence):
             raise TypeError(f"block_ids must be a sequence of ints, got {type(block_ids).__name__}")
         n = min(self.lookup(keys, req_context), len(block_ids))
@@ -310,7 +315,12 @@ class KVOffloader:
         self.close()
 
     # -- helpers ---------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.engine.closed:
+            raise ValueError("the offloader's transfer engine is closed: no job is accepted")
+
     def _check_pairs(self, keys: Sequence[Hashable], block_ids: Sequence[int]) -> list[int]:
+        self._check_open()  # before the manager is asked: a store might evict
         if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
             raise TypeError(f"keys must be a sequence of block keys, got {type(keys).__name__}")
         ids = _as_id_list("block_ids", block_ids, self.engine.num_device_blocks, "engine block id")

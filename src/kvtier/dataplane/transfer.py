@@ -364,6 +364,11 @@ class TransferEngine:
             errors, self._errors = self._errors, {}
         return errors
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (no job is accepted any more)."""
+        return self._closed
+
     def close(self, timeout: float | None = None) -> None:
         """Finish the jobs in flight, then stop the worker thread. Idempotent."""
         if self._closed:
