@@ -509,11 +509,12 @@ class OffloadingManager:
                 del slot_of[key]
                 self._free.append(slot)
             else:
-                victim_keys, victim_slots = zip(*victims)
-                evicted_keys = list(victim_keys)
+                # not zip(*victims): that allocates one iterator object per victim, and
+                # the garbage collector's passes over them grow with the tier
+                evicted_keys = [key for key, _ in victims]
                 for key in evicted_keys:
                     del slot_of[key]
-                self._free.extend(victim_slots)
+                self._free.extend([slot for _, slot in victims])
             self._evictable -= shortfall
             self._evictions += shortfall
             if self.enable_events:
