@@ -132,6 +132,7 @@ def main() -> None:
     print(f"{'policy':8} {'N':>8} {'pinned':>7} {'evicted':>8} {'ms':>9} {'ns/block':>9}")
     big = sizes[-1]
     for policy in policies:
+        batch_eviction(policy, sizes[0], 0.0, sizes[0] // 2, repeats)  # warm-up, not shown
         rows = [(n, 0.0, n // 2) for n in sizes]
         rows += [(big, share, big // 200) for share in (0.0, 0.5, 0.9, 0.99)]
         by_n, by_pinned = [], []
