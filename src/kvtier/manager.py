@@ -681,7 +681,7 @@ class OffloadingManager:
     def snapshot(self) -> dict:
         """A comparable copy of the whole state (manager and policy), for tests and debugging.
 
-        Costs O(num_blocks); two snapshots are ``==`` exactly when nothing changed.
+        Costs O(slots ever used); two snapshots are ``==`` exactly when nothing changed.
         """
         ref = self._ref[: self._next_fresh].tolist()  # later slots were never used
         for key in self._pending_keys:
