@@ -269,3 +269,12 @@ def test_utf8_bom_is_skipped(tmp_path, fmt_suffix):
     line = json.dumps(MOONCAKE_LINES[0]) if fmt_suffix == "jsonl" else "5 6"
     path.write_bytes(b"\xef\xbb\xbf" + line.encode() + b"\n")
     assert [r.keys for r in read_trace(path)] == [[0, 1] if fmt_suffix == "jsonl" else [5, 6]]
+
+
+def test_token_ids_lines_check_length_and_63_bit_ids(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", [{"token_ids": [1, 2, 3, 4], "input_length": 5}])
+    with pytest.raises(TraceFormatError, match="line 1: 'input_length' 5 does not match the 4"):
+        list(read_trace(path, block_tokens=2))
+    path = write_jsonl(tmp_path / "b.jsonl", [{"token_ids": [1, 2, 2**63, 4]}])
+    with pytest.raises(TraceFormatError, match=r"token id 9223372036854775808 \(token 2\) does"):
+        list(read_trace(path, block_tokens=2))

@@ -14,7 +14,7 @@ Formats (``fmt``):
 ``"tokens"``
     One JSON object per line with ``token_ids`` (list of ints >= 0). kvtier chains the block
     keys itself with :func:`chain_block_hashes`; a trailing partial block is not cacheable
-    and gets no key. ``input_length`` defaults to ``len(token_ids)``.
+    and gets no key. ``input_length``, if given, must equal ``len(token_ids)``.
 ``"jsonl"``
     Either of the two above, decided per line (``hash_ids`` wins when both are present).
 ``"text"``
@@ -394,8 +394,16 @@ class TraceReader:
                 try:
                     keys = chain_block_hashes(tokens, block_tokens)
                 except OverflowError:
-                    raise _LineError("a token id does not fit in 63 bits") from None
+                    big = next(i for i, t in enumerate(tokens) if t >= 1 << 63)
+                    raise _LineError(
+                        f"token id {tokens[big]} (token {big}) does not fit in 63 bits"
+                    ) from None
                 input_length = obj.get("input_length", len(tokens))
+                if input_length != len(tokens) and not _bad_length(input_length):
+                    raise _LineError(
+                        f"'input_length' {input_length} does not match the "
+                        f"{len(tokens)} 'token_ids'"
+                    )
             if _bad_length(input_length):
                 raise _LineError(
                     f"'input_length' must be an int >= 0 (tokens), got {input_length!r}"
