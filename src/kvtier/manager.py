@@ -162,6 +162,7 @@ class OffloadingManager:
         # tier costs no memory up front.
         self._ref = array("i", bytes(4 * min(self.num_blocks, _REF_CHUNK)))
         self._pending_keys: set[Hashable] = set()
+        self.policy.share_pending(self._pending_keys)  # a new set: reset_cache shares it again
         self._free: list[int] = []
         self._next_fresh = 0
         self._evictable = 0

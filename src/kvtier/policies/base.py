@@ -126,6 +126,17 @@ class CachePolicy(ABC):
         them). Pending and pinned blocks may be touched.
         """
 
+    def share_pending(self, pending: Collection[Key]) -> None:
+        """The manager hands over its live collection of pending keys (read-only for the policy).
+
+        Called by :class:`~kvtier.OffloadingManager` after it builds the policy and after each
+        ``reset_cache``. The manager adds a key before :meth:`insert` / :meth:`insert_many`
+        and discards it before :meth:`block_evictable` / :meth:`blocks_evictable` /
+        :meth:`remove`, so a policy that must tell pending blocks apart may read it instead of
+        keeping its own copy. The default ignores it; a policy used without a manager is never
+        called and keeps its own bookkeeping.
+        """
+
     def on_store(self, keys: Sequence[Key]) -> None:
         """Called after each *successful* ``prepare_store`` with the call's full key list.
 
