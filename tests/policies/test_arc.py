@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvtier import OffloadingManager
+from kvtier.policies.arc import ARCPolicy
 
 
 def store(m: OffloadingManager, keys):
@@ -150,3 +151,27 @@ def test_each_list_walked_once_in_a_large_batch():
     assert len(out.evicted_keys) == 500
     # 10 eligible T1 blocks + 490 from T2: exactly one visit per victim
     assert m.policy.visited == 500
+
+
+def test_pending_blocks_stay_in_t1_after_reset_cache():
+    # ARC reads the manager's pending set (share_pending); reset_cache makes a new set, which
+    # must be shared again, or a touched pending block would wrongly move to T2
+    m = OffloadingManager(4, "arc")
+    m.prepare_store(["a"])
+    m.reset_cache()
+    m.prepare_store(["k"])  # pending
+    m.touch(["k"])
+    assert (m.policy.t1_size, m.policy.t2_size) == (1, 0)
+    m.complete_store(["k"])
+    m.touch(["k"])  # ready now: seen again, so T2
+    assert (m.policy.t1_size, m.policy.t2_size) == (0, 1)
+
+
+def test_standalone_arc_keeps_its_own_pending_set():
+    arc = ARCPolicy(4)
+    arc.insert("k", 0)  # pending until block_evictable
+    arc.touch(["k"])
+    assert (arc.t1_size, arc.t2_size) == (1, 0)
+    arc.block_evictable("k", 0)
+    arc.touch(["k"])
+    assert (arc.t1_size, arc.t2_size) == (0, 1)
