@@ -510,12 +510,13 @@ class OffloadingManager:
                 del slot_of[key]
                 self._free.append(slot)
             else:
-                # not zip(*victims): that allocates one iterator object per victim, and
-                # the garbage collector's passes over them grow with the tier
-                evicted_keys = [key for key, _ in victims]
-                for key in evicted_keys:
+                # one pass (not zip(*victims): that allocates one iterator object per victim,
+                # and the garbage collector's passes over them grow with the tier)
+                free = self._free
+                for key, slot in victims:
                     del slot_of[key]
-                self._free.extend([slot for _, slot in victims])
+                    evicted_keys.append(key)
+                    free.append(slot)
             self._evictable -= shortfall
             self._evictions += shortfall
             if self.enable_events:
