@@ -398,6 +398,11 @@ class PrefixAwarePolicy(CachePolicy):
         if hit_probe:
             self._decide()
 
+    def share_pending(self, pending: Collection[Key]) -> None:
+        # the manager's calls reach the inner policy in the same order, after the manager has
+        # updated the set, so the inner policy may read it as if it were called directly
+        self.inner.share_pending(pending)
+
     def on_store(self, keys: Sequence[Key]) -> None:
         self.inner.on_store(keys)
         res, parents, leaf = self._res, self._parent, self._leaf
