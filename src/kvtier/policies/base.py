@@ -38,6 +38,29 @@ from typing import ClassVar
 Key = Hashable
 
 
+def protected_set(protected: Collection[Key]) -> Collection[Key]:
+    """``protected`` as a collection with O(1) membership, each key once (copied only when it
+    is not already a set, frozenset or dict)."""
+    if isinstance(protected, (set, frozenset, dict)):
+        return protected
+    return set(protected)
+
+
+def count_eligible(protected: Collection[Key], *orders: Collection[Key]) -> int:
+    """Blocks in the disjoint evictable ``orders`` that are not protected: what an
+    :meth:`CachePolicy.evict` may take. O(len(protected)), whatever the orders' sizes.
+
+    ``protected`` must name each key once (see :func:`protected_set`).
+    """
+    eligible = sum(map(len, orders))
+    for key in protected:
+        for order in orders:
+            if key in order:
+                eligible -= 1
+                break
+    return eligible
+
+
 class CachePolicy(ABC):
     """Abstract eviction policy over the blocks of one offloaded tier.
 

@@ -58,7 +58,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
-from kvtier.policies.base import CachePolicy, Key
+from kvtier.policies.base import CachePolicy, Key, count_eligible, protected_set
 
 #: frequency cap (2-bit counter)
 MAX_FREQ = 3
@@ -68,12 +68,6 @@ MOVE_TO_MAIN = 2
 SMALL_RATIO = 0.1
 #: G's bound, as a share of the capacity
 GHOST_RATIO = 0.9
-
-
-def _as_set(protected: Collection[Key]) -> Collection[Key]:
-    if isinstance(protected, (set, frozenset, dict)):
-        return protected
-    return set(protected)
 
 
 class S3FIFOPolicy(CachePolicy):
@@ -172,12 +166,8 @@ class S3FIFOPolicy(CachePolicy):
 
     def evict(self, n: int, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
         small, main = self._small, self._main
-        prot = _as_set(protected) if protected else ()
-        eligible = len(small) + len(main)
-        for key in prot:
-            if key in small or key in main:
-                eligible -= 1
-        if eligible < n:
+        prot = protected_set(protected) if protected else ()
+        if count_eligible(prot, small, main) < n:
             return None
         self._trim_ghost()
 

@@ -39,13 +39,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
-from kvtier.policies.base import CachePolicy, Key
-
-
-def _as_set(protected: Collection[Key]) -> Collection[Key]:
-    if isinstance(protected, (set, frozenset, dict)):
-        return protected
-    return set(protected)
+from kvtier.policies.base import CachePolicy, Key, count_eligible, protected_set
 
 
 class SievePolicy(CachePolicy):
@@ -117,12 +111,8 @@ class SievePolicy(CachePolicy):
 
     def evict(self, n: int, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
         ahead, behind = self._ahead, self._behind
-        prot = _as_set(protected) if protected else ()
-        eligible = len(ahead) + len(behind)
-        for key in prot:
-            if key in ahead or key in behind:
-                eligible -= 1
-        if eligible < n:
+        prot = protected_set(protected) if protected else ()
+        if count_eligible(prot, ahead, behind) < n:
             return None
         bits = self._bits
         victims: list[tuple[Key, int]] = []
