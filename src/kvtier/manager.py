@@ -149,6 +149,17 @@ class OffloadingManager:
         self.max_tracker_size = max_tracker_size
         self._init_state()
 
+    def _take_unused_slot(self) -> int:
+        """Hand out one unused slot (the tier must have one): a fresh slot first, then the
+        most recently freed."""
+        slot = self._next_fresh
+        if slot < self.num_blocks:
+            self._next_fresh = slot + 1
+            if slot == len(self._ref):
+                self._grow_ref()
+            return slot
+        return self._free.pop()
+
     def _grow_ref(self) -> None:
         """Extend the ref-count array (zeros) to cover every slot handed out: at least double
         it, at most ``num_blocks`` entries."""
@@ -439,13 +450,7 @@ class OffloadingManager:
                 return _output(([], [], []))
             evicted_keys: list[Hashable] = []
             if len(slot_of) < self.num_blocks:
-                slot = self._next_fresh
-                if slot < self.num_blocks:
-                    self._next_fresh = slot + 1
-                    if slot == len(self._ref):
-                        self._grow_ref()
-                else:
-                    slot = self._free.pop()
+                slot = self._take_unused_slot()
             else:
                 if not self._evictable:
                     return None  # fast fail: the policy is not asked
@@ -523,13 +528,7 @@ class OffloadingManager:
                 self._events.append(OffloadingEvent(evicted_keys, True))
 
         if num_new == 1:
-            if self._next_fresh < self.num_blocks:
-                slot = self._next_fresh
-                self._next_fresh = slot + 1
-                if slot == len(self._ref):
-                    self._grow_ref()
-            else:
-                slot = self._free.pop()
+            slot = self._take_unused_slot()
             block_ids = [slot]
             key = new_keys[0]
             slot_of[key] = slot
