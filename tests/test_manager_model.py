@@ -85,6 +85,9 @@ def check_invariants(m: OffloadingManager, model: Model) -> None:
         assert snap["ref"][slot] == model.ref[key]
         assert m.policy.get(key) == slot
     assert len(m.policy) == len(model.ref)
+    twin = getattr(m.policy, "twin", None)
+    if twin is not None:  # a standalone copy of the policy, fed the same calls
+        assert m.policy.snapshot() == twin.snapshot()
     s = m.stats()
     assert s.used == len(model.ref)
     assert s.pending == sum(1 for r in model.ref.values() if r < 0)
@@ -224,4 +227,47 @@ def test_random_operations_match_reference_model(policy, capacity, ops):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(capacity=st.integers(min_value=1, max_value=4), ops=OPS)
 def test_random_operations_match_reference_model_always_demoting(policy, capacity, ops):
+    run(policy, capacity, ops)
+
+
+_POLICY_CALLS = (
+    "insert", "insert_many", "remove", "block_evictable", "blocks_evictable",
+    "block_unevictable", "blocks_unevictable", "touch", "on_store", "evict", "clear",
+)
+
+
+def mirrored(cls):
+    """``cls`` under the manager (reading the manager's state through ``share_state``) with
+    a standalone twin (keeping its own) that receives the same calls and must answer the
+    same."""
+
+    def forward(name):
+        def method(self, *args):
+            out = getattr(cls, name)(self, *args)
+            assert getattr(self.twin, name)(*args) == out, name
+            assert self.twin.visited == self.visited, name
+            return out
+
+        return method
+
+    def __init__(self, capacity):
+        cls.__init__(self, capacity)
+        self.twin = cls(capacity)
+
+    namespace = {name: forward(name) for name in _POLICY_CALLS}
+    namespace["__init__"] = __init__
+    namespace["name"] = f"mirrored-{cls.name}"
+    return type(f"Mirrored{cls.__name__}", (cls,), namespace)
+
+
+# LRU and ARC read the manager's key -> slot map and pending set instead of keeping copies:
+# the shared and the standalone bookkeeping must give the same state and the same victims
+@pytest.mark.parametrize(
+    "policy",
+    [mirrored(cls) for cls in (LRUPolicy, ARCPolicy, prefix_aware(ARCPolicy, "prefix-arc-t"))],
+    ids=lambda cls: cls.name,
+)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(capacity=st.integers(min_value=1, max_value=4), ops=OPS)
+def test_shared_state_matches_standalone_bookkeeping(policy, capacity, ops):
     run(policy, capacity, ops)

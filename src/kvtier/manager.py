@@ -173,7 +173,8 @@ class OffloadingManager:
         # tier costs no memory up front.
         self._ref = array("i", bytes(4 * min(self.num_blocks, _REF_CHUNK)))
         self._pending_keys: set[Hashable] = set()
-        self.policy.share_pending(self._pending_keys)  # a new set: reset_cache shares it again
+        # new map and set: reset_cache shares them again
+        self.policy.share_state(self._slot_of, self._pending_keys)
         self._free: list[int] = []
         self._next_fresh = 0
         self._evictable = 0

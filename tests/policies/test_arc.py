@@ -154,7 +154,7 @@ def test_each_list_walked_once_in_a_large_batch():
 
 
 def test_pending_blocks_stay_in_t1_after_reset_cache():
-    # ARC reads the manager's pending set (share_pending); reset_cache makes a new set, which
+    # ARC reads the manager's pending set (share_state); reset_cache makes a new set, which
     # must be shared again, or a touched pending block would wrongly move to T2
     m = OffloadingManager(4, "arc")
     m.prepare_store(["a"])

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from itertools import islice
 
 from kvtier.policies.base import CachePolicy, Key
@@ -55,114 +55,116 @@ def _take(
 class ARCPolicy(CachePolicy):
     """Adaptive Replacement Cache over the evictable blocks of the tier.
 
-    State: resident membership ``_t1_all`` / ``_t2_all`` (key -> slot, every resident block),
-    evictable orders ``_t1`` / ``_t2`` (key -> slot, least recent first), ghost lists ``_b1`` /
-    ``_b2`` (least recent first), the set of pending keys, and ``target`` (adaptive target size
-    of T1, in blocks, within ``[0, capacity]``). O(1) per touched key; :meth:`evict` is
-    O(k + protected keys skipped).
+    State: the resident map ``_resident`` (key -> slot of every resident block, T1 and T2,
+    pinned and pending included) with ``_t2_resident`` (the resident keys of T2; T1 is the
+    rest), evictable orders ``_t1`` / ``_t2`` (key -> slot, least recent first), ghost lists
+    ``_b1`` / ``_b2`` (least recent first), the set of pending keys, and ``target`` (adaptive
+    target size of T1, in blocks, within ``[0, capacity]``). O(1) per touched key;
+    :meth:`evict` is O(k + protected keys skipped).
     """
 
     name = "arc"
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self._t1_all: dict[Key, int] = {}
-        self._t2_all: dict[Key, int] = {}
+        # The resident map and the pending set: standalone the policy keeps them itself; under
+        # a manager it reads the manager's own key -> slot map and pending set (share_state),
+        # which saves a dict insert and delete, and a set add and discard, per stored block
+        self._resident: Mapping[Key, int] = {}
+        self._pending: Collection[Key] = set()
+        self._own_state = True
+        self._t2_resident: set[Key] = set()
         self._t1: OrderedDict[Key, int] = OrderedDict()
         self._t2: OrderedDict[Key, int] = OrderedDict()
         self._b1: OrderedDict[Key, None] = OrderedDict()
         self._b2: OrderedDict[Key, None] = OrderedDict()
-        # keys whose store is in flight. Standalone the policy keeps this set itself; under a
-        # manager it reads the manager's own set (share_pending), which saves one set update
-        # per stored block and one per completed store (about 3% of a replay)
-        self._pending: Collection[Key] = set()
-        self._own_pending = True
         self.target: float = 0.0
 
     # -- queries -------------------------------------------------------------------------
     def get(self, key: Key) -> int | None:
-        slot = self._t1_all.get(key)
-        return self._t2_all.get(key) if slot is None else slot
+        return self._resident.get(key)
 
     def __len__(self) -> int:
-        return len(self._t1_all) + len(self._t2_all)
+        return len(self._resident)
 
     @property
     def t1_size(self) -> int:
         """|T1| in blocks: resident blocks seen once (pinned and pending included)."""
-        return len(self._t1_all)
+        return len(self._resident) - len(self._t2_resident)
 
     @property
     def t2_size(self) -> int:
         """|T2| in blocks: resident blocks seen at least twice."""
-        return len(self._t2_all)
+        return len(self._t2_resident)
 
     # -- state changes -------------------------------------------------------------------
-    def share_pending(self, pending: Collection[Key]) -> None:
+    def share_state(self, resident: Mapping[Key, int], pending: Collection[Key]) -> None:
+        self._resident = resident
         self._pending = pending
-        self._own_pending = False
+        self._own_state = False
 
     def insert(self, key: Key, slot: int) -> None:
+        if self._own_state:
+            self._resident[key] = slot  # type: ignore[index]
+            self._pending.add(key)  # type: ignore[attr-defined]
         if key in self._b1:
             del self._b1[key]
-            self._t2_all[key] = slot
+            self._t2_resident.add(key)
         elif key in self._b2:
             del self._b2[key]
-            self._t2_all[key] = slot
-        else:
-            self._t1_all[key] = slot
-        if self._own_pending:
-            self._pending.add(key)
+            self._t2_resident.add(key)
 
     def insert_many(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
-        b1, b2, t1_all, t2_all = self._b1, self._b2, self._t1_all, self._t2_all
-        if b1.keys().isdisjoint(keys) and b2.keys().isdisjoint(keys):  # no ghost hit
-            t1_all.update(zip(keys, slots))
-        else:
-            for key, slot in zip(keys, slots):
-                if key in b1:
-                    del b1[key]
-                    t2_all[key] = slot
-                elif key in b2:
-                    del b2[key]
-                    t2_all[key] = slot
-                else:
-                    t1_all[key] = slot
-        if self._own_pending:
-            self._pending.update(keys)
+        if self._own_state:
+            self._resident.update(zip(keys, slots))  # type: ignore[attr-defined]
+            self._pending.update(keys)  # type: ignore[attr-defined]
+        b1, b2 = self._b1, self._b2
+        if b1.keys().isdisjoint(keys) and b2.keys().isdisjoint(keys):
+            return  # no ghost hit: every key is in T1, which is the resident keys not in T2
+        t2_resident = self._t2_resident
+        for key in keys:
+            if key in b1:
+                del b1[key]
+                t2_resident.add(key)
+            elif key in b2:
+                del b2[key]
+                t2_resident.add(key)
 
     def remove(self, key: Key) -> None:
-        if self._own_pending:
-            self._pending.discard(key)
-        if self._t1_all.pop(key, None) is not None:
-            self._t1.pop(key, None)
-        elif self._t2_all.pop(key, None) is not None:
+        if self._own_state:
+            self._pending.discard(key)  # type: ignore[attr-defined]
+            self._resident.pop(key, None)  # type: ignore[attr-defined]
+        if key in self._t2_resident:
+            self._t2_resident.discard(key)
             self._t2.pop(key, None)
+        else:
+            self._t1.pop(key, None)
 
     def block_evictable(self, key: Key, slot: int) -> None:
-        if self._own_pending:
-            self._pending.discard(key)
-        if key in self._t1_all:
-            self._t1[key] = slot
-        else:
+        if self._own_state:
+            self._pending.discard(key)  # type: ignore[attr-defined]
+        if key in self._t2_resident:
             self._t2[key] = slot
+        else:
+            self._t1[key] = slot
 
     def blocks_evictable(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
-        t1_all, t1, t2 = self._t1_all, self._t1, self._t2
-        if self._own_pending:
-            self._pending.difference_update(keys)
+        if self._own_state:
+            self._pending.difference_update(keys)  # type: ignore[attr-defined]
+        t2_resident = self._t2_resident
         # usually every key is in the same list (a request's new blocks, or its loaded prefix):
         # one membership test per key in C, then a plain loop
-        if self._t2_all.keys().isdisjoint(keys):
-            order = t1
-        elif t1_all.keys().isdisjoint(keys):
-            order = t2
+        if t2_resident.isdisjoint(keys):
+            order = self._t1
+        elif t2_resident.issuperset(keys):
+            order = self._t2
         else:
+            t1, t2 = self._t1, self._t2
             for key, slot in zip(keys, slots):
-                if key in t1_all:
-                    t1[key] = slot
-                else:
+                if key in t2_resident:
                     t2[key] = slot
+                else:
+                    t1[key] = slot
             return
         for key, slot in zip(keys, slots):
             order[key] = slot
@@ -182,19 +184,19 @@ class ARCPolicy(CachePolicy):
                 del t2[key]
 
     def touch(self, keys: Sequence[Key]) -> None:
-        t1_all, t2_all, t1, t2 = self._t1_all, self._t2_all, self._t1, self._t2
+        t1, t2, resident, t2_resident = self._t1, self._t2, self._resident, self._t2_resident
         b1, b2, pending = self._b1, self._b2, self._pending
-        # a T2 block that is pinned or pending needs nothing, and is in no other list: it
-        # falls through every test below
         for key in reversed(keys):
             if key in t2:
                 t2.move_to_end(key)
-            elif key in t1_all:
-                if key in pending:
+            elif key in resident:
+                # a T2 block that is pinned or pending needs nothing; a pending T1 block stays
+                # in T1 (it has not been read yet)
+                if key in t2_resident or key in pending:
                     continue
-                slot = t1_all.pop(key)
-                t2_all[key] = slot
-                if t1.pop(key, None) is not None:
+                t2_resident.add(key)
+                slot = t1.pop(key, None)
+                if slot is not None:  # evictable: to T2's MRU end (a pinned one waits)
                     t2[key] = slot
             elif key in b1:
                 self.target = min(
@@ -212,28 +214,41 @@ class ARCPolicy(CachePolicy):
         #   1. T1, while it is preferred: at most |T1| - floor(target) + 1 victims;
         #   2. T2 (preferred from then on, or the fallback once T1 is exhausted);
         #   3. T1 again (fallback once T2 is exhausted), continuing where phase 1 stopped.
-        if not protected:
-            if n == 1:  # the usual one-key store: the first block of the preferred list
-                t1, t2 = self._t1, self._t2
-                if t1 and (len(self._t1_all) >= math.floor(self.target) or not t2):
-                    order, members, ghost = t1, self._t1_all, self._b1
-                elif t2:
-                    order, members, ghost = t2, self._t2_all, self._b2
-                else:
-                    return None
-                item = order.popitem(False)
-                del members[item[0]]
-                ghost[item[0]] = None
-                if len(ghost) > self.capacity:
-                    ghost.popitem(False)
-                self.visited += 1
-                return [item]
-            return self._evict_unprotected(n)
-        if n == 1:
-            return self._evict_one(protected)
+        if protected:
+            victims = self._evict_one(protected) if n == 1 else self._evict_protected(n, protected)
+        elif n == 1:  # the usual one-key store: the first block of the preferred list
+            t1, t2 = self._t1, self._t2
+            t1_size = len(self._resident) - len(self._t2_resident)
+            if t1 and (t1_size >= math.floor(self.target) or not t2):
+                item = t1.popitem(False)
+                ghost = self._b1
+            elif t2:
+                item = t2.popitem(False)
+                self._t2_resident.remove(item[0])
+                ghost = self._b2
+            else:
+                return None
+            ghost[item[0]] = None
+            if len(ghost) > self.capacity:
+                ghost.popitem(False)
+            self.visited += 1
+            victims = [item]
+        else:
+            victims = self._evict_unprotected(n)
+        if victims is not None and self._own_state:
+            resident = self._resident
+            for key, _ in victims:
+                del resident[key]  # type: ignore[attr-defined]
+        return victims
+
+    def _evict_protected(
+        self, n: int, protected: Collection[Key]
+    ) -> list[tuple[Key, int]] | None:
+        """:meth:`evict` of several victims around protected keys: the three phases, each
+        walking its list's iterator with :func:`_take`."""
         t1_items = iter(self._t1.items())
         t2_items = iter(self._t2.items())
-        t1_quota = max(0, len(self._t1_all) - math.floor(self.target) + 1)
+        t1_quota = max(0, self.t1_size - math.floor(self.target) + 1)
         want = min(n, t1_quota)
         t1_victims, visited, t1_exhausted = _take(t1_items, want, protected)
         want = n - len(t1_victims)
@@ -249,16 +264,15 @@ class ARCPolicy(CachePolicy):
             return None
 
         # commit: victims leave T1/T2 and go to the MRU end of their ghost list
-        t1, t1_all, b1 = self._t1, self._t1_all, self._b1
-        t2, t2_all, b2 = self._t2, self._t2_all, self._b2
+        t1, b1, t2, b2 = self._t1, self._b1, self._t2, self._b2
+        t2_resident = self._t2_resident
         for part in (t1_victims, late_t1):
             for key, _ in part:
                 del t1[key]
-                del t1_all[key]
                 b1[key] = None
         for key, _ in t2_victims:
             del t2[key]
-            del t2_all[key]
+            t2_resident.remove(key)
             b2[key] = None
         self._trim_ghosts()
         return t1_victims + t2_victims + late_t1
@@ -271,7 +285,8 @@ class ARCPolicy(CachePolicy):
         phases take them: phase 3 continues phase 1 on T1).
         """
         t1, t2 = self._t1, self._t2
-        from_t1 = min(n, max(0, len(self._t1_all) - math.floor(self.target) + 1), len(t1))
+        t1_size = len(self._resident) - len(self._t2_resident)
+        from_t1 = min(n, max(0, t1_size - math.floor(self.target) + 1), len(t1))
         from_t2 = min(n - from_t1, len(t2))
         late_t1 = min(n - from_t1 - from_t2, len(t1) - from_t1)
         self.visited += from_t1 + from_t2 + late_t1
@@ -280,10 +295,7 @@ class ARCPolicy(CachePolicy):
 
         victims = []
         capacity = self.capacity
-        for order, members, ghost, count in (
-            (t1, self._t1_all, self._b1, from_t1 + late_t1),
-            (t2, self._t2_all, self._b2, from_t2),
-        ):
+        for order, ghost, count in ((t1, self._b1, from_t1 + late_t1), (t2, self._b2, from_t2)):
             if not count:
                 continue
             pop = order.popitem
@@ -293,15 +305,15 @@ class ARCPolicy(CachePolicy):
             if len(ghost) == capacity:
                 trim = ghost.popitem
                 for key, _ in taken:
-                    del members[key]
                     ghost[key] = None
                     trim(False)
             else:
                 for key, _ in taken:
-                    del members[key]
                     ghost[key] = None
                 for _ in range(len(ghost) - capacity):
                     ghost.popitem(False)
+            if order is t2:
+                self._t2_resident.difference_update(dict(taken))
             victims += taken
         if late_t1:  # phase 3's T1 victims come after T2's
             return victims[:from_t1] + victims[from_t1 + late_t1 :] + victims[from_t1 : from_t1 + late_t1]
@@ -317,17 +329,18 @@ class ARCPolicy(CachePolicy):
     def _evict_one(self, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
         """:meth:`evict` for one victim with protected keys: the same rule, without the batch
         bookkeeping."""
-        lists = [(self._t1, self._t1_all, self._b1), (self._t2, self._t2_all, self._b2)]
-        if len(self._t1_all) < math.floor(self.target):  # T1 below target: prefer T2
+        lists = [(self._t1, self._b1), (self._t2, self._b2)]
+        if self.t1_size < math.floor(self.target):  # T1 below target: prefer T2
             lists.reverse()
         visited = 0
-        for order, members, ghost in lists:
+        for order, ghost in lists:
             for item in order.items():
                 visited += 1
                 key = item[0]
                 if key not in protected:
                     del order[key]
-                    del members[key]
+                    if order is self._t2:
+                        self._t2_resident.remove(key)
                     ghost[key] = None
                     if len(ghost) > self.capacity:
                         ghost.popitem(last=False)
@@ -337,9 +350,10 @@ class ARCPolicy(CachePolicy):
         return None
 
     def snapshot(self) -> dict:
+        resident, t2_resident = self._resident, self._t2_resident
         return {
-            "t1_all": dict(self._t1_all),
-            "t2_all": dict(self._t2_all),
+            "t1_all": {key: slot for key, slot in resident.items() if key not in t2_resident},
+            "t2_all": {key: resident[key] for key in t2_resident},
             "t1": list(self._t1.items()),
             "t2": list(self._t2.items()),
             "b1": list(self._b1),
@@ -349,9 +363,10 @@ class ARCPolicy(CachePolicy):
         }
 
     def clear(self) -> None:
-        for part in (self._t1_all, self._t2_all, self._t1, self._t2, self._b1, self._b2):
+        for part in (self._t2_resident, self._t1, self._t2, self._b1, self._b2):
             part.clear()
-        if self._own_pending:  # a shared set is the manager's to reset
-            self._pending.clear()
+        if self._own_state:  # shared ones are the manager's to reset
+            self._resident.clear()  # type: ignore[attr-defined]
+            self._pending.clear()  # type: ignore[attr-defined]
         self.target = 0.0
         self.visited = 0

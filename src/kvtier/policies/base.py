@@ -32,7 +32,7 @@ Rules every policy keeps (tested on every registered policy by ``tests/policies`
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Hashable, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from typing import ClassVar
 
 Key = Hashable
@@ -149,15 +149,18 @@ class CachePolicy(ABC):
         them). Pending and pinned blocks may be touched.
         """
 
-    def share_pending(self, pending: Collection[Key]) -> None:
-        """The manager hands over its live collection of pending keys (read-only for the policy).
+    def share_state(self, resident: Mapping[Key, int], pending: Collection[Key]) -> None:
+        """The manager hands over its live key -> slot map of resident blocks and its live
+        collection of pending keys, both read-only for the policy.
 
         Called by :class:`~kvtier.OffloadingManager` after it builds the policy and after each
-        ``reset_cache``. The manager adds a key before :meth:`insert` / :meth:`insert_many`
-        and discards it before :meth:`block_evictable` / :meth:`blocks_evictable` /
-        :meth:`remove`, so a policy that must tell pending blocks apart may read it instead of
-        keeping its own copy. The default ignores it; a policy used without a manager is never
-        called and keeps its own bookkeeping.
+        ``reset_cache``. The manager adds a key to both before :meth:`insert` /
+        :meth:`insert_many`; discards it from ``pending`` before :meth:`block_evictable` /
+        :meth:`blocks_evictable` / :meth:`remove` (and from ``resident`` before
+        :meth:`remove`); and deletes :meth:`evict`'s victims from ``resident`` after the call
+        returns. A policy may read them instead of keeping its own copies (one dict insert and
+        delete per stored block saved). The default ignores them; a policy used without a
+        manager is never called and keeps its own bookkeeping.
         """
 
     def on_store(self, keys: Sequence[Key]) -> None:

@@ -8,7 +8,7 @@ become evictable again, so eviction never walks past them.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from kvtier.policies.base import CachePolicy, Key
 
@@ -16,9 +16,10 @@ from kvtier.policies.base import CachePolicy, Key
 class LRUPolicy(CachePolicy):
     """Least-recently-used eviction over evictable blocks.
 
-    State: ``_order`` (evictable key -> slot, least recent first) and ``_held`` (pending or
-    pinned key -> slot). Every operation is O(1) per key; :meth:`evict` is O(k + protected
-    keys skipped).
+    State: ``_order`` (evictable key -> slot, least recent first) and ``_resident`` (key ->
+    slot of every resident block: the manager's own map when shared, see
+    :meth:`~kvtier.policies.base.CachePolicy.share_state`). Every operation is O(1) per key;
+    :meth:`evict` is O(k + protected keys skipped).
     """
 
     name = "lru"
@@ -26,43 +27,48 @@ class LRUPolicy(CachePolicy):
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self._order: OrderedDict[Key, int] = OrderedDict()
-        self._held: dict[Key, int] = {}
+        self._resident: Mapping[Key, int] = {}
+        self._own_state = True
 
     def get(self, key: Key) -> int | None:
-        slot = self._order.get(key)
-        return self._held.get(key) if slot is None else slot
+        return self._resident.get(key)
 
     def __len__(self) -> int:
-        return len(self._order) + len(self._held)
+        return len(self._resident)
+
+    def share_state(self, resident: Mapping[Key, int], pending: Collection[Key]) -> None:
+        self._resident = resident
+        self._own_state = False
 
     def insert(self, key: Key, slot: int) -> None:
-        self._held[key] = slot
+        if self._own_state:
+            self._resident[key] = slot  # type: ignore[index]
 
     def insert_many(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
-        self._held.update(zip(keys, slots))
+        if self._own_state:
+            self._resident.update(zip(keys, slots))  # type: ignore[attr-defined]
 
     def remove(self, key: Key) -> None:
-        if self._held.pop(key, None) is None:
-            self._order.pop(key, None)
+        if self._own_state:
+            self._resident.pop(key, None)  # type: ignore[attr-defined]
+        self._order.pop(key, None)
 
     def block_evictable(self, key: Key, slot: int) -> None:
-        self._held.pop(key, None)
         self._order[key] = slot
 
     def blocks_evictable(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
         # a plain loop: OrderedDict.update goes through the generic mapping protocol, slower
-        held_pop, order = self._held.pop, self._order
+        order = self._order
         for key, slot in zip(keys, slots):
-            held_pop(key, None)
             order[key] = slot
 
     def block_unevictable(self, key: Key) -> None:
-        self._held[key] = self._order.pop(key)
+        del self._order[key]
 
     def blocks_unevictable(self, keys: Sequence[Key]) -> None:
-        held, order_pop = self._held, self._order.pop
+        order = self._order
         for key in keys:
-            held[key] = order_pop(key)
+            del order[key]
 
     def touch(self, keys: Sequence[Key]) -> None:
         order = self._order
@@ -79,6 +85,8 @@ class LRUPolicy(CachePolicy):
             item = popitem(last=False)
             if item[0] not in protected:
                 self.visited += 1
+                if self._own_state:
+                    del self._resident[item[0]]  # type: ignore[attr-defined]
                 return [item]
             order[item[0]] = item[1]
             order.move_to_end(item[0], last=False)
@@ -100,12 +108,21 @@ class LRUPolicy(CachePolicy):
             for key, slot in reversed(restore):
                 order[key] = slot
                 move_to_end(key, last=False)
-        return victims if ok else None
+        if not ok:
+            return None
+        if self._own_state:
+            resident = self._resident
+            for key, _ in victims:
+                del resident[key]  # type: ignore[attr-defined]
+        return victims
 
     def snapshot(self) -> dict:
-        return {"order": list(self._order.items()), "held": dict(self._held)}
+        order = self._order
+        held = {key: slot for key, slot in self._resident.items() if key not in order}
+        return {"order": list(order.items()), "held": held}
 
     def clear(self) -> None:
         self._order.clear()
-        self._held.clear()
+        if self._own_state:  # a shared map is the manager's to reset
+            self._resident.clear()  # type: ignore[attr-defined]
         self.visited = 0

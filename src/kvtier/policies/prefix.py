@@ -81,7 +81,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import ClassVar
 
 from kvtier.policies.arc import ARCPolicy
@@ -398,10 +398,10 @@ class PrefixAwarePolicy(CachePolicy):
         if hit_probe:
             self._decide()
 
-    def share_pending(self, pending: Collection[Key]) -> None:
+    def share_state(self, resident: Mapping[Key, int], pending: Collection[Key]) -> None:
         # the manager's calls reach the inner policy in the same order, after the manager has
-        # updated the set, so the inner policy may read it as if it were called directly
-        self.inner.share_pending(pending)
+        # updated them, so the inner policy may read them as if it were called directly
+        self.inner.share_state(resident, pending)
 
     def on_store(self, keys: Sequence[Key]) -> None:
         self.inner.on_store(keys)
