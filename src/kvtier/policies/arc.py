@@ -187,17 +187,17 @@ class ARCPolicy(CachePolicy):
         t1, t2, resident, t2_resident = self._t1, self._t2, self._resident, self._t2_resident
         b1, b2, pending = self._b1, self._b2, self._pending
         for key in reversed(keys):
-            if key in t2:
-                t2.move_to_end(key)
-            elif key in resident:
+            # resident first: a missed key then costs three membership tests, not four
+            if key in resident:
+                if key in t2:
+                    t2.move_to_end(key)
                 # a T2 block that is pinned or pending needs nothing; a pending T1 block stays
                 # in T1 (it has not been read yet)
-                if key in t2_resident or key in pending:
-                    continue
-                t2_resident.add(key)
-                slot = t1.pop(key, None)
-                if slot is not None:  # evictable: to T2's MRU end (a pinned one waits)
-                    t2[key] = slot
+                elif key not in t2_resident and key not in pending:
+                    t2_resident.add(key)
+                    slot = t1.pop(key, None)
+                    if slot is not None:  # evictable: to T2's MRU end (a pinned one waits)
+                        t2[key] = slot
             elif key in b1:
                 self.target = min(
                     self.target + max(1.0, len(b2) / len(b1)), float(self.capacity)
