@@ -82,7 +82,7 @@ class LRUPolicy(CachePolicy):
         order = self._order
         popitem = order.popitem
         if n == 1 and order:  # the common single-victim case
-            item = popitem(last=False)
+            item = popitem(False)  # positional: no keyword parsing per call
             if item[0] not in protected:
                 self.visited += 1
                 if self._own_state:
@@ -90,11 +90,11 @@ class LRUPolicy(CachePolicy):
                 return [item]
             order[item[0]] = item[1]
             order.move_to_end(item[0], last=False)
-        popped = [popitem(last=False) for _ in range(min(n, len(order)))]
+        popped = [popitem(False) for _ in range(min(n, len(order)))]
         if protected and any(key in protected for key, _ in popped):
             victims = [item for item in popped if item[0] not in protected]
             while len(victims) < n and order:
-                item = popitem(last=False)
+                item = popitem(False)
                 popped.append(item)
                 if item[0] not in protected:
                     victims.append(item)

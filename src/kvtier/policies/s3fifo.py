@@ -123,7 +123,7 @@ class S3FIFOPolicy(CachePolicy):
         ghost = self._ghost
         limit = self.ghost_capacity
         while len(ghost) > limit:
-            ghost.popitem(last=False)
+            ghost.popitem(False)
 
     # -- state changes -------------------------------------------------------------------
     def insert(self, key: Key, slot: int) -> None:
@@ -182,7 +182,7 @@ class S3FIFOPolicy(CachePolicy):
                 # evict from S: promote frequent blocks until one leaves
                 found = False
                 while small:
-                    key, slot = small.popitem(last=False)
+                    key, slot = small.popitem(False)
                     visited += 1
                     if freq[key] >= MOVE_TO_MAIN:
                         del in_small[key]
@@ -204,7 +204,7 @@ class S3FIFOPolicy(CachePolicy):
                 raise RuntimeError("s3fifo: no eligible block although the count said so")
             # evict from M: reinsert blocks with frequency left until one leaves
             while main:
-                key, slot = main.popitem(last=False)
+                key, slot = main.popitem(False)
                 visited += 1
                 f = freq[key]
                 if f > 0:

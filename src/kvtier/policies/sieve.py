@@ -120,7 +120,7 @@ class SievePolicy(CachePolicy):
         while len(victims) < n:
             if not ahead:
                 ahead, behind = behind, ahead
-            key, slot = ahead.popitem(last=False)
+            key, slot = ahead.popitem(False)
             visited += 1
             if key in bits:
                 bits.discard(key)
