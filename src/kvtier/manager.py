@@ -349,7 +349,7 @@ class OffloadingManager:
         slots = self._slots_of(keys, "complete_load")
         ref = self._ref
         counts = [ref[slot] - 1 for slot in slots]  # each count after one release
-        if counts and min(counts) < 0:  # a block that is not pinned (pending ones hold 0)
+        if -1 in counts:  # a block that is not pinned (pending ones hold 0; counts are >= -1)
             key = keys[next(i for i, count in enumerate(counts) if count < 0)]
             raise BlockStateError(
                 key,
@@ -536,7 +536,9 @@ class OffloadingManager:
             self._pending_keys.add(key)
             self.policy.insert(key, slot)
         else:
-            fresh = min(num_new, self.num_blocks - self._next_fresh)
+            fresh = self.num_blocks - self._next_fresh  # never-used slots left
+            if fresh > num_new:
+                fresh = num_new
             block_ids = list(range(self._next_fresh, self._next_fresh + fresh))
             self._next_fresh += fresh
             if self._next_fresh > len(self._ref):

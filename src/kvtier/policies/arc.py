@@ -198,13 +198,17 @@ class ARCPolicy(CachePolicy):
                     slot = t1.pop(key, None)
                     if slot is not None:  # evictable: to T2's MRU end (a pinned one waits)
                         t2[key] = slot
-            elif key in b1:
-                self.target = min(
-                    self.target + max(1.0, len(b2) / len(b1)), float(self.capacity)
-                )
+            # ghost hits adapt the target (conditional expressions, not min/max: builtin
+            # calls that parse keyword arguments each time)
+            elif key in b1:  # T1 was too small: target += max(1, |B2| / |B1|), <= capacity
+                step = len(b2) / len(b1)
+                target = self.target + (step if step > 1.0 else 1.0)
+                self.target = target if target < self.capacity else float(self.capacity)
                 b1.move_to_end(key)
-            elif key in b2:
-                self.target = max(self.target - max(1.0, len(b1) / len(b2)), 0.0)
+            elif key in b2:  # T2 was too small: target -= max(1, |B1| / |B2|), >= 0
+                step = len(b1) / len(b2)
+                target = self.target - (step if step > 1.0 else 1.0)
+                self.target = target if target > 0.0 else 0.0
                 b2.move_to_end(key)
 
     def evict(self, n: int, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
@@ -285,10 +289,23 @@ class ARCPolicy(CachePolicy):
         phases take them: phase 3 continues phase 1 on T1).
         """
         t1, t2 = self._t1, self._t2
-        t1_size = len(self._resident) - len(self._t2_resident)
-        from_t1 = min(n, max(0, t1_size - math.floor(self.target) + 1), len(t1))
-        from_t2 = min(n - from_t1, len(t2))
-        late_t1 = min(n - from_t1 - from_t2, len(t1) - from_t1)
+        len_t1, len_t2 = len(t1), len(t2)
+        # from_t1 = min(n, max(0, |T1| - floor(target) + 1), len_t1); from_t2 = min(n -
+        # from_t1, len_t2); late_t1 = min(n - from_t1 - from_t2, len_t1 - from_t1), spelled
+        # out: builtin min/max parse keyword arguments on every call
+        from_t1 = len(self._resident) - len(self._t2_resident) - math.floor(self.target) + 1
+        if from_t1 > n:
+            from_t1 = n
+        if from_t1 > len_t1:
+            from_t1 = len_t1
+        if from_t1 < 0:
+            from_t1 = 0
+        from_t2 = n - from_t1
+        if from_t2 > len_t2:
+            from_t2 = len_t2
+        late_t1 = n - from_t1 - from_t2
+        if late_t1 > len_t1 - from_t1:
+            late_t1 = len_t1 - from_t1
         self.visited += from_t1 + from_t2 + late_t1
         if from_t1 + from_t2 + late_t1 < n:
             return None
@@ -343,7 +360,7 @@ class ARCPolicy(CachePolicy):
                         self._t2_resident.remove(key)
                     ghost[key] = None
                     if len(ghost) > self.capacity:
-                        ghost.popitem(last=False)
+                        ghost.popitem(False)
                     self.visited += visited
                     return [item]
         self.visited += visited

@@ -90,7 +90,8 @@ class LRUPolicy(CachePolicy):
                 return [item]
             order[item[0]] = item[1]
             order.move_to_end(item[0], last=False)
-        popped = [popitem(False) for _ in range(min(n, len(order)))]
+        available = len(order)
+        popped = [popitem(False) for _ in range(n if n < available else available)]
         if protected and any(key in protected for key, _ in popped):
             victims = [item for item in popped if item[0] not in protected]
             while len(victims) < n and order:
