@@ -5,9 +5,10 @@ meaning, so an engine can switch. The manager owns the shared logic — the key 
 counts, the free-slot list, admission, events and statistics — and delegates only the *order*
 of evictable blocks and the choice of victims to a :class:`~kvtier.policies.CachePolicy`.
 
-Per-block state is plain ints indexed by slot (``_ref``, the pin counts) plus one dict
-(key -> slot) and the set of pending keys, so the cyclic garbage collector has no per-block
-objects to walk even at 10^6 blocks.
+Per-block state is one dict (key -> slot) plus, for the few blocks in flight, the set of
+pending keys and a dict of pin counts (key -> pins, pinned blocks only), so nothing is
+allocated per slot up front and the cyclic garbage collector has no per-block objects to walk
+even at 10^6 blocks.
 
 Ref count of a cached block (as :meth:`OffloadingManager.ref_count` reports it)::
 
@@ -15,8 +16,8 @@ Ref count of a cached block (as :meth:`OffloadingManager.ref_count` reports it):
      0  ready and evictable
     >0  ready and pinned by that many in-flight loads: cannot be evicted
 
-A pending block is the one state kept by key: it is in ``_pending_keys`` and its ``_ref`` entry
-stays 0, so starting and completing a store write no per-slot entry.
+A pending block is in ``_pending_keys``, a pinned one in ``_pins``; a ready, evictable block is
+in neither, so storing, loading and releasing blocks touch small collections only.
 
 Every public method accepts an optional ``req_context`` (ignored here) so vLLM-style callers
 fit. Every method validates all its keys before it changes anything: a bad call raises and
@@ -25,7 +26,6 @@ leaves the manager exactly as it was.
 
 from __future__ import annotations
 
-from array import array
 from collections import OrderedDict
 from collections.abc import Collection, Hashable, Sequence
 from functools import partial
@@ -41,7 +41,6 @@ _HIT_PENDING = LookupResult.HIT_PENDING
 _PENDING = -1
 # key types whose hashing cannot fail: single-key fast paths skip validation for them
 _PLAIN_KEY_TYPES = frozenset({int, str, bytes})
-_REF_CHUNK = 1 << 16  # ref-count entries allocated up front (the array grows past that)
 
 
 # ``_output((keys, block_ids, evicted))`` builds a PrepareStoreOutput in C, without the
@@ -155,23 +154,14 @@ class OffloadingManager:
         slot = self._next_fresh
         if slot < self.num_blocks:
             self._next_fresh = slot + 1
-            if slot == len(self._ref):
-                self._grow_ref()
             return slot
         return self._free.pop()
 
-    def _grow_ref(self) -> None:
-        """Extend the ref-count array (zeros) to cover every slot handed out: at least double
-        it, at most ``num_blocks`` entries."""
-        size = min(self.num_blocks, max(self._next_fresh, 2 * len(self._ref)))
-        self._ref.frombytes(bytes(4 * (size - len(self._ref))))
-
     def _init_state(self) -> None:
         self._slot_of: dict[Hashable, int] = {}
-        # array, not list: no per-slot objects for the cyclic garbage collector to walk. It
-        # covers the slots handed out so far (grown by _grow_ref), so a huge, mostly empty
-        # tier costs no memory up front.
-        self._ref = array("i", bytes(4 * min(self.num_blocks, _REF_CHUNK)))
+        # pin counts (>= 1) of the pinned blocks only: a load in flight is an entry here, and
+        # releasing the last pin deletes it
+        self._pins: dict[Hashable, int] = {}
         self._pending_keys: set[Hashable] = set()
         # new map and set: reset_cache shares them again
         self.policy.share_state(self._slot_of, self._pending_keys)
@@ -179,7 +169,6 @@ class OffloadingManager:
         self._next_fresh = 0
         self._evictable = 0
         self._pending = 0
-        self._pinned = 0
         self._hits = 0
         self._pending_hits = 0
         self._misses = 0
@@ -289,16 +278,16 @@ class OffloadingManager:
         """
         if type(keys) is not list and type(keys) is not tuple:
             keys = _key_list(keys, "prepare_load")
+        pins = self._pins
         if len(keys) == 1:  # fast path; anything unusual falls through to the checks below
             key = keys[0]
             slot = self._slot_of.get(key) if type(key) in _PLAIN_KEY_TYPES else None
             if slot is not None and key not in self._pending_keys:
-                count = self._ref[slot]
+                count = pins.get(key, 0)
                 if count == 0:
                     self._evictable -= 1
-                    self._pinned += 1
                     self.policy.block_unevictable(key)
-                self._ref[slot] = count + 1
+                pins[key] = count + 1
                 self._loads += 1
                 return [slot]
         slots = self._slots_of(keys, "prepare_load")
@@ -308,16 +297,20 @@ class OffloadingManager:
             raise BlockStateError(
                 key, "prepare_load: block's store is still in flight (HIT_PENDING)"
             )
-        ref = self._ref
-        newly_pinned = []
-        for key, slot in zip(keys, slots):
-            count = ref[slot]
-            if count == 0:
-                newly_pinned.append(key)
-            ref[slot] = count + 1
+        # the usual load names each block once, none of them pinned yet: one pin each, in C
+        first_pins = dict.fromkeys(keys, 1)
+        if len(first_pins) == len(keys) and (not pins or pins.keys().isdisjoint(keys)):
+            pins.update(first_pins)
+            newly_pinned: Sequence[Hashable] = keys
+        else:
+            newly_pinned = []
+            for key in keys:
+                count = pins.get(key, 0)
+                if count == 0:
+                    newly_pinned.append(key)
+                pins[key] = count + 1
         if newly_pinned:
             self._evictable -= len(newly_pinned)
-            self._pinned += len(newly_pinned)
             self.policy.blocks_unevictable(newly_pinned)
         self._loads += len(slots)
         return slots
@@ -334,61 +327,59 @@ class OffloadingManager:
         """
         if type(keys) is not list and type(keys) is not tuple:
             keys = _key_list(keys, "complete_load")
+        pins = self._pins
         if len(keys) == 1:  # fast path; anything unusual falls through to the checks below
             key = keys[0]
-            slot = self._slot_of.get(key) if type(key) in _PLAIN_KEY_TYPES else None
-            if slot is not None:
-                count = self._ref[slot] - 1
-                if count >= 0:
-                    self._ref[slot] = count
-                    if count == 0:
-                        self._evictable += 1
-                        self._pinned -= 1
-                        self.policy.block_evictable(key, slot)
-                    return
-        slots = self._slots_of(keys, "complete_load")
-        ref = self._ref
-        counts = [ref[slot] - 1 for slot in slots]  # each count after one release
-        if -1 in counts:  # a block that is not pinned (pending ones hold 0; counts are >= -1)
-            key = keys[next(i for i, count in enumerate(counts) if count < 0)]
-            raise BlockStateError(
-                key,
-                "complete_load: block is not pinned (ref count "
-                f"{self.ref_count(key)}; complete_load must follow prepare_load)",
-            )
-        if len(slots) > 1 and len(set(slots)) != len(slots):  # a key released several times
-            releases: dict[int, int] = {}
-            for slot in slots:
-                releases[slot] = releases.get(slot, 0) + 1
-            for key, slot in zip(keys, slots):
-                if releases[slot] > ref[slot]:
+            count = pins.get(key, 0) if type(key) in _PLAIN_KEY_TYPES else 0
+            if count > 1:
+                pins[key] = count - 1
+                return
+            if count == 1:
+                del pins[key]
+                self._evictable += 1
+                self.policy.block_evictable(key, self._slot_of[key])
+                return
+        slots = self._slots_of(keys, "complete_load")  # every key stored and hashable
+        # the usual release names each block once, each holding its only pin: take them all,
+        # or put back what was taken and check key by key
+        before = len(pins)
+        pop = pins.pop
+        counts = [pop(key, 0) for key in keys]
+        if before - len(pins) == len(keys) and counts.count(1) == len(keys):
+            freed_keys = list(reversed(keys))  # reverse: keys[0] ends most recent
+            freed_slots = slots[::-1]
+        else:
+            pins.update(item for item in zip(keys, counts) if item[1])
+            for key in keys:
+                if key not in pins:  # pending, or ready and not pinned
                     raise BlockStateError(
                         key,
-                        f"complete_load: released {releases[slot]} times in one call but "
-                        f"pinned only {ref[slot]} times",
+                        "complete_load: block is not pinned (ref count "
+                        f"{self.ref_count(key)}; complete_load must follow prepare_load)",
+                    )
+            releases: dict[Hashable, int] = {}
+            for key in keys:
+                releases[key] = releases.get(key, 0) + 1
+            for key in keys:
+                if releases[key] > pins[key]:
+                    raise BlockStateError(
+                        key,
+                        f"complete_load: released {releases[key]} times in one call but "
+                        f"pinned only {pins[key]} times",
                     )
             freed_keys = []
             freed_slots = []
-            for i in range(len(slots) - 1, -1, -1):  # reverse: keys[0] ends most recent
-                slot = slots[i]
-                count = ref[slot] - 1
-                ref[slot] = count
-                if count == 0:
-                    freed_keys.append(keys[i])
-                    freed_slots.append(slot)
-        else:
-            for slot, count in zip(slots, counts):
-                ref[slot] = count
-            if any(counts):  # some blocks stay pinned by other loads
-                freed = [i for i in range(len(slots) - 1, -1, -1) if counts[i] == 0]
-                freed_keys = [keys[i] for i in freed]
-                freed_slots = [slots[i] for i in freed]
-            else:  # reverse: keys[0] ends most recent
-                freed_keys = list(reversed(keys))
-                freed_slots = slots[::-1]
+            for i in range(len(keys) - 1, -1, -1):  # reverse: keys[0] ends most recent
+                key = keys[i]
+                count = pins[key] - 1
+                if count:
+                    pins[key] = count
+                else:
+                    del pins[key]
+                    freed_keys.append(key)
+                    freed_slots.append(slots[i])
         if freed_keys:
             self._evictable += len(freed_keys)
-            self._pinned -= len(freed_keys)
             self.policy.blocks_evictable(freed_keys, freed_slots)
 
     # -- use -----------------------------------------------------------------------------
@@ -541,8 +532,6 @@ class OffloadingManager:
                 fresh = num_new
             block_ids = list(range(self._next_fresh, self._next_fresh + fresh))
             self._next_fresh += fresh
-            if self._next_fresh > len(self._ref):
-                self._grow_ref()
             if fresh < num_new:
                 free = self._free
                 reused = num_new - fresh
@@ -663,7 +652,7 @@ class OffloadingManager:
             loads=self._loads,
             used=used,
             pending=self._pending,
-            pinned=self._pinned,
+            pinned=len(self._pins),
             evictable=self._evictable,
             free=self.num_blocks - used,
         )
@@ -673,7 +662,9 @@ class OffloadingManager:
         slot = self._slot_of.get(key)
         if slot is None:
             return None
-        return _PENDING if key in self._pending_keys else self._ref[slot]
+        if key in self._pending_keys:
+            return _PENDING
+        return self._pins.get(key, 0)
 
     def __len__(self) -> int:
         """Blocks stored (pending and ready)."""
@@ -687,7 +678,9 @@ class OffloadingManager:
 
         Costs O(slots ever used); two snapshots are ``==`` exactly when nothing changed.
         """
-        ref = self._ref[: self._next_fresh].tolist()  # later slots were never used
+        ref = [0] * self._next_fresh  # per slot; later slots were never used
+        for key, count in self._pins.items():
+            ref[self._slot_of[key]] = count
         for key in self._pending_keys:
             ref[self._slot_of[key]] = _PENDING
         return {
@@ -696,7 +689,7 @@ class OffloadingManager:
             "free": list(self._free),
             "pending_keys": set(self._pending_keys),
             "next_fresh": self._next_fresh,
-            "counts": (self._evictable, self._pending, self._pinned),
+            "counts": (self._evictable, self._pending, len(self._pins)),
             "counters": (
                 self._hits, self._pending_hits, self._misses, self._stores,
                 self._completed_stores, self._failed_stores, self._skipped_stores,
