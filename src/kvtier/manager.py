@@ -297,12 +297,20 @@ class OffloadingManager:
             raise BlockStateError(
                 key, "prepare_load: block's store is still in flight (HIT_PENDING)"
             )
-        # the usual load names each block once, none of them pinned yet: one pin each, in C
-        first_pins = dict.fromkeys(keys, 1)
-        if len(first_pins) == len(keys) and (not pins or pins.keys().isdisjoint(keys)):
-            pins.update(first_pins)
-            newly_pinned: Sequence[Hashable] = keys
-        else:
+        # the usual load names each block once: one pin each, written in C; the few blocks
+        # other loads already pin (e.g. the head of a shared prompt) get their count + 1
+        new_counts = dict.fromkeys(keys, 1)
+        newly_pinned: Sequence[Hashable]
+        if len(new_counts) == len(keys):
+            already = pins.keys() & new_counts.keys() if pins else None
+            if already:
+                for key in already:
+                    new_counts[key] = pins[key] + 1
+                newly_pinned = [key for key in keys if key not in already]
+            else:
+                newly_pinned = keys
+            pins.update(new_counts)
+        else:  # a key named several times: one pin per occurrence
             newly_pinned = []
             for key in keys:
                 count = pins.get(key, 0)
@@ -340,14 +348,26 @@ class OffloadingManager:
                 self.policy.block_evictable(key, self._slot_of[key])
                 return
         slots = self._slots_of(keys, "complete_load")  # every key stored and hashable
-        # the usual release names each block once, each holding its only pin: take them all,
-        # or put back what was taken and check key by key
+        # the usual release names each pinned block once: take each count out, put back the
+        # blocks other loads still pin; anything else (a key not pinned, or named twice) puts
+        # everything back and is checked key by key
         before = len(pins)
         pop = pins.pop
         counts = [pop(key, 0) for key in keys]
-        if before - len(pins) == len(keys) and counts.count(1) == len(keys):
-            freed_keys = list(reversed(keys))  # reverse: keys[0] ends most recent
-            freed_slots = slots[::-1]
+        if before - len(pins) == len(keys):
+            if counts.count(1) == len(keys):  # every pin released was its block's last
+                freed_keys = list(reversed(keys))  # reverse: keys[0] ends most recent
+                freed_slots = slots[::-1]
+            else:
+                freed_keys = []
+                freed_slots = []
+                for i in range(len(keys) - 1, -1, -1):  # reverse: keys[0] ends most recent
+                    count = counts[i]
+                    if count > 1:
+                        pins[keys[i]] = count - 1
+                    else:
+                        freed_keys.append(keys[i])
+                        freed_slots.append(slots[i])
         else:
             pins.update(item for item in zip(keys, counts) if item[1])
             for key in keys:
