@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Hashable, Sequence
 from functools import partial
+from itertools import filterfalse
 from typing import Any
 
 from kvtier.errors import BlockStateError
@@ -255,7 +256,7 @@ class OffloadingManager:
         """Slots of ``keys``, or the error naming the first key that is not stored."""
         slot_of = self._slot_of
         try:
-            return [slot_of[key] for key in keys]
+            return list(map(slot_of.__getitem__, keys))  # C-level loop: no comprehension frame
         except KeyError:
             key = next(k for k in keys if k not in slot_of)
             raise BlockStateError(key, f"{method}: block is not stored in the tier") from None
@@ -485,7 +486,7 @@ class OffloadingManager:
                 self._on_store(keys)
             return _output(([key], [slot], evicted_keys))
         try:
-            new_keys = [key for key in keys if key not in slot_of]
+            new_keys = list(filterfalse(slot_of.__contains__, keys))  # not stored yet, in order
         except TypeError:
             raise _unhashable(keys, "prepare_store") from None
         num_resident = len(keys) - len(new_keys)  # occurrences of keys already stored
@@ -623,7 +624,7 @@ class OffloadingManager:
             done.reverse()  # reverse: keys[0] ends most recent
         if success:
             if done:
-                self.policy.blocks_evictable(done, [slot_of[key] for key in done])
+                self.policy.blocks_evictable(done, list(map(slot_of.__getitem__, done)))
             self._evictable += len(done)
             self._completed_stores += len(done)
             if done and self.enable_events:
