@@ -190,3 +190,20 @@ def test_sweep_default_grid_in_process(tmp_path):
 def test_sweep_bad_range(tmp_path):
     res = run("sweep", "--min", "50%", "--max", "10%", "--plot", tmp_path / "m.png")
     assert res.exit_code == 1 and "is above --max" in res.stderr
+
+
+def test_sweep_rejects_grid_options_with_explicit_capacities(tmp_path):
+    res = run("sweep", "-p", "lru", "--capacity", "100,200", "--points", "3",
+              "--plot", tmp_path / "m.png")
+    assert res.exit_code == 1 and "--points sets the log-spaced grid" in res.stderr
+    res = run("sweep", "-p", "lru", "--capacity", "100", "--min", "1%", "--max", "5%",
+              "--plot", tmp_path / "m.png")
+    assert res.exit_code == 1 and "--min, --max set the log-spaced grid" in res.stderr
+    assert not (tmp_path / "m.png").exists()
+
+
+def test_sweep_rejects_an_image_format_matplotlib_cannot_write_before_any_work(tmp_path):
+    res = run("sweep", "-p", "lru", "--plot", tmp_path / "m.xyz", "--json", tmp_path / "r.json")
+    assert res.exit_code == 1
+    assert "matplotlib cannot write .xyz files" in res.stderr and ".svg" in res.stderr
+    assert not (tmp_path / "r.json").exists()  # failed before the sweep ran

@@ -190,6 +190,31 @@ def test_same_key_loaded_many_times_concurrently():
     assert m.stats().evictable == 1
 
 
+def test_lookup_prefix_checks_the_keys_it_examines():
+    # keys after the first miss are not examined (no hash per key); with admission every key
+    # is counted, so every key is hashed first
+    m = OffloadingManager(4)
+    assert m.lookup_prefix(["miss", [1]]) == 0
+    assert m.stats().misses == 1
+    m = OffloadingManager(4, store_threshold=2)
+    with pytest.raises(TypeError, match=r"lookup_prefix: block key \[1\] is not hashable"):
+        m.lookup_prefix(["miss", [1]])
+    assert m.stats().misses == 0
+
+
+@pytest.mark.parametrize("keys", [[{1}], [2, {1}, 3], [2, 3, {1}]])
+def test_complete_store_of_a_mutable_set_key_raises_and_changes_nothing(keys):
+    # a set's membership test takes a mutable set for the equal frozenset; the pending set
+    # must not, or the frozenset's block leaves the pending set and then the call fails
+    m = OffloadingManager(4, "arc")
+    m.prepare_store([frozenset({1}), 2, 3])
+    before = m.snapshot()
+    with pytest.raises(TypeError, match=r"complete_store: block key \{1\} is not hashable"):
+        m.complete_store(keys)
+    assert m.snapshot() == before
+    assert m.ref_count(frozenset({1})) == -1
+
+
 def test_release_of_blocks_with_different_pin_counts_frees_only_the_last_pins():
     m = OffloadingManager(4)
     store(m, ["a", "b", "c"])

@@ -95,6 +95,19 @@ def _check_writable(target: Path | None, option: str) -> None:
         raise _CliError(f"{option} {target}: cannot write there (no such writable folder)")
 
 
+def _check_plot_format(target: Path) -> None:
+    """Fail before any work when matplotlib cannot write the image format the suffix names."""
+    suffix = target.suffix.lower().lstrip(".")
+    if not suffix:
+        return  # matplotlib's default format (PNG)
+    from matplotlib.figure import Figure
+
+    supported = Figure().canvas.get_supported_filetypes()
+    if suffix not in supported:
+        raise _CliError(f"--plot {target}: matplotlib cannot write .{suffix} files; use one of "
+                        f"{', '.join('.' + ext for ext in sorted(supported))}")
+
+
 def _check_common(policies: list[str], fmt: str, protocol: str, inflight: int) -> None:
     known = available_policies()
     for p in policies:
@@ -312,10 +325,12 @@ def sweep_cmd(
     policy: Annotated[Optional[list[str]], typer.Option(
         "--policy", "-p", help="Policies to compare; repeat or comma-separate. "
                                "Default: every registered policy.")] = None,
-    points: Annotated[int, typer.Option("--points", min=1,
-                                        help="Capacities in the log-spaced grid.")] = 12,
-    cap_min: Annotated[str, typer.Option("--min", help="Smallest capacity (blocks or %).")] = "0.5%",
-    cap_max: Annotated[str, typer.Option("--max", help="Largest capacity (blocks or %).")] = "100%",
+    points: Annotated[Optional[int], typer.Option(
+        "--points", min=1, help="Capacities in the log-spaced grid.  [default: 12]")] = None,
+    cap_min: Annotated[Optional[str], typer.Option(
+        "--min", help="Smallest capacity of the grid (blocks or %).  [default: 0.5%]")] = None,
+    cap_max: Annotated[Optional[str], typer.Option(
+        "--max", help="Largest capacity of the grid (blocks or %).  [default: 100%]")] = None,
     capacity: Annotated[Optional[list[str]], typer.Option(
         "--capacity", "-c", help="Explicit capacities instead of the grid.")] = None,
     fmt: FormatOpt = "auto",
@@ -351,7 +366,18 @@ def _sweep(trace, policy, points, cap_min, cap_max, capacity, fmt, block_tokens,
     _check_common(policies, fmt, protocol, inflight)
     _check_writable(json_out, "--json")
     _check_writable(plot, "--plot")
+    _check_plot_format(plot)
     capacity_specs = _split(capacity, [], "--capacity")
+    if capacity_specs:
+        grid = [name for name, value in
+                (("--points", points), ("--min", cap_min), ("--max", cap_max)) if value is not None]
+        if grid:
+            verb = "sets" if len(grid) == 1 else "set"
+            raise _CliError(f"{', '.join(grid)} {verb} the log-spaced grid; with --capacity "
+                            "there is no grid (give one or the other)")
+    points = 12 if points is None else points
+    cap_min = "0.5%" if cap_min is None else cap_min
+    cap_max = "100%" if cap_max is None else cap_max
     reader = read_trace(path, fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines)
     t0 = time.perf_counter()
     n_req, n_refs, unique = count_unique_blocks(reader)

@@ -216,7 +216,10 @@ class OffloadingManager:
         ``keys`` counts as looked up (the caller asked about the whole prefix).
 
         Raises:
-            TypeError: a key is not hashable (nothing is counted).
+            TypeError: an examined key is not hashable (nothing is counted). Keys after the
+                first MISS or HIT_PENDING are not examined, so not checked, unless admission
+                is on (``store_threshold >= 2``: every key is counted, so every key is
+                hashed first).
         """
         if type(keys) is not list and type(keys) is not tuple:
             keys = _key_list(keys, "lookup_prefix")
@@ -586,13 +589,11 @@ class OffloadingManager:
             keys = _key_list(keys, "complete_store")
         slot_of = self._slot_of
         pending = self._pending_keys
-        if len(keys) == 1 and success is True:  # fast path
+        # fast path for one key of a type whose hashing cannot fail (a set's membership test
+        # would quietly take a mutable set key for the equal frozenset)
+        if len(keys) == 1 and success is True and type(keys[0]) in _PLAIN_KEY_TYPES:
             key = keys[0]
-            try:
-                is_pending = key in pending
-            except TypeError:
-                raise _unhashable(keys, "complete_store") from None
-            if is_pending:
+            if key in pending:
                 pending.remove(key)
                 self.policy.block_evictable(key, slot_of[key])
                 self._evictable += 1
