@@ -310,7 +310,7 @@ class OffloadingManager:
             if already:
                 for key in already:
                     new_counts[key] = pins[key] + 1
-                newly_pinned = [key for key in keys if key not in already]
+                newly_pinned = list(filterfalse(already.__contains__, keys))
             else:
                 newly_pinned = keys
             pins.update(new_counts)
