@@ -254,13 +254,19 @@ def drive(trace, policy, capacity):
 NeverARC = prefix_aware(ARCPolicy, "prefix-arc-never", leaf_mode="never")
 
 
+def lru_and_prefix_lru(dead_tails, capacity):
+    """The synthetic conversations, LRU's hits on them, and prefix-LRU's hits, demotion flags
+    and leaf statistics."""
+    trace = conversations(dead_tails=dead_tails)
+    lru_hits, _, _ = drive(trace, "lru", capacity)
+    hits, m, flags = drive(trace, "prefix-lru", capacity)
+    return trace, lru_hits, hits, flags, m.policy.leaf_stats()
+
+
 # the synthetic traces have 5,324 (live) and 7,095 (dead tails) distinct blocks
 @pytest.mark.parametrize("capacity", [100, 300, 1000])
 def test_live_tails_are_never_demoted_and_the_wrapper_matches_its_inner_policy(capacity):
-    trace = conversations(dead_tails=False)
-    lru_hits, _, _ = drive(trace, "lru", capacity)
-    hits, m, flags = drive(trace, "prefix-lru", capacity)
-    stats = m.policy.leaf_stats()
+    trace, lru_hits, hits, flags, stats = lru_and_prefix_lru(False, capacity)
     assert stats["stored"]["leaf"] >= LEAF_MIN_STORES  # enough evidence was gathered
     assert not any(flags)
     assert hits == lru_hits  # no orphans arise under LRU here: exactly LRU
@@ -272,17 +278,15 @@ def test_live_tails_are_never_demoted_and_the_wrapper_matches_its_inner_policy(c
 
 @pytest.mark.parametrize("capacity", [100, 300, 1000])
 def test_dead_tails_are_demoted_and_the_wrapper_beats_its_inner_policy(capacity):
-    trace = conversations(dead_tails=True)
-    lru_hits, _, _ = drive(trace, "lru", capacity)
-    hits, m, flags = drive(trace, "prefix-lru", capacity)
-    stats = m.policy.leaf_stats()
+    trace, lru_hits, hits, flags, stats = lru_and_prefix_lru(True, capacity)
     assert stats["reused"]["leaf"] == 0 and stats["reused"]["parent"] > 0
     first = flags.index(True)
     assert first < len(trace) // 4 and all(flags[first:])  # learnt early, never undone
     assert hits > lru_hits
     arc_hits = replay(trace, "arc", capacity).hit_blocks
-    assert replay(trace, "prefix-arc", capacity).hit_blocks > arc_hits
-    assert drive(trace, NeverARC, capacity)[0] < replay(trace, "prefix-arc", capacity).hit_blocks
+    prefix_arc_hits = replay(trace, "prefix-arc", capacity).hit_blocks
+    assert prefix_arc_hits > arc_hits
+    assert drive(trace, NeverARC, capacity)[0] < prefix_arc_hits
 
 
 def test_demotion_does_not_hide_the_reuse_of_live_leaves():
