@@ -163,6 +163,20 @@ def run(args: argparse.Namespace) -> dict:
         for t in small.values():
             t.close()
 
+        # Redis memory per block, raw and zstd (INFO used_memory before/after writing them)
+        mem = {}
+        for codec in ("none", "zstd"):
+            raw.flushdb()
+            before = raw.info("memory")["used_memory"]
+            t = RedisTier(url, block_bytes=nbytes, fingerprint="bench", namespace="mem",
+                          compression=codec, max_queue_bytes=(args.blocks + 1) * (nbytes + 64))
+            t.write(keys, blocks)
+            assert t.flush(300) and t.stats().writes_completed == args.blocks
+            mem[codec] = (raw.info("memory")["used_memory"] - before) / args.blocks
+            t.close()
+        raw.flushdb()
+        out["redis_memory_per_block"] = mem
+
         # compression on the same blocks
         try:
             import zstandard
@@ -183,12 +197,14 @@ def run(args: argparse.Namespace) -> dict:
         if proc is not None:
             ft = RedisTier(url, block_bytes=64, fingerprint="bench-lookup", namespace="benchl",
                            timeout_s=args.timeout, breaker_cooldown_s=0.1)
-            assert ft.lookup_prefix(pkeys[:16]) == 16
+            ft.write(pkeys[:16], [bytes(64)] * 16)
+            assert ft.flush(10) and ft.lookup_prefix(pkeys[:16]) == 16
             for label, sig in (("hung", signal.SIGSTOP), ("stopped", signal.SIGKILL)):
                 proc.send_signal(sig)
                 if sig == signal.SIGKILL:
                     proc.wait()
                 lat = []
+                st0 = ft.stats()
                 for _ in range(args.fail_calls):
                     t0 = time.perf_counter()
                     assert ft.lookup_prefix(pkeys[:16]) == 0
@@ -198,8 +214,8 @@ def run(args: argparse.Namespace) -> dict:
                 out[f"lookup_when_{label}_ms"] = {
                     "timeout": args.timeout * 1e3, "max": max(lat) * 1e3,
                     "p99": pct(lat, 0.99) * 1e3, "median": statistics.median(lat) * 1e3,
-                    "calls": len(lat), "backend_errors": st.backend_errors,
-                    "calls_refused": st.calls_refused,
+                    "calls": len(lat), "backend_errors": st.backend_errors - st0.backend_errors,
+                    "calls_refused": st.calls_refused - st0.calls_refused,
                 }
                 if sig == signal.SIGSTOP:
                     proc.send_signal(signal.SIGCONT)
@@ -241,6 +257,9 @@ def main() -> None:
     print(f"  prefix lookup of {out['prefix_keys']} keys, one round trip: script "
           f"{pl['script']:.2f} ms, pipeline {pl['pipeline']:.2f} ms, raw EXISTS pipeline "
           f"{pl['raw_exists_pipeline']:.2f} ms")
+    mem = out["redis_memory_per_block"]
+    print(f"  Redis memory per {mib:g} MiB block: raw {mem['none'] / 2**20:.3f} MiB, "
+          f"zstd {mem['zstd'] / 2**20:.3f} MiB (INFO used_memory)")
     if "zstd1" in out:
         z = out["zstd1"]
         print(f"  zstd level 1 on these blocks: ratio {z['ratio']:.3f}, "
