@@ -540,7 +540,7 @@ def test_password_is_never_shown_or_logged(tmp_path_factory, caplog, monkeypatch
             assert tier.lookup_prefix([1]) == 0 and tier.stats().backend_errors == 0
         # errors raised for bad URLs/options do not show it either
         for bad in (f"redis://u:{SECRET}@127.0.0.1:99999999/0",
-                    f"redis://u:{SECRET}@127.0.0.1:{server.port}/0?socket_timeout=abc"):
+                    f"redis://u:{SECRET}@127.0.0.1:{server.port}/0?health_check_interval=abc"):
             with pytest.raises(ValueError) as exc:
                 RedisTier.from_url(bad, block_bytes=BLOCK, fingerprint=FP)
             assert SECRET not in str(exc.value)
@@ -549,3 +549,123 @@ def test_password_is_never_shown_or_logged(tmp_path_factory, caplog, monkeypatch
         assert SECRET not in text
     finally:
         server.stop()
+
+
+def test_url_query_cannot_override_the_tier_timeouts():
+    with pytest.raises(ValueError, match="socket_timeout"):
+        RedisTier("redis://127.0.0.1:1/0?socket_timeout=30", block_bytes=BLOCK, fingerprint=FP)
+
+
+# -- TLS -------------------------------------------------------------------------------------------
+def test_tls_round_trip(tmp_path):
+    """rediss:// against a real redis-server with a self-signed certificate (CA = itself)."""
+    from redis_servers import REDIS_SERVER, free_port, require_redis
+
+    require_redis()
+    import shutil as _sh
+
+    if _sh.which("openssl") is None:
+        if os.environ.get("CI"):
+            pytest.fail("openssl not installed (.ci/run installs it)")
+        pytest.skip("openssl not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True, timeout=60,
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [REDIS_SERVER, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+         "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+         "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no",
+         "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
+         "--requirepass", SECRET],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"rediss://default:{SECRET}@127.0.0.1:{port}/0?ssl_ca_certs={cert}"
+        probe = redis_py.Redis.from_url(url, socket_timeout=1)
+        for _ in range(100):
+            try:
+                probe.ping()
+                break
+            except redis_py.ConnectionError:
+                time.sleep(0.05)
+        probe.close()
+        with make_tier(url, timeout_s=0.5) as tier:
+            assert SECRET not in repr(tier) and "rediss://" in repr(tier)
+            tier.write([1, 2], blocks_for([1, 2]))
+            assert tier.flush(10)
+            assert tier.lookup_prefix([1, 2, 3]) == 2
+            assert tier.read([1, 2]) == blocks_for([1, 2])
+        # plain redis:// to the TLS port fails as a miss, never an exception
+        with make_tier(f"redis://default:{SECRET}@127.0.0.1:{port}/0", timeout_s=0.2) as plain:
+            assert plain.lookup_prefix([1]) == 0 and plain.stats().backend_errors == 1
+        # a client that does not trust the certificate: a miss, counted
+        with make_tier(f"rediss://default:{SECRET}@127.0.0.1:{port}/0",
+                       timeout_s=0.5) as untrusted:
+            assert untrusted.lookup_prefix([1]) == 0
+            assert untrusted.stats().backend_errors == 1
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+# -- a cluster node dies -----------------------------------------------------------------------------
+def test_cluster_node_killed_answers_miss_within_timeout(tmp_path):
+    from redis_servers import RedisClusterNodes, require_redis
+
+    require_redis()
+    cluster = RedisClusterNodes(tmp_path / "cl").start()
+    try:
+        keys = list(range(60))
+        data = blocks_for(keys)
+        with make_tier(cluster.url, cluster=True, breaker_cooldown_s=0.2) as tier:
+            tier.write(keys, data)
+            assert tier.flush(20)
+            assert tier.lookup_prefix(keys) == 60
+            cluster.servers[2].kill()
+            worst = 0.0
+            for _ in range(20):
+                (n, dt) = _timed(tier.lookup_prefix, keys)
+                worst = max(worst, dt)
+                assert n < 60  # a third of the keys are on the dead node
+                got, dt = _timed(tier.read, keys)
+                worst = max(worst, dt)
+                assert all(g is None or g == d for g, d in zip(got, data))
+                time.sleep(0.02)
+            s = tier.stats()
+            assert s.backend_errors >= 1 and s.read_errors == 0
+            assert worst < 1.0, worst
+    finally:
+        cluster.stop()
+
+
+# -- threads ----------------------------------------------------------------------------------------
+def test_concurrent_callers(shared_redis_server):
+    import threading
+
+    errors = []
+    with make_tier(shared_redis_server.url) as tier:
+        def worker(base):
+            try:
+                keys = list(range(base, base + 40))
+                data = blocks_for(keys)
+                for i in range(0, 40, 8):
+                    assert tier.write(keys[i:i + 8], data[i:i + 8]) == 8
+                assert tier.flush(20)
+                assert tier.lookup_prefix(keys) == 40
+                assert tier.read(keys) == data
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(i * 1000,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        s = tier.stats()
+        assert (s.writes, s.writes_completed, s.read_hits, s.lookup_hits) == (160, 160, 160, 160)

@@ -355,6 +355,18 @@ class RedisTier(BlockTier):
             raise ValueError(
                 f"Redis URL {self._url_redacted} must use redis://, rediss:// or unix://"
             )
+        # redis-py lets URL query timeouts override keyword ones: refuse them, so that the
+        # engine-facing timeouts are always the tier's
+        overriding = sorted(
+            {k for k, _ in parse_qsl(parts.query)}
+            & {"socket_timeout", "socket_connect_timeout", "timeout", "retry_on_timeout",
+               "retry_on_error"}
+        )
+        if overriding:
+            raise ValueError(
+                f"Redis URL query sets {overriding}; use the tier's timeout_s, read_timeout_s "
+                "and write_timeout_s (the tier never retries)"
+            )
         self._breaker = CircuitBreaker(breaker_failures, breaker_cooldown_s)
 
         self.name = name
