@@ -556,6 +556,15 @@ def test_url_query_cannot_override_the_tier_timeouts():
         RedisTier("redis://127.0.0.1:1/0?socket_timeout=30", block_bytes=BLOCK, fingerprint=FP)
 
 
+def test_url_query_mistakes_raise_at_construction():
+    # tier options in the query need from_url (the constructor would hand them to redis-py)
+    with pytest.raises(ValueError, match=r"from_url"):
+        RedisTier("redis://127.0.0.1:1/0?cluster=1", block_bytes=BLOCK, fingerprint=FP)
+    # an unknown redis-py option fails now, not as a miss on every later call
+    with pytest.raises(ValueError, match="bad Redis URL or client option"):
+        RedisTier("redis://127.0.0.1:1/0?no_such_option=1", block_bytes=BLOCK, fingerprint=FP)
+
+
 # -- TLS -------------------------------------------------------------------------------------------
 def test_tls_round_trip(tmp_path):
     """rediss:// against a real redis-server with a self-signed certificate (CA = itself)."""

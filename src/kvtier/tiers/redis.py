@@ -355,10 +355,17 @@ class RedisTier(BlockTier):
             raise ValueError(
                 f"Redis URL {self._url_redacted} must use redis://, rediss:// or unix://"
             )
+        query_names = {k for k, _ in parse_qsl(parts.query)}
+        tier_opts = sorted(query_names & set(_TIER_QUERY_OPTIONS))
+        if tier_opts:
+            raise ValueError(
+                f"Redis URL query sets the tier options {tier_opts}: build the tier with "
+                "RedisTier.from_url(url), which reads them, or pass them as keywords"
+            )
         # redis-py lets URL query timeouts override keyword ones: refuse them, so that the
         # engine-facing timeouts are always the tier's
         overriding = sorted(
-            {k for k, _ in parse_qsl(parts.query)}
+            query_names
             & {"socket_timeout", "socket_connect_timeout", "timeout", "retry_on_timeout",
                "retry_on_error"}
         )
@@ -412,6 +419,11 @@ class RedisTier(BlockTier):
                 self._client_map = {
                     kind: redis.Redis.from_url(url, **opts) for kind, opts in self._opts.items()
                 }
+                # build (not connect) one connection object now: redis-py hands unknown URL
+                # query parameters to the connection class, which would otherwise fail on
+                # every call as a silent miss
+                pool = self._client_map["lookup"].connection_pool
+                pool.connection_class(**pool.connection_kwargs)
             except (ValueError, TypeError) as exc:
                 raise ValueError(
                     f"bad Redis URL or client option for {self._url_redacted}: "
