@@ -145,3 +145,28 @@ def test_no_hit_tokens_without_block_size():
     names = {k[0] for k in scrape(reg)}
     assert PREFIX + "chunk_queries_total" in names
     assert not any("hit_tokens" in n for n in names)
+
+
+def test_tier_stack_contributes_each_tier(shared_redis_server):
+    """A stack (no name; stats() -> {tier name: TierStats}, like kvtier.tiers.stack.TierStack)
+    is collected tier by tier."""
+    a = exercised_redis(shared_redis_server.url, name="redis-a")
+    b = exercised_redis(shared_redis_server.url, name="redis-b")
+
+    class Stack:
+        def stats(self):
+            return {"redis-a": a.stats(), "redis-b": b.stats()}
+
+    try:
+        b.lookup_prefix([0])
+        reg = CollectorRegistry()
+        reg.register(TierCollector({"host": OffloadingManager(4)}, [Stack()]))
+        got = scrape(reg)
+        assert got[(PREFIX + "chunk_queries_total", "redis-a", None)] == a.stats().lookups == 9
+        assert got[(PREFIX + "chunk_queries_total", "redis-b", None)] == b.stats().lookups == 10
+        assert got[(PREFIX + "chunk_queries_total", "host", None)] == 0
+        with pytest.raises(ValueError, match="redis-a"):
+            TierCollector({"redis-a": OffloadingManager(4)}, [Stack()])
+    finally:
+        a.close()
+        b.close()

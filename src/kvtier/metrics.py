@@ -50,8 +50,10 @@ class TierCollector(Collector):
 
     Args:
         managers: ``{tier name: OffloadingManager}`` (e.g. ``{"host": m}``).
-        tiers: block tiers, labelled by their ``name``; an object with a ``tiers`` attribute
-            (a tier stack) contributes each of its tiers.
+        tiers: block tiers, labelled by their ``name``, and tier stacks: an object without a
+            ``name`` whose ``stats()`` returns ``{tier name: TierStats}`` (e.g.
+            ``kvtier.tiers.stack.TierStack``) contributes each tier (the host as TierStats:
+            pass the stack's manager in ``managers`` instead for pinned/pending blocks).
         tokens_per_block: tokens per block; when given, ``hit_tokens`` = lookup hits x this
             (vLLM's block size). Without it hit tokens are not exported.
         prefix: metric name prefix (default ``"kvtier:kv_offload_tiering_"``).
@@ -75,19 +77,22 @@ class TierCollector(Collector):
                 raise TypeError(
                     f"managers[{name!r}] must be an OffloadingManager, got {type(m).__name__}"
                 )
-        flat: list[Any] = []
-        for t in tiers:
-            inner = getattr(t, "tiers", None)
-            if not isinstance(t, BlockTier) and inner is not None:
-                flat.extend(inner)
-            else:
-                flat.append(t)
-        for t in flat:
-            if not callable(getattr(t, "stats", None)) or not isinstance(
-                getattr(t, "name", None), str
-            ):
-                raise TypeError(f"tier {t!r} has no name and stats() (a BlockTier)")
-        names = list(managers) + [t.name for t in flat]
+        sources = list(tiers)
+        names = list(managers)
+        for t in sources:
+            if not callable(getattr(t, "stats", None)):
+                raise TypeError(f"tier {t!r} has no stats() (a BlockTier or a tier stack)")
+            name = getattr(t, "name", None)
+            if isinstance(name, str):
+                names.append(name)
+                continue
+            # a tier stack: stats() -> {tier name: TierStats}; its names are read once here
+            per_tier = t.stats()
+            if not isinstance(per_tier, Mapping):
+                raise TypeError(
+                    f"tier {t!r} has no name and its stats() is not a {{name: TierStats}} map"
+                )
+            names.extend(per_tier)
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"tier names must be unique per collector, repeated: {dupes}")
@@ -96,7 +101,7 @@ class TierCollector(Collector):
         ):
             raise ValueError(f"tokens_per_block must be an int >= 1, got {tokens_per_block!r}")
         self.managers = managers
-        self.tiers = flat
+        self.tiers = sources
         self.tokens_per_block = tokens_per_block
         self.prefix = prefix
 
@@ -190,9 +195,7 @@ class TierCollector(Collector):
             put("capacity_blocks", tier, s.num_blocks)
             put("usage_perc", tier, s.used / s.num_blocks)
 
-        for t in self.tiers:
-            s: TierStats = t.stats()
-            tier = t.name
+        def tier_stats(tier: str, s: TierStats) -> None:
             put("chunk_queries", tier, s.lookups)
             put("chunk_hits", tier, s.lookup_hits)
             if tpb is not None:
@@ -223,6 +226,14 @@ class TierCollector(Collector):
             if hasattr(s, "breaker_state"):
                 put("breaker_opens", tier, s.breaker_opens)
                 put("breaker_open", tier, 1 if s.breaker_state == "open" else 0)
+
+        for t in self.tiers:
+            st = t.stats()
+            if isinstance(st, Mapping):  # a tier stack
+                for tier, s in st.items():
+                    tier_stats(tier, s)
+            else:
+                tier_stats(t.name, st)
         for fam in fams.values():
             if fam.samples:
                 yield fam
