@@ -170,3 +170,28 @@ def test_tier_stack_contributes_each_tier(shared_redis_server):
     finally:
         a.close()
         b.close()
+
+
+def test_http_scrape():
+    """The collector served by prometheus_client's HTTP server, scraped over HTTP."""
+    import urllib.request
+
+    from prometheus_client import start_http_server
+
+    m = exercised_manager()
+    reg = CollectorRegistry()
+    reg.register(TierCollector({"host": m}))
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        values = {
+            (s.name, s.labels.get("tier")): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples
+        }
+        assert values[(PREFIX + "chunk_hits_total", "host")] == m.stats().hits
+        assert values[(PREFIX + "pinned_blocks", "host")] == m.stats().pinned
+    finally:
+        server.shutdown()
+        thread.join(10)
