@@ -842,6 +842,11 @@ class RedisTier(BlockTier):
                 self._inflight += len(batch)
             try:
                 self._write_batch(batch)
+            except Exception as exc:  # keep the writer alive whatever happens (flush waits)
+                with self._lock:
+                    self._stats.writes_failed += len(batch)
+                logger.error("%s: writer error: %s", self._url_redacted,
+                             _scrub(f"{type(exc).__name__}: {exc}", self._url))
             finally:
                 with self._done:
                     self._inflight -= len(batch)
