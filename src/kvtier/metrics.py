@@ -39,7 +39,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from kvtier.manager import OffloadingManager
-from kvtier.tiers.base import BlockTier, LatencyHistogram, TierStats
+from kvtier.tiers.base import LatencyHistogram, TierStats
 
 PREFIX = "kvtier:kv_offload_tiering_"
 TIER_LABEL = "tier"  # vLLM's TIER_LABEL

@@ -24,7 +24,12 @@ from kvtier.tiers.redis import (
     layout_fingerprint,
     redact_url,
 )
-from redis_servers import RedisServer, redis_cluster, redis_server, shared_redis_server  # noqa: F401
+from redis_servers import (  # noqa: F401  (fixtures)
+    RedisServer,
+    redis_cluster,
+    redis_server,
+    shared_redis_server,
+)
 
 BLOCK = 4096
 FP = layout_fingerprint("tiny-llama", dtype="bfloat16", num_layers=2, num_kv_heads=2,
@@ -54,7 +59,7 @@ def raw_client(server):
     return redis_py.Redis.from_url(server.url)
 
 
-# -- round trip ---------------------------------------------------------------------------
+# -- round trip -------------------------------------------------------------------------------
 @pytest.mark.parametrize("lookup_mode", ["script", "pipeline"])
 def test_round_trip_lookup_and_read(shared_redis_server, lookup_mode):
     keys = [101, 102, "h3", b"\x00h4", 2**70]
@@ -116,7 +121,7 @@ def test_two_models_never_share(shared_redis_server):
         assert b.stats().read_errors == 0  # different keys: plain misses
 
 
-# -- nothing unverified reaches the caller -------------------------------------------------
+# -- nothing unverified reaches the caller ----------------------------------------------------
 def _tamper_cases(tier, foreign, r):
     """(name, corrupt(value) -> new value) pairs; each makes read answer None + an error."""
     def flip_payload(v):
@@ -218,7 +223,7 @@ def test_ttl_option(shared_redis_server):
         assert tier.read([1]) == blocks_for([1])
 
 
-# -- misuse raises, state unchanged ---------------------------------------------------------
+# -- misuse raises, state unchanged -----------------------------------------------------------
 def test_bad_input_raises_and_leaves_state(shared_redis_server):
     with make_tier(shared_redis_server.url) as tier:
         with pytest.raises(ValueError, match="block 1 .*5 bytes"):
@@ -421,7 +426,7 @@ def test_circuit_breaker_states():
     assert b.state == "closed" and b.allow()
 
 
-# -- sharing between processes -----------------------------------------------------------------
+# -- sharing between processes ----------------------------------------------------------------
 CHILD = textwrap.dedent("""
     import sys, random
     from kvtier.tiers.redis import RedisTier
@@ -468,7 +473,7 @@ def test_two_processes_share_prefixes(shared_redis_server):
     assert child("read") == ["read", "12", "True"]
 
 
-# -- Redis Cluster -------------------------------------------------------------------------------
+# -- Redis Cluster ----------------------------------------------------------------------------
 def test_cluster_round_trip_across_slots(redis_cluster):
     keys = list(range(300))
     data = blocks_for(keys)
@@ -504,7 +509,7 @@ def test_cluster_down_from_the_start_never_raises():
         assert tier.stats().backend_errors == 2
 
 
-# -- credentials ---------------------------------------------------------------------------------
+# -- credentials ------------------------------------------------------------------------------
 SECRET = "s3cr3t-Pa55word"
 
 
@@ -565,7 +570,7 @@ def test_url_query_mistakes_raise_at_construction():
         RedisTier("redis://127.0.0.1:1/0?no_such_option=1", block_bytes=BLOCK, fingerprint=FP)
 
 
-# -- TLS -------------------------------------------------------------------------------------------
+# -- TLS --------------------------------------------------------------------------------------
 def test_tls_round_trip(tmp_path):
     """rediss:// against a real redis-server with a self-signed certificate (CA = itself)."""
     from redis_servers import REDIS_SERVER, free_port, require_redis
@@ -622,7 +627,7 @@ def test_tls_round_trip(tmp_path):
         proc.wait(10)
 
 
-# -- a cluster node dies -----------------------------------------------------------------------------
+# -- a cluster node dies ----------------------------------------------------------------------
 def test_cluster_node_killed_answers_miss_within_timeout(tmp_path):
     from redis_servers import RedisClusterNodes, require_redis
 
@@ -652,7 +657,7 @@ def test_cluster_node_killed_answers_miss_within_timeout(tmp_path):
         cluster.stop()
 
 
-# -- threads ----------------------------------------------------------------------------------------
+# -- threads ----------------------------------------------------------------------------------
 def test_concurrent_callers(shared_redis_server):
     import threading
 

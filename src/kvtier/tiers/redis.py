@@ -717,7 +717,8 @@ class RedisTier(BlockTier):
         A ``bytes`` block is kept as it is (immutable); a ``bytearray``/``memoryview`` is
         copied before the call returns, so the caller may reuse it. The background writer
         adds the header (checksum, optional compression) and sends batches (MSET, or
-        pipelined SET with ``ttl_s`` or in a cluster). A block becomes readable when its batch is done.
+        pipelined SET with ``ttl_s`` or in a cluster). A block becomes readable when its
+        batch is done.
         Blocks that do not fit in the queue (``max_queue_bytes``) or arrive while the breaker
         is open are dropped and counted in ``writes_skipped``.
 
