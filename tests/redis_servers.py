@@ -56,6 +56,7 @@ class RedisServer:
                  password: str | None = None, extra: tuple[str, ...] = ()) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.auto_port = port is None
         self.port = port or free_port(cluster)
         self.cluster = cluster
         self.password = password
@@ -67,7 +68,22 @@ class RedisServer:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0) -> RedisServer:
+    def start(self, timeout: float = 20.0, attempts: int = 5) -> RedisServer:
+        """Start and wait for PING. A port taken between choosing and binding it (other
+        processes on this host start servers too) is replaced by a fresh one and retried."""
+        for attempt in range(attempts):
+            try:
+                return self._start_once(timeout)
+            except _PortTaken:
+                if not self.auto_port or attempt == attempts - 1:
+                    raise
+                self.port = free_port(self.cluster)
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> RedisServer:
+        log = self.workdir / "redis.log"
+        if log.exists():
+            log.unlink()
         args = [
             REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
             "--dir", str(self.workdir), "--save", "", "--appendonly", "no",
@@ -85,14 +101,14 @@ class RedisServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                log = (self.workdir / "redis.log")
-                raise RuntimeError(
-                    f"redis-server on port {self.port} exited: {err} "
-                    f"{log.read_text() if log.exists() else ''}"
-                )
+                text = f"{err} {log.read_text() if log.exists() else ''}"
+                if "in use" in text:
+                    raise _PortTaken(text)
+                raise RuntimeError(f"redis-server on port {self.port} exited: {text}")
             if self.cli("PING", check=False).strip() == "PONG":
                 return self
             time.sleep(0.05)
+        self.stop()
         raise RuntimeError(f"redis-server on port {self.port} did not answer PING")
 
     def cli(self, *args: str, check: bool = True) -> str:
@@ -100,8 +116,13 @@ class RedisServer:
         env = dict(os.environ)
         if self.password:
             env["REDISCLI_AUTH"] = self.password
-        out = subprocess.run(cmd + list(args), capture_output=True, text=True, env=env,
-                             timeout=10, check=False)
+        try:
+            out = subprocess.run(cmd + list(args), capture_output=True, text=True, env=env,
+                                 timeout=10, check=False)
+        except subprocess.TimeoutExpired:
+            if check:
+                raise
+            return ""
         if check and out.returncode != 0:
             raise RuntimeError(f"redis-cli {args}: {out.stderr}")
         return out.stdout
@@ -134,27 +155,50 @@ class RedisServer:
             self.proc.stderr.close()
 
 
+class _PortTaken(RuntimeError):
+    pass
+
+
 class RedisClusterNodes:
     """A 3-master Redis Cluster (no replicas) on loopback ports."""
 
     def __init__(self, workdir: Path, nodes: int = 3) -> None:
-        self.servers = [
-            RedisServer(Path(workdir) / f"node{i}", cluster=True) for i in range(nodes)
-        ]
+        self.workdir = Path(workdir)
+        self.nodes = nodes
+        self.servers: list[RedisServer] = []
 
     @property
     def url(self) -> str:
         return self.servers[0].url
 
-    def start(self, timeout: float = 30.0) -> RedisClusterNodes:
+    def start(self, timeout: float = 60.0, attempts: int = 3) -> RedisClusterNodes:
+        """Start the nodes, join them (``redis-cli --cluster create``) and wait for
+        ``cluster_state:ok``; a failed attempt (a port taken, a slow host) is retried from
+        scratch with fresh ports and directories."""
+        errors = []
+        for attempt in range(attempts):
+            self.servers = [
+                RedisServer(self.workdir / f"try{attempt}" / f"node{i}", cluster=True)
+                for i in range(self.nodes)
+            ]
+            try:
+                return self._start_once(timeout)
+            except (RuntimeError, subprocess.SubprocessError) as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+                self.stop()
+        raise RuntimeError(f"3-node cluster did not start: {errors}")
+
+    def _start_once(self, timeout: float) -> RedisClusterNodes:
         for s in self.servers:
             s.start()
         addrs = [f"127.0.0.1:{s.port}" for s in self.servers]
-        subprocess.run(
+        out = subprocess.run(
             [REDIS_CLI, "--cluster", "create", *addrs, "--cluster-replicas", "0",
              "--cluster-yes"],
-            capture_output=True, text=True, timeout=60, check=True,
+            capture_output=True, text=True, timeout=120, check=False,
         )
+        if out.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create: {out.stdout} {out.stderr}")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if all("cluster_state:ok" in s.cli("CLUSTER", "INFO", check=False)
