@@ -1,0 +1,197 @@
+"""kvtier.metrics: scrape the text exposition and check every value against stats()."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvtier import OffloadingManager
+from kvtier.metrics import PREFIX, TierCollector
+from kvtier.tiers.base import LATENCY_BUCKETS_S
+from kvtier.tiers.redis import HEADER_BYTES, RedisTier
+from redis_servers import free_port, shared_redis_server  # noqa: F401
+
+BLOCK = 2048
+
+
+def scrape(registry) -> dict[tuple[str, str, str], float]:
+    """{(sample name, tier, le): value} from the text exposition."""
+    text = generate_latest(registry).decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, s.labels.get("tier"), s.labels.get("le"))] = s.value
+    return out
+
+
+def exercised_manager() -> OffloadingManager:
+    m = OffloadingManager(8, policy="lru", store_threshold=1)
+    out = m.prepare_store(list(range(6)))
+    m.complete_store(out.keys_to_store[:5])
+    m.complete_store(out.keys_to_store[5:], success=False)
+    m.lookup_prefix([0, 1, 2, 9])
+    m.prepare_load([0, 1])  # pinned
+    out = m.prepare_store(list(range(10, 16)))  # evicts
+    m.complete_store(out.keys_to_store[:2])  # 4 still pending
+    return m
+
+
+def exercised_redis(url, name="redis") -> RedisTier:
+    t = RedisTier(url, block_bytes=BLOCK, fingerprint="metrics-test", name=name,
+                  namespace=f"m{random.randrange(1 << 30)}")
+    keys = list(range(7))
+    t.write(keys, [random.randbytes(BLOCK) for _ in keys])
+    assert t.flush(10)
+    t.lookup_prefix(keys + [99])
+    t.lookup_prefix([99])
+    t.read(keys[:3] + [99])
+    return t
+
+
+def test_scrape_matches_stats(shared_redis_server):
+    m = exercised_manager()
+    tier = exercised_redis(shared_redis_server.url)
+    down = RedisTier(f"redis://127.0.0.1:{free_port()}/0", block_bytes=BLOCK,
+                     fingerprint="metrics-test", name="redis-down", breaker_cooldown_s=60)
+    try:
+        for _ in range(5):
+            down.lookup_prefix([1])
+        down.write([1], [bytes(BLOCK)])  # breaker open: skipped
+        reg = CollectorRegistry()
+        reg.register(TierCollector({"host": m}, [tier, down], tokens_per_block=16))
+        got = scrape(reg)
+
+        def val(name, tier_name, le=None):
+            return got[(PREFIX + name, tier_name, le)]
+
+        ms = m.stats()
+        assert val("chunk_queries_total", "host") == ms.lookups == 4
+        assert val("chunk_hits_total", "host") == ms.hits == 3
+        assert val("hit_tokens_total", "host") == 3 * 16
+        assert val("read_blocks_total", "host") == ms.loads == 2
+        assert val("stores_total", "host") == ms.stores
+        assert val("stores_completed_total", "host") == ms.completed_stores == 7
+        assert val("store_failures_total", "host") == ms.failed_stores == 1
+        assert val("evictions_total", "host") == ms.evictions > 0
+        assert val("used_blocks", "host") == ms.used == 8
+        assert val("pinned_blocks", "host") == ms.pinned == 2
+        assert val("pending_blocks", "host") == ms.pending == 4
+        assert val("capacity_blocks", "host") == 8
+        assert val("usage_perc", "host") == 1.0
+
+        rs = tier.stats()
+        assert val("chunk_queries_total", "redis") == rs.lookups == 9
+        assert val("chunk_hits_total", "redis") == rs.lookup_hits == 7
+        assert val("hit_tokens_total", "redis") == 7 * 16
+        assert val("read_blocks_total", "redis") == rs.reads == 4
+        assert val("read_hit_blocks_total", "redis") == rs.read_hits == 3
+        assert val("read_errors_total", "redis") == rs.read_errors == 0
+        assert val("stores_total", "redis") == rs.writes == 7
+        assert val("stores_completed_total", "redis") == rs.writes_completed == 7
+        assert val("write_bytes_total", "redis") == rs.bytes_written == 7 * (HEADER_BYTES + BLOCK)
+        assert val("read_bytes_total", "redis") == rs.bytes_read == 3 * (HEADER_BYTES + BLOCK)
+        assert val("read_time_total", "redis") == pytest.approx(rs.read_latency.sum_s)
+        assert val("write_time_total", "redis") == pytest.approx(rs.write_latency.sum_s)
+        assert val("pending_blocks", "redis") == 0
+        assert ("used_blocks", "redis", None) not in got  # Redis owns capacity
+        assert val("backend_errors_total", "redis") == 0
+        assert val("breaker_open", "redis") == 0
+        # histograms: cumulative buckets, count and sum equal the tier's histogram
+        for kind, hist in (("read", rs.read_latency), ("write", rs.write_latency)):
+            base = f"{kind}_latency_seconds"
+            acc = 0
+            for bound, count in zip(LATENCY_BUCKETS_S, hist.counts):
+                acc += count
+                assert val(base + "_bucket", "redis", repr(float(bound))) == acc
+            assert val(base + "_bucket", "redis", "+Inf") == hist.total
+            assert val(base + "_count", "redis") == hist.total
+            assert val(base + "_sum", "redis") == pytest.approx(hist.sum_s)
+
+        ds = down.stats()
+        assert val("backend_errors_total", "redis-down") == ds.backend_errors == 3
+        assert val("breaker_opens_total", "redis-down") == 1
+        assert val("breaker_open", "redis-down") == 1
+        assert val("chunk_queries_total", "redis-down") == 5
+        assert val("chunk_hits_total", "redis-down") == 0
+        assert val("stores_skipped_total", "redis-down") == ds.writes_skipped == 1
+
+        # values follow the sources between scrapes (no state in the collector)
+        tier.lookup_prefix([0, 1])
+        assert scrape(reg)[(PREFIX + "chunk_hits_total", "redis", None)] == 9
+    finally:
+        tier.close()
+        down.close()
+
+
+def test_collector_rejects_bad_sources():
+    m = OffloadingManager(4)
+    with pytest.raises(ValueError, match="repeated"):
+        TierCollector({"redis": m, "x": OffloadingManager(4)},
+                      [type("T", (), {"name": "redis", "stats": lambda self: None})()])
+    with pytest.raises(TypeError, match="OffloadingManager"):
+        TierCollector({"host": object()})
+    with pytest.raises(TypeError, match="stats"):
+        TierCollector({}, [object()])
+    with pytest.raises(ValueError, match="tokens_per_block"):
+        TierCollector({"host": m}, tokens_per_block=0)
+
+
+def test_no_hit_tokens_without_block_size():
+    reg = CollectorRegistry()
+    reg.register(TierCollector({"host": OffloadingManager(4)}))
+    names = {k[0] for k in scrape(reg)}
+    assert PREFIX + "chunk_queries_total" in names
+    assert not any("hit_tokens" in n for n in names)
+
+
+def test_tier_stack_contributes_each_tier(shared_redis_server):
+    """A stack (no name; stats() -> {tier name: TierStats}, like kvtier.tiers.stack.TierStack)
+    is collected tier by tier."""
+    a = exercised_redis(shared_redis_server.url, name="redis-a")
+    b = exercised_redis(shared_redis_server.url, name="redis-b")
+
+    class Stack:
+        def stats(self):
+            return {"redis-a": a.stats(), "redis-b": b.stats()}
+
+    try:
+        b.lookup_prefix([0])
+        reg = CollectorRegistry()
+        reg.register(TierCollector({"host": OffloadingManager(4)}, [Stack()]))
+        got = scrape(reg)
+        assert got[(PREFIX + "chunk_queries_total", "redis-a", None)] == a.stats().lookups == 9
+        assert got[(PREFIX + "chunk_queries_total", "redis-b", None)] == b.stats().lookups == 10
+        assert got[(PREFIX + "chunk_queries_total", "host", None)] == 0
+        with pytest.raises(ValueError, match="redis-a"):
+            TierCollector({"redis-a": OffloadingManager(4)}, [Stack()])
+    finally:
+        a.close()
+        b.close()
+
+
+def test_http_scrape():
+    """The collector served by prometheus_client's HTTP server, scraped over HTTP."""
+    import urllib.request
+
+    from prometheus_client import start_http_server
+
+    m = exercised_manager()
+    reg = CollectorRegistry()
+    reg.register(TierCollector({"host": m}))
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        values = {
+            (s.name, s.labels.get("tier")): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples
+        }
+        assert values[(PREFIX + "chunk_hits_total", "host")] == m.stats().hits
+        assert values[(PREFIX + "pinned_blocks", "host")] == m.stats().pinned
+    finally:
+        server.shutdown()
+        thread.join(10)

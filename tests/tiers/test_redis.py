@@ -1,0 +1,685 @@
+"""RedisTier against real redis-server processes (standalone and a 3-node cluster) started by
+the fixtures in tests/redis_servers.py."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis as redis_py
+
+from kvtier.tiers import TierStats
+from kvtier.tiers.redis import (
+    HEADER,
+    HEADER_BYTES,
+    CircuitBreaker,
+    RedisTier,
+    layout_fingerprint,
+    redact_url,
+)
+from redis_servers import (  # noqa: F401  (fixtures)
+    RedisServer,
+    redis_cluster,
+    redis_server,
+    shared_redis_server,
+)
+
+BLOCK = 4096
+FP = layout_fingerprint("tiny-llama", dtype="bfloat16", num_layers=2, num_kv_heads=2,
+                        head_dim=64, block_tokens=16)
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def blocks_for(keys, size=BLOCK, seed=0):
+    """Distinct pseudo-random bytes per key (os.urandom-like, reproducible)."""
+    import random
+
+    out = []
+    for k in keys:
+        rnd = random.Random(f"{seed}-{k}")
+        out.append(rnd.randbytes(size))
+    return out
+
+
+def make_tier(url, **kw):
+    kw.setdefault("block_bytes", BLOCK)
+    kw.setdefault("fingerprint", FP)
+    kw.setdefault("namespace", f"t{uuid.uuid4().hex[:8]}")
+    return RedisTier(url, **kw)
+
+
+def raw_client(server):
+    return redis_py.Redis.from_url(server.url)
+
+
+# -- round trip -------------------------------------------------------------------------------
+@pytest.mark.parametrize("lookup_mode", ["script", "pipeline"])
+def test_round_trip_lookup_and_read(shared_redis_server, lookup_mode):
+    keys = [101, 102, "h3", b"\x00h4", 2**70]
+    data = blocks_for(keys)
+    with make_tier(shared_redis_server.url, lookup_mode=lookup_mode) as tier:
+        assert tier.lookup_prefix(keys) == 0
+        assert tier.write(keys, data) == 5
+        assert tier.flush(10)
+        assert tier.lookup_prefix(keys) == 5
+        assert tier.lookup_prefix(keys[:2] + [999] + keys[2:]) == 2  # stops at the gap
+        assert tier.lookup_prefix([999] + keys) == 0
+        assert tier.read(keys) == data
+        assert tier.read([999, keys[1]]) == [None, data[1]]
+        s = tier.stats()
+        assert isinstance(s, TierStats)
+        # examined keys: 1 + 5 + 3 + 1 (hits plus the first miss of each call)
+        assert (s.lookups, s.lookup_hits) == (10, 7)
+        assert (s.reads, s.read_hits, s.read_errors) == (7, 6, 0)
+        assert (s.writes, s.writes_completed, s.writes_failed, s.writes_skipped) == (5, 5, 0, 0)
+        assert s.bytes_written == 5 * (HEADER_BYTES + BLOCK)
+        assert s.bytes_read == 6 * (HEADER_BYTES + BLOCK)
+        assert s.read_latency.total == 2 and s.write_latency.total >= 1
+        assert s.backend_errors == 0 and s.breaker_state == "closed"
+
+
+def test_caller_may_reuse_buffer_after_write(shared_redis_server):
+    buf = bytearray(b"a" * BLOCK)
+    with make_tier(shared_redis_server.url) as tier:
+        tier.write([1], [memoryview(buf)])
+        buf[:] = b"b" * BLOCK  # overwritten before the writer sent it
+        tier.flush(10)
+        assert tier.read([1]) == [b"a" * BLOCK]
+
+
+def test_keys_and_header_layout(shared_redis_server):
+    with make_tier(shared_redis_server.url, namespace="lay") as tier:
+        rk = tier.redis_key(7)
+        assert rk == b"lay:%016x:i" % tier.fingerprint_id + (7).to_bytes(8, "big")
+        tier.write([7], blocks_for([7]))
+        tier.flush(10)
+        value = raw_client(shared_redis_server).get(rk)
+        magic, version, codec, _, fp, length, plen, _ = HEADER.unpack_from(value)
+        assert (magic, version, codec, fp, length, plen) == (
+            b"KVTB", 1, 0, tier.fingerprint_id, BLOCK, BLOCK)
+
+
+def test_two_models_never_share(shared_redis_server):
+    ns = f"m{uuid.uuid4().hex[:6]}"
+    fp_b = FP.replace("tiny-llama", "other-model")
+    with make_tier(shared_redis_server.url, namespace=ns) as a, \
+            make_tier(shared_redis_server.url, namespace=ns, fingerprint=fp_b) as b, \
+            make_tier(shared_redis_server.url, namespace=ns, block_bytes=2 * BLOCK) as c:
+        a.write([1, 2], blocks_for([1, 2]))
+        a.flush(10)
+        assert a.lookup_prefix([1, 2]) == 2
+        assert b.lookup_prefix([1, 2]) == 0 and b.read([1, 2]) == [None, None]
+        assert c.lookup_prefix([1, 2]) == 0
+        assert len({a.fingerprint_id, b.fingerprint_id, c.fingerprint_id}) == 3
+        assert b.stats().read_errors == 0  # different keys: plain misses
+
+
+# -- nothing unverified reaches the caller ----------------------------------------------------
+def _tamper_cases(tier, foreign, r):
+    """(name, corrupt(value) -> new value) pairs; each makes read answer None + an error."""
+    def flip_payload(v):
+        v = bytearray(v)
+        v[HEADER_BYTES + 100] ^= 0x01
+        return bytes(v)
+
+    def flip_checksum(v):
+        v = bytearray(v)
+        v[HEADER_BYTES - 1] ^= 0x80
+        return bytes(v)
+
+    def version(v):
+        v = bytearray(v)
+        v[4] = 2
+        return bytes(v)
+
+    def magic(v):
+        return b"XXXX" + v[4:]
+
+    return [
+        ("flipped payload bit", flip_payload),
+        ("flipped checksum bit", flip_checksum),
+        ("truncated payload", lambda v: v[:-100]),
+        ("truncated header", lambda v: v[:20]),
+        ("empty value", lambda v: b""),
+        ("extra bytes", lambda v: v + b"xx"),
+        ("unknown format version", version),
+        ("not a kvtier value", magic),
+        ("foreign fingerprint", lambda v: foreign),
+    ]
+
+
+def test_foreign_corrupt_truncated_values_are_miss_and_counted(shared_redis_server):
+    ns = f"c{uuid.uuid4().hex[:6]}"
+    r = raw_client(shared_redis_server)
+    with make_tier(shared_redis_server.url, namespace=ns) as tier, \
+            make_tier(shared_redis_server.url, namespace=ns, fingerprint=FP + "|tp=2") as other:
+        other.write([1], blocks_for([1]))
+        other.flush(10)
+        foreign = r.get(other.redis_key(1))
+        cases = _tamper_cases(tier, foreign, r)
+        keys = list(range(100, 100 + len(cases)))
+        data = blocks_for(keys)
+        tier.write(keys, data)
+        tier.flush(10)
+        good = tier.read(keys)
+        assert good == data
+        for key, (_name, corrupt) in zip(keys, cases):
+            rk = tier.redis_key(key)
+            r.set(rk, corrupt(r.get(rk)))
+        before = tier.stats()
+        got = tier.read(keys)
+        assert got == [None] * len(cases), [c[0] for c, g in zip(cases, got) if g is not None]
+        after = tier.stats()
+        assert after.read_errors - before.read_errors == len(cases)
+        assert after.read_hits == before.read_hits
+
+
+def test_value_moved_under_another_key_is_rejected(shared_redis_server):
+    """The checksum covers the Redis key: a valid value copied to another block's key fails."""
+    r = raw_client(shared_redis_server)
+    with make_tier(shared_redis_server.url) as tier:
+        tier.write([1, 2], blocks_for([1, 2]))
+        tier.flush(10)
+        r.set(tier.redis_key(2), r.get(tier.redis_key(1)))
+        assert tier.read([1, 2]) == [blocks_for([1])[0], None]
+        assert tier.stats().read_errors == 1
+
+
+def test_zstd_compression_only_when_it_pays(shared_redis_server):
+    r = raw_client(shared_redis_server)
+    zeros = bytes(BLOCK)
+    noise = blocks_for(["n"])[0]
+    with make_tier(shared_redis_server.url, compression="zstd") as tier:
+        tier.write(["z", "n"], [zeros, noise])
+        tier.flush(10)
+        assert tier.read(["z", "n"]) == [zeros, noise]
+        vz, vn = r.get(tier.redis_key("z")), r.get(tier.redis_key("n"))
+        assert HEADER.unpack_from(vz)[2] == 1 and len(vz) < BLOCK // 10  # stored compressed
+        assert HEADER.unpack_from(vn)[2] == 0 and len(vn) == HEADER_BYTES + BLOCK  # raw
+        # a plain tier reads compressed values too (the codec is in the header)
+        with make_tier(shared_redis_server.url, namespace=tier.namespace) as plain:
+            assert plain.read(["z"]) == [zeros]
+        # a corrupt zstd frame: miss + error, no exception
+        bad = bytearray(vz)
+        bad[HEADER_BYTES + 5] ^= 0xFF
+        r.set(tier.redis_key("z"), bytes(bad))
+        assert tier.read(["z"]) == [None]
+        assert tier.stats().read_errors == 1
+
+
+def test_ttl_option(shared_redis_server):
+    r = raw_client(shared_redis_server)
+    with make_tier(shared_redis_server.url, ttl_s=100) as tier:
+        tier.write([1], blocks_for([1]))
+        tier.flush(10)
+        assert 0 < r.ttl(tier.redis_key(1)) <= 100
+        assert tier.read([1]) == blocks_for([1])
+
+
+# -- misuse raises, state unchanged -----------------------------------------------------------
+def test_bad_input_raises_and_leaves_state(shared_redis_server):
+    with make_tier(shared_redis_server.url) as tier:
+        with pytest.raises(ValueError, match="block 1 .*5 bytes"):
+            tier.write([1, 2], [bytes(BLOCK), b"short"])
+        with pytest.raises(ValueError, match="2 keys but 1 blocks"):
+            tier.write([1, 2], [bytes(BLOCK)])
+        with pytest.raises(TypeError, match="no stable byte encoding"):
+            tier.write([(1, 2)], [bytes(BLOCK)])
+        with pytest.raises(TypeError):
+            tier.lookup_prefix([1.5])
+        tier.flush(10)
+        s = tier.stats()
+        assert (s.writes, s.writes_skipped, s.lookups) == (0, 0, 0)
+        assert tier.lookup_prefix([1]) == 0  # nothing of the failed writes was stored
+    with pytest.raises(RuntimeError, match="closed"):
+        tier.lookup_prefix([1])
+    tier.close()  # idempotent
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"block_bytes": 0}, "block_bytes"),
+        ({"fingerprint": ""}, "fingerprint"),
+        ({"namespace": "a{b}"}, "namespace"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"compression": "lz4"}, "compression"),
+        ({"ttl_s": -1}, "ttl_s"),
+        ({"lookup_mode": "scan"}, "lookup_mode"),
+        ({"cluster": True, "lookup_mode": "script"}, "lookup_mode"),
+        ({"max_queue_bytes": 0}, "max_queue_bytes"),
+        ({"breaker_failures": 0}, "breaker_failures"),
+    ],
+)
+def test_bad_options_name_the_option(kwargs, match):
+    kw = {"block_bytes": BLOCK, "fingerprint": FP, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        RedisTier("redis://127.0.0.1:1/0", **kw)
+    with pytest.raises(ValueError, match="redis://, rediss://"):
+        RedisTier("http://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP)
+    with pytest.raises(TypeError, match="fingerprint"):
+        RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=b"x")
+
+
+def test_from_url_takes_tier_options_from_the_query(shared_redis_server, monkeypatch):
+    url = (f"{shared_redis_server.url}?fingerprint=q-model&block_bytes={BLOCK}"
+           f"&namespace=qns&timeout_s=0.2&compression=zstd&lookup_mode=pipeline")
+    with RedisTier.from_url(url) as tier:
+        assert (tier.fingerprint, tier.block_bytes, tier.namespace, tier.timeout_s,
+                tier.compression, tier.lookup_mode) == (
+            "q-model", BLOCK, "qns", 0.2, "zstd", "pipeline")
+        tier.write([1], blocks_for([1]))
+        tier.flush(10)
+        assert tier.read([1]) == blocks_for([1])
+    with RedisTier.from_url(url, namespace="kw") as tier:  # keyword options win
+        assert tier.namespace == "kw"
+    monkeypatch.setenv("KVTIER_REDIS_URL", shared_redis_server.url)
+    with RedisTier.from_url(block_bytes=BLOCK, fingerprint=FP) as tier:
+        assert tier.lookup_prefix([1]) == 0 and tier.stats().backend_errors == 0
+    monkeypatch.delenv("KVTIER_REDIS_URL")
+    with pytest.raises(ValueError, match="KVTIER_REDIS_URL"):
+        RedisTier.from_url(block_bytes=BLOCK, fingerprint=FP)
+    with pytest.raises(ValueError, match="block_bytes"):
+        RedisTier.from_url(shared_redis_server.url + "?block_bytes=big", fingerprint=FP)
+
+
+def test_queue_bound_drops_and_counts(shared_redis_server):
+    size = HEADER_BYTES + BLOCK
+    with make_tier(shared_redis_server.url, max_queue_bytes=3 * size) as tier:
+        keys = list(range(50))
+        accepted = tier.write(keys, blocks_for(keys))
+        assert 3 <= accepted < 50  # the writer may have taken some off the queue already
+        s = tier.stats()
+        assert s.writes == accepted and s.writes_skipped == 50 - accepted
+        assert s.queued_bytes <= 3 * size
+        tier.flush(10)
+        assert tier.stats().writes_completed == accepted
+        assert tier.lookup_prefix(keys) == accepted  # the first ones were taken, in order
+
+
+# -- a server that is down or slow ------------------------------------------------------------
+def _timed(fn, *args):
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t0
+
+
+def test_redis_killed_mid_run_then_restarted(redis_server):
+    keys = list(range(20))
+    data = blocks_for(keys)
+    tier = make_tier(redis_server.url, breaker_cooldown_s=0.3)
+    try:
+        tier.write(keys, data)
+        assert tier.flush(10)
+        assert tier.lookup_prefix(keys) == 20
+        redis_server.kill()  # kill -9 mid-run
+        worst = 0.0
+        for _ in range(50):
+            n, dt = _timed(tier.lookup_prefix, keys)
+            assert n == 0
+            worst = max(worst, dt)
+            got, dt = _timed(tier.read, keys[:4])
+            assert got == [None] * 4
+            worst = max(worst, dt)
+        # every call answered within the timeout (0.05 s); the bound here leaves room for a
+        # busy CI host, the benchmark records the real figures
+        assert worst < 0.5, worst
+        s = tier.stats()
+        assert s.backend_errors >= 1 and s.breaker_opens >= 1
+        assert s.calls_refused >= 90  # the open breaker answered the rest at once
+        assert s.lookups - s.lookup_hits >= 50  # every lookup counted as a miss
+        assert s.breaker_state in ("open", "half_open")
+        # writes while down: accepted-then-failed or skipped, all counted, none raises
+        before = tier.stats()
+        tier.write([100, 101], blocks_for([100, 101]))
+        assert tier.flush(5)
+        after = tier.stats()
+        assert (after.writes_failed + after.writes_skipped) - (
+            before.writes_failed + before.writes_skipped) == 2
+        # the server comes back on the same port (empty: it had no persistence)
+        RedisServer(redis_server.workdir, redis_server.port).start()
+        redis_server.proc = None
+        deadline = time.monotonic() + 5
+        while tier.breaker.state != "half_open" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert tier.lookup_prefix(keys) == 0  # the probe succeeds: a real miss
+        assert tier.breaker.state == "closed"
+        assert tier.write(keys[:3], data[:3]) == 3
+        assert tier.flush(10)
+        assert tier.lookup_prefix(keys) == 3
+        assert tier.read(keys[:3]) == data[:3]
+    finally:
+        tier.close()
+        # the restarted server: stop it through its port
+        subprocess.run(["redis-cli", "-p", str(redis_server.port), "shutdown", "nosave"],
+                       capture_output=True, timeout=10)
+
+
+def test_redis_hung_lookups_answer_within_timeout(redis_server):
+    """SIGSTOP: connections are accepted but nothing answers: socket timeouts, breaker."""
+    keys = list(range(8))
+    data = blocks_for(keys)
+    tier = make_tier(redis_server.url, timeout_s=0.05, breaker_cooldown_s=0.2)
+    try:
+        tier.write(keys, data)
+        assert tier.flush(10)
+        redis_server.pause()
+        times = []
+        for _ in range(30):
+            n, dt = _timed(tier.lookup_prefix, keys)
+            assert n == 0
+            times.append(dt)
+            time.sleep(0.02)
+        # calls that reached the server waited one timeout; the others were refused at once
+        assert max(times) < 0.5, max(times)
+        assert sum(t >= 0.04 for t in times) >= 3  # real timeouts happened
+        assert tier.stats().backend_errors >= 3
+        redis_server.resume()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if tier.lookup_prefix(keys) == 8:
+                break
+            time.sleep(0.05)
+        assert tier.lookup_prefix(keys) == 8
+        assert tier.read(keys) == data
+    finally:
+        redis_server.resume()
+        tier.close()
+
+
+def test_server_down_from_the_start_never_raises(tmp_path):
+    from redis_servers import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    with make_tier(url, breaker_cooldown_s=10) as tier:
+        for _ in range(10):
+            assert tier.lookup_prefix([1, 2]) == 0
+            assert tier.read([1]) == [None]
+        tier.write([1], blocks_for([1]))
+        assert tier.flush(5)
+        s = tier.stats()
+        assert s.backend_errors == 3 and s.breaker_opens == 1  # 3 failures opened it
+        assert s.writes_failed + s.writes_skipped == 1
+
+
+def test_circuit_breaker_states():
+    b = CircuitBreaker(failure_threshold=2, cooldown_s=0.05)
+    assert b.allow()
+    assert not b.failure() and b.state == "closed"
+    assert b.failure() and b.state == "open"
+    assert not b.allow()
+    time.sleep(0.06)
+    assert b.state == "half_open"
+    assert b.allow()  # the probe
+    assert not b.allow()  # only one probe at a time
+    assert b.failure() and b.state == "open" and b.opens == 2
+    time.sleep(0.06)
+    assert b.allow()
+    b.success()
+    assert b.state == "closed" and b.allow()
+
+
+# -- sharing between processes ----------------------------------------------------------------
+CHILD = textwrap.dedent("""
+    import sys, random
+    from kvtier.tiers.redis import RedisTier
+    url, ns, fp, mode = sys.argv[1:5]
+    def block(k):
+        return random.Random(f"0-{k}").randbytes(4096)
+    with RedisTier(url, block_bytes=4096, fingerprint=fp, namespace=ns) as t:
+        if mode == "write":
+            keys = list(range(1000, 1010))
+            assert t.write(keys, [block(k) for k in keys]) == 10
+            assert t.flush(10)
+            print("wrote", t.stats().writes_completed)
+        else:
+            keys = list(range(2000, 2016))
+            n = t.lookup_prefix(keys)
+            got = t.read(keys[:n])
+            ok = all(g == block(k) for g, k in zip(got, keys))
+            print("read", n, ok)
+""")
+
+
+def test_two_processes_share_prefixes(shared_redis_server):
+    ns = f"p{uuid.uuid4().hex[:6]}"
+    env = dict(os.environ, PYTHONPATH=SRC)
+
+    def child(mode):
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, shared_redis_server.url, ns, FP, mode],
+            capture_output=True, text=True, env=env, timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    # another process writes a prefix; this one finds and reads it
+    assert child("write") == ["wrote", "10"]
+    with make_tier(shared_redis_server.url, namespace=ns) as tier:
+        keys = list(range(1000, 1010))
+        assert tier.lookup_prefix(keys + [1010]) == 10
+        assert tier.read(keys) == blocks_for(keys)
+        # this process writes 12 of 16 blocks; the other finds the 12 and reads them intact
+        mine = list(range(2000, 2012))
+        tier.write(mine, blocks_for(mine))
+        assert tier.flush(10)
+    assert child("read") == ["read", "12", "True"]
+
+
+# -- Redis Cluster ----------------------------------------------------------------------------
+def test_cluster_round_trip_across_slots(redis_cluster):
+    keys = list(range(300))
+    data = blocks_for(keys)
+    with make_tier(redis_cluster.url, cluster=True) as tier:
+        assert tier.lookup_mode == "pipeline"
+        assert tier.lookup_prefix(keys) == 0
+        assert tier.write(keys, data) == 300
+        assert tier.flush(20)
+        assert tier.stats().writes_completed == 300
+        assert tier.lookup_prefix(keys) == 300
+        assert tier.lookup_prefix(keys[:150] + [-1] + keys[150:]) == 150
+        assert tier.read(keys) == data
+        # the blocks really spread over the three nodes (no hash tag)
+        sizes = [int(s.cli("DBSIZE").strip()) for s in redis_cluster.servers]
+        assert all(n > 30 for n in sizes) and sum(sizes) >= 300, sizes
+        # corruption in a cluster is caught the same way
+        rc = redis_py.cluster.RedisCluster.from_url(redis_cluster.url)
+        rk = tier.redis_key(5)
+        rc.set(rk, rc.get(rk)[:-1])
+        got = tier.read(keys[:10])
+        assert got[5] is None and got[:5] == data[:5] and got[6:] == data[6:10]
+        assert tier.stats().read_errors == 1
+        rc.close()
+
+
+def test_cluster_down_from_the_start_never_raises():
+    from redis_servers import free_port
+
+    with make_tier(f"redis://127.0.0.1:{free_port()}/0", cluster=True) as tier:
+        (n, dt1), (got, dt2) = _timed(tier.lookup_prefix, [1, 2]), _timed(tier.read, [1])
+        assert (n, got) == (0, [None])
+        assert max(dt1, dt2) < 0.5
+        assert tier.stats().backend_errors == 2
+
+
+# -- credentials ------------------------------------------------------------------------------
+SECRET = "s3cr3t-Pa55word"
+
+
+def test_password_is_never_shown_or_logged(tmp_path_factory, caplog, monkeypatch):
+    from redis_servers import require_redis
+
+    require_redis()
+    server = RedisServer(tmp_path_factory.mktemp("auth"), password=SECRET).start()
+    caplog.set_level(logging.DEBUG)
+    try:
+        good = f"redis://default:{SECRET}@127.0.0.1:{server.port}/0"
+        assert SECRET not in redact_url(good) and "***" in redact_url(good)
+        with make_tier(good) as tier:
+            assert SECRET not in repr(tier) and SECRET not in str(tier)
+            tier.write([1], blocks_for([1]))
+            assert tier.flush(10)
+            assert tier.read([1]) == blocks_for([1])
+            assert SECRET not in repr(tier.stats())
+        # a wrong password: misses and errors, and nothing logged shows it
+        wrong = f"redis://default:{SECRET}x@127.0.0.1:{server.port}/0"
+        with make_tier(wrong) as tier:
+            assert tier.lookup_prefix([1]) == 0
+            assert tier.stats().backend_errors == 1
+            assert SECRET not in repr(tier)
+        # no password: the server refuses (NOAUTH); the env var supplies it
+        bare = f"redis://127.0.0.1:{server.port}/0"
+        with make_tier(bare) as tier:
+            assert tier.lookup_prefix([1]) == 0 and tier.stats().backend_errors == 1
+        monkeypatch.setenv("KVTIER_REDIS_PASSWORD", SECRET)
+        with RedisTier.from_url(bare, block_bytes=BLOCK, fingerprint=FP,
+                                namespace="x") as tier:
+            assert SECRET not in repr(tier)
+            assert tier.lookup_prefix([1]) == 0 and tier.stats().backend_errors == 0
+        # errors raised for bad URLs/options do not show it either
+        for bad in (f"redis://u:{SECRET}@127.0.0.1:99999999/0",
+                    f"redis://u:{SECRET}@127.0.0.1:{server.port}/0?health_check_interval=abc"):
+            with pytest.raises(ValueError) as exc:
+                RedisTier.from_url(bad, block_bytes=BLOCK, fingerprint=FP)
+            assert SECRET not in str(exc.value)
+        text = "\n".join(r.getMessage() for r in caplog.records)
+        assert "NOAUTH" in text or "invalid" in text.lower() or "auth" in text.lower()
+        assert SECRET not in text
+    finally:
+        server.stop()
+
+
+def test_url_query_cannot_override_the_tier_timeouts():
+    with pytest.raises(ValueError, match="socket_timeout"):
+        RedisTier("redis://127.0.0.1:1/0?socket_timeout=30", block_bytes=BLOCK, fingerprint=FP)
+
+
+def test_url_query_mistakes_raise_at_construction():
+    # tier options in the query need from_url (the constructor would hand them to redis-py)
+    with pytest.raises(ValueError, match=r"from_url"):
+        RedisTier("redis://127.0.0.1:1/0?cluster=1", block_bytes=BLOCK, fingerprint=FP)
+    # an unknown redis-py option fails now, not as a miss on every later call
+    with pytest.raises(ValueError, match="bad Redis URL or client option"):
+        RedisTier("redis://127.0.0.1:1/0?no_such_option=1", block_bytes=BLOCK, fingerprint=FP)
+
+
+# -- TLS --------------------------------------------------------------------------------------
+def test_tls_round_trip(tmp_path):
+    """rediss:// against a real redis-server with a self-signed certificate (CA = itself)."""
+    from redis_servers import REDIS_SERVER, free_port, require_redis
+
+    require_redis()
+    import shutil as _sh
+
+    if _sh.which("openssl") is None:
+        if os.environ.get("CI"):
+            pytest.fail("openssl not installed (.ci/run installs it)")
+        pytest.skip("openssl not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True, timeout=60,
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [REDIS_SERVER, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+         "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+         "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no",
+         "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
+         "--requirepass", SECRET],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"rediss://default:{SECRET}@127.0.0.1:{port}/0?ssl_ca_certs={cert}"
+        probe = redis_py.Redis.from_url(url, socket_timeout=1)
+        for _ in range(100):
+            try:
+                probe.ping()
+                break
+            except redis_py.ConnectionError:
+                time.sleep(0.05)
+        probe.close()
+        with make_tier(url, timeout_s=0.5) as tier:
+            assert SECRET not in repr(tier) and "rediss://" in repr(tier)
+            tier.write([1, 2], blocks_for([1, 2]))
+            assert tier.flush(10)
+            assert tier.lookup_prefix([1, 2, 3]) == 2
+            assert tier.read([1, 2]) == blocks_for([1, 2])
+        # plain redis:// to the TLS port fails as a miss, never an exception
+        with make_tier(f"redis://default:{SECRET}@127.0.0.1:{port}/0", timeout_s=0.2) as plain:
+            assert plain.lookup_prefix([1]) == 0 and plain.stats().backend_errors == 1
+        # a client that does not trust the certificate: a miss, counted
+        with make_tier(f"rediss://default:{SECRET}@127.0.0.1:{port}/0",
+                       timeout_s=0.5) as untrusted:
+            assert untrusted.lookup_prefix([1]) == 0
+            assert untrusted.stats().backend_errors == 1
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+# -- a cluster node dies ----------------------------------------------------------------------
+def test_cluster_node_killed_answers_miss_within_timeout(tmp_path):
+    from redis_servers import RedisClusterNodes, require_redis
+
+    require_redis()
+    cluster = RedisClusterNodes(tmp_path / "cl").start()
+    try:
+        keys = list(range(60))
+        data = blocks_for(keys)
+        with make_tier(cluster.url, cluster=True, breaker_cooldown_s=0.2) as tier:
+            tier.write(keys, data)
+            assert tier.flush(20)
+            assert tier.lookup_prefix(keys) == 60
+            cluster.servers[2].kill()
+            worst = 0.0
+            for _ in range(20):
+                (n, dt) = _timed(tier.lookup_prefix, keys)
+                worst = max(worst, dt)
+                assert n < 60  # a third of the keys are on the dead node
+                got, dt = _timed(tier.read, keys)
+                worst = max(worst, dt)
+                assert all(g is None or g == d for g, d in zip(got, data))
+                time.sleep(0.02)
+            s = tier.stats()
+            assert s.backend_errors >= 1 and s.read_errors == 0
+            assert worst < 1.0, worst
+    finally:
+        cluster.stop()
+
+
+# -- threads ----------------------------------------------------------------------------------
+def test_concurrent_callers(shared_redis_server):
+    import threading
+
+    errors = []
+    with make_tier(shared_redis_server.url) as tier:
+        def worker(base):
+            try:
+                keys = list(range(base, base + 40))
+                data = blocks_for(keys)
+                for i in range(0, 40, 8):
+                    assert tier.write(keys[i:i + 8], data[i:i + 8]) == 8
+                assert tier.flush(20)
+                assert tier.lookup_prefix(keys) == 40
+                assert tier.read(keys) == data
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(i * 1000,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        s = tier.stats()
+        assert (s.writes, s.writes_completed, s.read_hits, s.lookup_hits) == (160, 160, 160, 160)
