@@ -8,8 +8,8 @@ same tiering logic drives the real data plane and the simulation.
 
 * **Tiered lookup** (:meth:`TierStack.lookup`): the leading blocks of a request, run by run:
   the host's run (``lookup_prefix``), then at the first host miss the first lower tier (top
-  down) whose ``lookup_prefix`` of the rest is non-zero, then the host again, and so on, until
-  no tier holds the next block. A block whose host store is still in flight (HIT_PENDING)
+  down) whose ``lookup_prefix`` of the rest is non-zero (its run cut at the next block the
+  host holds), then the host again, and so on, until no tier holds the next block. A block whose host store is still in flight (HIT_PENDING)
   ends the lookup (it cannot be loaded, and must not be stored twice).
 * **Promotion** (:meth:`TierStack.promote`): the blocks found below the host are read
   (verified by their tier), then entered into the host through the normal
@@ -176,6 +176,10 @@ class TierStack:
             for tier in self.lower:
                 c = tier.lookup_prefix(keys[pos:])
                 if c:
+                    for i in range(pos + 1, pos + c):  # the run ends where the host has
+                        if keys[i] in host:            # the block (it is served from there)
+                            c = i - pos
+                            break
                     runs.append((tier.name, c))
                     pos += c
                     break
