@@ -209,6 +209,8 @@ class DiskTier(BlockTier):
         self._cv = threading.Condition()
         self._in_flight = 0
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"kvtier-{name}")
+        self._read_pool = ThreadPoolExecutor(max_workers=workers,
+                                             thread_name_prefix=f"kvtier-{name}-read")
         self._workers = workers
         self._closed = False
         self._recover(recovered)
@@ -352,13 +354,18 @@ class DiskTier(BlockTier):
         ready_keys = [keys[i] for i in ready]
         slots = m.prepare_load(ready_keys)  # pinned while read: not evicted under us
         try:
-            for i, key, logical in zip(ready, ready_keys, slots):
+            t0 = time.perf_counter()
+            offsets = [self._phys[logical] * self.block_bytes for logical in slots]
+            if len(offsets) > 1 and self._workers > 1:
+                # preads release the GIL: on several threads the kernel's copies (and the
+                # page faults of the new buffers) overlap (2 MiB blocks, 2 cores: 0.70 ->
+                # 1.2 GB/s from the page cache, see docs/tiers.md)
+                datas = list(self._read_pool.map(self._pread, offsets))
+            else:
+                datas = [self._pread(off) for off in offsets]
+            per_block = (time.perf_counter() - t0) / len(offsets)
+            for i, key, logical, data in zip(ready, ready_keys, slots, datas):
                 t0 = time.perf_counter()
-                try:
-                    data = os.pread(self._data_fd, self.block_bytes,
-                                    self._phys[logical] * self.block_bytes)
-                except OSError:
-                    data = b""
                 if (len(data) == self.block_bytes
                         and _data_checksum(encode_key(key), data) == self._hash[logical]):
                     out[i] = data
@@ -367,13 +374,19 @@ class DiskTier(BlockTier):
                 else:
                     st.read_errors += 1
                     self._mark_bad(key, logical)
-                st.read_latency.observe(time.perf_counter() - t0)
+                st.read_latency.observe(per_block + time.perf_counter() - t0)
         finally:
             m.complete_load(ready_keys)
         hit_keys = [k for k, d in zip(keys, out) if d is not None]
         if hit_keys:
             m.touch(hit_keys)
         return out
+
+    def _pread(self, offset: int) -> bytes:
+        try:
+            return os.pread(self._data_fd, self.block_bytes, offset)
+        except OSError:
+            return b""
 
     def _mark_bad(self, key: Key, logical: int) -> None:
         self._bad.add(key)
@@ -554,6 +567,7 @@ class DiskTier(BlockTier):
             return
         self.flush()
         self._pool.shutdown(wait=True)
+        self._read_pool.shutdown(wait=True)
         self._closed = True
         if self.fsync == "batch":
             for fd in (self._data_fd, self._index_fd):
