@@ -145,6 +145,9 @@ class SimTier(BlockTier):
     def flush(self, timeout: float | None = None) -> bool:
         return True
 
+    def __contains__(self, key: Key) -> bool:
+        return self.manager.ref_count(key) is not None
+
     def stats(self) -> TierStats:
         st = self._stats
         return TierStats(**{f: getattr(st, f) for f in st.__dataclass_fields__})

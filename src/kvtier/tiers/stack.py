@@ -18,7 +18,8 @@ same tiering logic drives the real data plane and the simulation.
   it may cause). A block that fails to read ends the prefix there.
 * **Demotion**: ``"write-back"`` — a block the host evicts is copied out of its slot *inside*
   the policy's ``evict`` (before ``prepare_store`` returns, so before anyone can reuse the
-  slot) and written to every lower tier by :meth:`TierStack.flush_demotions`;
+  slot) and written to every lower tier by :meth:`TierStack.flush_demotions` (unless every
+  lower tier already holds it, e.g. a block promoted from the disk);
   ``"write-through"`` — a block is written to every lower tier as soon as its host store
   completes (:meth:`TierStack.stored`), and eviction copies nothing.
 * **Events** (:meth:`TierStack.take_events`): :class:`TierEvent` s (tier name, keys,
@@ -144,11 +145,23 @@ class TierStack:
             victims = inner(n, protected)
             if victims and self.demotion == "write-back" and self.lower:
                 read = self._read_slot
+                held = self._held_below
                 # copied now: the slot is handed to a new block when prepare_store returns
-                self._victims.extend((key, read(slot)) for key, slot in victims)
+                self._victims.extend((key, read(slot)) for key, slot in victims
+                                     if not held(key))
             return victims
 
         policy.evict = evict  # type: ignore[method-assign]
+
+    def _held_below(self, key: Hashable) -> bool:
+        """Every lower tier already holds ``key`` readable (asked only of tiers that answer
+        ``in`` without I/O, i.e. define ``__contains__``; any other tier counts as not
+        holding it). Saves the copy of a victim that was promoted from below."""
+        for tier in self.lower:
+            contains = getattr(type(tier), "__contains__", None)
+            if contains is None or not contains(tier, key):
+                return False
+        return True
 
     # -- lookup and promotion ----------------------------------------------------------------
     def lookup(self, keys: Sequence[Hashable]) -> TieredLookup:
