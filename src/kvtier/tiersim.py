@@ -4,8 +4,9 @@ A request trace is replayed through a :class:`~kvtier.tiers.stack.TierStack` —
 tiering logic the data plane uses (:class:`kvtier.dataplane.tiered.TieredOffloader`) — with a
 host :class:`~kvtier.OffloadingManager` of the given size and, below it, a simulated disk tier
 (:class:`SimTier`: a manager of the given size, no bytes) and optionally a real Redis tier
-(``kvtier.tiers.redis.RedisTier``, when that module is importable; tiny payloads are written
-under a fresh namespace). Per request (engine protocol, every load/store completed before the
+(``kvtier.tiers.redis.RedisTier``, when that module is importable; 64-byte payloads are
+written under a fresh namespace with the fingerprint ``kvtier-tiersim``, and each request's
+writes are flushed before the next request). Per request (engine protocol, every load/store completed before the
 next request)::
 
     found = stack.lookup(keys)          # host run, then lower tiers, run by run
@@ -231,6 +232,8 @@ def _redis_tier(url: str, block_bytes: int) -> BlockTier:
     kwargs: dict = {}
     if "block_bytes" in params:
         kwargs["block_bytes"] = block_bytes
+    if "fingerprint" in params:
+        kwargs["fingerprint"] = "kvtier-tiersim"
     for name in ("namespace", "prefix"):
         if name in params:
             kwargs[name] = f"kvtier-tiersim-{uuid.uuid4().hex[:12]}"
@@ -283,6 +286,10 @@ def replay_tiers(
         stack = TierStack(host, lower, SIM_BLOCK_BYTES, lambda slot: payload,
                           lambda slot, data: None, demotion=demotion)
         served = {name: 0 for name in stack.names}
+        # real tiers (Redis) write in the background: waited for after each request's
+        # writes, so a block is found by the next request as in the simulated tiers
+        real = [t for t in lower if not isinstance(t, SimTier)]
+        demoted = 0
         n_req = refs = in_tok = hit_tok = fails = 0
         t0 = time.perf_counter()
         touch, prepare_load, complete_load = host.touch, host.prepare_load, host.complete_load
@@ -312,6 +319,10 @@ def replay_tiers(
                     complete_store(out.keys_to_store)
                     stack.stored(out.keys_to_store)
                 stack.flush_demotions()
+            if real and stack.demoted != demoted:
+                demoted = stack.demoted
+                for tier in real:
+                    tier.flush(10.0)
             n_req += 1
             refs += len(keys)
             length = req.input_length if req.input_length is not None else len(keys) * block_tokens

@@ -265,3 +265,35 @@ def test_parse_tiers_errors():
                       ("host:1,,disk:2", "empty item")):
         with pytest.raises(ValueError, match=msg):
             parse_tiers(spec)
+
+
+def test_tiny_trace_with_a_real_redis_tier_below(tmp_path):
+    """host:2 over Redis (unbounded) serves what host:2 over a never-full disk serves."""
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    pytest.importorskip("kvtier.tiers.redis")
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        reqs = [Request(keys, None, None, None) for keys in TINY]
+        r = replay_tiers(reqs, parse_tiers(f"host:2,redis://127.0.0.1:{port}/0"), "lru")
+        assert [(t.name, t.hit_blocks) for t in r.tiers] == [("host", 1), ("redis", 4)]
+    finally:
+        proc.kill()
+        proc.wait(10)
