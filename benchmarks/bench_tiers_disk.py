@@ -9,7 +9,8 @@ then ``flush``; with ``--fsync batch`` also one ``os.fsync``; reads ``f.read(blo
 per block, each batch of blocks held until the next, as the tier's caller holds them) on the same file system, in the same run. Every repeat runs raw and tier back to
 back (raw first, then tier, alternating which file system state each sees); the best of
 ``--repeats`` is reported, in GB/s (10^9 bytes/s) and blocks/s, with the ratio tier / raw
-(target >= 0.7).
+(target >= 0.7), and the CPU seconds per GB (process time of all threads, best of the
+repeats: steadier than wall time on a busy host).
 
 ``--cold`` drops the files' pages from the page cache (fsync + ``posix_fadvise(DONTNEED)``)
 before each read, so reads come from the device; otherwise reads are served from the page
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
         blocks = [os.urandom(nbytes) for _ in range(args.blocks)]
         total = nbytes * args.blocks
         best = {"raw_write": 1e9, "tier_write": 1e9, "raw_read": 1e9, "tier_read": 1e9}
+        cpu: dict[str, float] = {}  # process CPU seconds (all threads), best of the repeats
         for rep in range(args.repeats):
             raw = base / f"raw{rep}.dat"
             tdir = base / f"tier{rep}"
@@ -113,7 +115,9 @@ def main(argv: list[str] | None = None) -> dict:
             if rep % 2:
                 pairs.reverse()
             for name, fn in pairs:
+                c0 = time.process_time()
                 best[name] = min(best[name], fn())
+                cpu[name] = min(cpu.get(name, 1e9), time.process_time() - c0)
             if args.cold:
                 _drop_cache(raw)
                 _drop_cache(tdir / "blocks.dat")
@@ -122,7 +126,9 @@ def main(argv: list[str] | None = None) -> dict:
             if rep % 2:
                 pairs.reverse()
             for name, fn in pairs:
+                c0 = time.process_time()
                 best[name] = min(best[name], fn())
+                cpu[name] = min(cpu.get(name, 1e9), time.process_time() - c0)
             tier.close()
             raw.unlink()
             shutil.rmtree(tdir)
@@ -135,15 +141,19 @@ def main(argv: list[str] | None = None) -> dict:
           f"({total / 1e6:,.0f} MB), batch {args.batch}, {args.workers} workers, fsync "
           f"{args.fsync}, reads {'from the device' if args.cold else 'from the page cache'}; "
           f"best of {args.repeats}")
-    print(f"{'':8}{'raw GB/s':>10}{'tier GB/s':>11}{'tier blocks/s':>15}{'tier/raw':>10}")
+    print(f"{'':8}{'raw GB/s':>10}{'tier GB/s':>11}{'tier blocks/s':>15}{'tier/raw':>10}"
+          f"{'raw CPU s/GB':>14}{'tier CPU s/GB':>15}")
     for op in ("write", "read"):
         raw_s, tier_s = best[f"raw_{op}"], best[f"tier_{op}"]
         ratio = raw_s / tier_s
+        raw_cpu, tier_cpu = cpu[f"raw_{op}"] / total * 1e9, cpu[f"tier_{op}"] / total * 1e9
         out[op] = {"raw_gbps": total / raw_s / 1e9, "tier_gbps": total / tier_s / 1e9,
                    "tier_blocks_per_s": args.blocks / tier_s,
-                   "raw_blocks_per_s": args.blocks / raw_s, "ratio": ratio}
+                   "raw_blocks_per_s": args.blocks / raw_s, "ratio": ratio,
+                   "raw_cpu_s_per_gb": raw_cpu, "tier_cpu_s_per_gb": tier_cpu}
         print(f"{op:8}{total / raw_s / 1e9:10.2f}{total / tier_s / 1e9:11.2f}"
-              f"{args.blocks / tier_s:15,.0f}{ratio:10.2f}" + ("" if ratio >= 0.7 else "  < 0.7"))
+              f"{args.blocks / tier_s:15,.0f}{ratio:10.2f}{raw_cpu:14.3f}{tier_cpu:15.3f}"
+              + ("" if ratio >= 0.7 else "  < 0.7"))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return out

@@ -318,6 +318,8 @@ class DiskTier(BlockTier):
             TypeError: an examined key is not hashable.
         """
         self._check_open()
+        if type(keys) is not list and type(keys) is not tuple:
+            keys = list(keys)
         self._drain()
         n = self.manager.lookup_prefix(keys)
         if self._bad and n:
