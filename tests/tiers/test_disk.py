@@ -310,3 +310,52 @@ def test_crash_consistency_random_kill_9(tmp_path):
         seen_done += len(done)
         first = last + 100  # new keys each run; old slots get reused
     assert seen_done >= 24
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_operations_against_a_model(tmp_path, seed):
+    """Random writes / reads / lookups / restarts on an LRU disk tier, checked against a
+    model: an LRU dict of what must be readable (every write flushed at once)."""
+    from collections import OrderedDict
+
+    rng = random.Random(seed)
+    cap, bb = 6, 512
+    model: OrderedDict = OrderedDict()  # key -> bytes, least recent first
+    t = DiskTier(tmp_path, cap, bb, workers=2)
+    try:
+        for _ in range(250):
+            op = rng.random()
+            if op < 0.45:
+                keys = rng.sample(range(20), rng.randint(1, 4))
+                t.write(keys, [blk(k, bb) for k in keys])
+                assert t.flush(10)
+                new = [k for k in keys if k not in model]
+                for _ in range(len(model) + len(new) - cap):  # the shortfall, LRU first
+                    model.popitem(last=False)
+                # the manager completes a batch in reverse: keys[0] ends most recent
+                for k in reversed(new):
+                    model[k] = blk(k, bb)
+            elif op < 0.8:
+                keys = rng.sample(range(20), rng.randint(1, 5))
+                got = t.read(keys)
+                assert got == [model.get(k) for k in keys]
+                for k in reversed([k for k in keys if k in model]):
+                    model.move_to_end(k)
+            elif op < 0.95:
+                keys = rng.sample(range(20), rng.randint(1, 5))
+                expect = 0
+                for k in keys:
+                    if k not in model:
+                        break
+                    expect += 1
+                assert t.lookup_prefix(keys) == expect
+            else:  # restart: the order becomes the write order, so the model is rebuilt
+                t.close()
+                t = DiskTier(tmp_path, cap, bb, workers=2)
+                assert set(t.manager._slot_of) == set(model)
+                order = [k for k, _ in t.manager.policy.snapshot()["order"]]
+                model = OrderedDict((k, model[k]) for k in order)
+            assert len(t) == len(model) <= cap
+        assert t.stats().read_errors == 0
+    finally:
+        t.close()

@@ -35,6 +35,7 @@ slots, so blocks recovered at open keep the file slots they are in.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import os
 import queue
@@ -206,6 +207,8 @@ class DiskTier(BlockTier):
         self._bad: set[Hashable] = set()  # ready in the manager but failed verification
         self._rewriting: set[Hashable] = set()
         self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._calls: dict[int, list] = {}  # write call -> [batches left, finished batches]
+        self._call_ids = itertools.count()
         self._cv = threading.Condition()
         self._in_flight = 0
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"kvtier-{name}")
@@ -400,10 +403,11 @@ class DiskTier(BlockTier):
     def write(self, keys: Sequence[Key], blocks: Sequence[bytes | bytearray | memoryview]) -> int:
         """Queue ``blocks[i]`` for writing under ``keys[i]``; returns the blocks accepted.
 
-        Keys already stored (or being written) are skipped (``writes_skipped``); so are all
-        the new keys when the manager cannot make room (every slot pending). A block is
-        readable once its worker has written (and, per ``fsync``, synced) it and a later call
-        collected that. ``bytes`` blocks are kept by reference (immutable); others are copied
+        Keys already stored (or being written) are skipped (``writes_skipped``); so are the
+        new keys the manager cannot make room for (slots pending), the call's head kept. The
+        call's blocks become readable together once every worker batch of the call has
+        written (and, per ``fsync``, synced) them and a later call collected that; the
+        call's ``keys[0]`` then ends most recent in the policy. ``bytes`` blocks are kept by reference (immutable); others are copied
         before the call returns.
 
         Raises:
@@ -469,15 +473,18 @@ class DiskTier(BlockTier):
         st.writes += len(jobs)
         n_batches = min(self._workers, len(jobs))
         per = -(-len(jobs) // n_batches)
+        n_batches = -(-len(jobs) // per)
         with self._cv:
-            self._in_flight += -(-len(jobs) // per)
+            self._in_flight += n_batches
+        call = next(self._call_ids)
+        self._calls[call] = [n_batches, []]
         t0 = time.perf_counter()
         for start in range(0, len(jobs), per):
             batch = [(kb, self._phys[lg], b) for _, kb, lg, b, _ in jobs[start : start + per]]
             seqs = list(range(self._seq, self._seq + len(batch)))
             self._seq += len(batch)
             meta = [(k, lg, r) for k, _, lg, _, r in jobs[start : start + per]]
-            self._pool.submit(self._write_batch, batch, seqs, meta, t0)
+            self._pool.submit(self._write_batch, batch, seqs, (call, start, meta), t0)
         st.used_blocks = len(m)
         return len(jobs)
 
@@ -506,32 +513,46 @@ class DiskTier(BlockTier):
             self._cv.notify_all()
 
     def _drain(self) -> None:
-        """Apply finished write batches to the manager (caller's thread)."""
+        """Apply finished writes to the manager (caller's thread): a :meth:`write` call's
+        blocks become readable together once all its batches are done, in one
+        ``complete_store`` in the call's order (so ``keys[0]`` ends most recent, whatever
+        order the workers finished in)."""
         done = self._done
         m = self.manager
         st = self._stats
         while True:
             try:
-                meta, checksums, ok, nbytes, latency = done.get_nowait()
+                (call, start, meta), checksums, ok, nbytes, latency = done.get_nowait()
             except queue.Empty:
                 break
             st.write_latency.observe(latency)
             if ok:
                 for (key, logical, redo), checksum in zip(meta, checksums):
                     self._hash[logical] = checksum
-                    if redo:
-                        self._bad.discard(key)
-                st.writes_completed += len(meta)
                 st.bytes_written += nbytes
-            else:
-                st.writes_failed += len(meta)
-            redo_keys = [k for k, _, r in meta if r]
-            new_keys = [k for k, _, r in meta if not r]
-            if redo_keys:
-                self._rewriting.difference_update(redo_keys)
-                m.complete_load(redo_keys)
-            if new_keys:
-                m.complete_store(new_keys, success=ok)
+            entry = self._calls[call]
+            entry[0] -= 1
+            entry[1].append((start, ok, meta))
+            if entry[0]:
+                continue
+            del self._calls[call]
+            entry[1].sort(key=lambda e: e[0])
+            for success in (True, False):
+                metas = [x for _, ok_, meta_ in entry[1] if ok_ is success for x in meta_]
+                if not metas:
+                    continue
+                if success:
+                    st.writes_completed += len(metas)
+                    self._bad.difference_update(k for k, _, r in metas if r)
+                else:
+                    st.writes_failed += len(metas)
+                redo_keys = [k for k, _, r in metas if r]
+                new_keys = [k for k, _, r in metas if not r]
+                if redo_keys:
+                    self._rewriting.difference_update(redo_keys)
+                    m.complete_load(redo_keys)
+                if new_keys:
+                    m.complete_store(new_keys, success=success)
         st.used_blocks = len(m)
 
     def flush(self, timeout: float | None = None) -> bool:
