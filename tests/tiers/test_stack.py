@@ -297,3 +297,21 @@ def test_tiny_trace_with_a_real_redis_tier_below(tmp_path):
     finally:
         proc.kill()
         proc.wait(10)
+
+
+@pytest.mark.parametrize("policy", __import__("kvtier").available_policies())
+def test_write_back_demotes_exactly_the_evicted_blocks_under_every_policy(tmp_path, policy):
+    g = torch.Generator().manual_seed(1)
+    kv = [torch.randn(24, *BLOCK, generator=g) for _ in range(2)]
+    off = KVOffloader.create(kv, 4, policy, enable_events=True)
+    disk = DiskTier(tmp_path / "disk", 32, off.pool.block_nbytes)
+    tiered = TieredOffloader(off, [disk])
+    data = {b: as_bytes(block(kv, b)) for b in range(24)}
+    for i in range(0, 24, 3):
+        tiered.offload([f"k{b}" for b in range(i, i + 3)], list(range(i, i + 3)))
+        tiered.wait(10)
+    tiered.flush(10)
+    evicted = [k for e in tiered.take_events() if e.tier == "host" and e.removed for k in e.keys]
+    assert len(evicted) == 20 == tiered.stack.demoted == len(disk)
+    assert disk.read(evicted) == [data[int(k[1:])] for k in evicted]
+    tiered.close()
