@@ -272,7 +272,7 @@ def replay_cmd(
 
             return replay_tiers_cli(
                 trace, policy, capacity, fmt, block_tokens, inflight, protocol,
-                store_threshold, skip_bad_lines, limit, json_out, tiers, demotion)
+                store_threshold, skip_bad_lines, limit, json_out, tiers, demotion, stream)
         _replay(trace, policy, capacity, fmt, block_tokens, inflight, protocol,
                 store_threshold, skip_bad_lines, limit, stream, json_out, progress)
     except (_CliError, TraceFormatError, ValueError, OSError) as exc:

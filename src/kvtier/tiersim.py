@@ -371,7 +371,8 @@ def results_table(results: Sequence[TiersReplayResult], title: str):
 
 
 def replay_tiers_cli(trace, policy, capacity, fmt, block_tokens, inflight, protocol,
-                     store_threshold, skip_bad_lines, limit, json_out, tiers, demotion) -> None:
+                     store_threshold, skip_bad_lines, limit, json_out, tiers, demotion,
+                     stream=False) -> None:
     """``kvtier replay --tiers ...``: one simulation per ``--policy``; prints the per-tier
     table and writes ``--json``. Raises the CLI's user errors (exit status 1)."""
     import itertools
@@ -392,14 +393,22 @@ def replay_tiers_cli(trace, policy, capacity, fmt, block_tokens, inflight, proto
     policies = cli._split(policy, ["lru", "arc"], "--policy")
     cli._check_common(policies, fmt, protocol, inflight)
     cli._check_writable(json_out, "--json")
-    reader = read_trace(path, fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines)
+    def open_trace():
+        reader = read_trace(path, fmt=fmt, block_tokens=block_tokens,
+                            skip_bad_lines=skip_bad_lines)
+        return reader, (itertools.islice(reader, limit) if limit else reader)
+
+    reader, it = open_trace()
     t0 = time.perf_counter()
-    requests = list(itertools.islice(reader, limit) if limit else reader)
+    requests = None if stream else list(it)
     parse_s = time.perf_counter() - t0
-    n_req, n_refs, unique = count_unique_blocks(requests)
+    n_req, n_refs, unique = count_unique_blocks(it if stream else requests)
+    if stream:
+        parse_s = time.perf_counter() - t0
     info = cli._trace_info(path, reader, n_req, n_refs, unique, parse_s)
-    results = [replay_tiers(requests, spec, p, unique_blocks=unique, demotion=demotion,
-                            block_tokens=block_tokens, store_threshold=store_threshold)
+    results = [replay_tiers(open_trace()[1] if stream else requests, spec, p,
+                            unique_blocks=unique, demotion=demotion, block_tokens=block_tokens,
+                            store_threshold=store_threshold)
                for p in policies]
     out = cli._out_console(json_out)
     names = ",".join(t.url if t.kind == "redis" else f"{t.kind}:{t.capacity}" for t in spec)

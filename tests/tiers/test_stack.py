@@ -233,6 +233,15 @@ def test_cli_replay_tiers_on_a_tiny_trace(tmp_path):
     (result,) = payload["results"]
     assert [(t["name"], t["hit_blocks"]) for t in result["tiers"]] == [("host", 1), ("disk", 4)]
     assert result["block_hit_ratio"] == 0.5
+    runs = []
+    for extra in ([], ["--stream"]):  # disk:40% of the 5 distinct blocks = 2 blocks
+        res = CliRunner().invoke(app, ["replay", str(trace), "--tiers", "host:2,disk:40%",
+                                       "-p", "lru,arc", "--json", str(out), *extra])
+        assert res.exit_code == 0, res.output
+        runs.append(json.loads(out.read_text()))
+    assert runs[0]["results"] == [dict(r, seconds=runs[0]["results"][i]["seconds"])
+                                  for i, r in enumerate(runs[1]["results"])]
+    assert runs[0]["results"][0]["tiers"][1]["capacity"] == 2
     bad = CliRunner().invoke(app, ["replay", str(trace), "--tiers", "disk:4"])
     assert bad.exit_code == 1 and "first tier must be host" in bad.output
     bad = CliRunner().invoke(app, ["replay", str(trace), "--tiers", "host:2", "-c", "4"])
