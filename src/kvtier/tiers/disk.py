@@ -297,7 +297,8 @@ class DiskTier(BlockTier):
         newest_first = recovered[::-1]
         keys = [r[1] for r in newest_first]
         out = self.manager.prepare_store(keys)
-        assert out is not None and out.keys_to_store == keys  # an empty manager takes them all
+        if out is None or out.keys_to_store != keys:  # an empty manager takes them all
+            raise RuntimeError(f"disk tier {self.path}: could not enter the recovered blocks")
         phys = [-1] * self.num_blocks
         used = set()
         for logical, rec in zip(out.block_ids, newest_first):
