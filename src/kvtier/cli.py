@@ -254,12 +254,25 @@ def replay_cmd(
                          "(for traces larger than memory).")] = False,
     json_out: JsonOpt = None,
     progress: ProgressOpt = None,
+    tiers: Annotated[Optional[str], typer.Option(
+        "--tiers", help="Simulate a tier stack instead, top down: host:CAP[,disk:CAP]"
+                        "[,redis://HOST:PORT] (CAP = blocks or %); hit ratio per tier. "
+                        "See docs/tiers.md.")] = None,
+    demotion: Annotated[str, typer.Option(
+        "--demotion", help="With --tiers: write-back (host victims go down) or "
+                           "write-through (every host store goes down).")] = "write-back",
 ) -> None:
     """Replay a trace through the offloading manager: hit ratios and bookkeeping cost.
 
     One run per --policy x --capacity, each on a fresh manager.
     """
     try:
+        if tiers is not None:
+            from kvtier.tiersim import replay_tiers_cli
+
+            return replay_tiers_cli(
+                trace, policy, capacity, fmt, block_tokens, inflight, protocol,
+                store_threshold, skip_bad_lines, limit, json_out, tiers, demotion, stream)
         _replay(trace, policy, capacity, fmt, block_tokens, inflight, protocol,
                 store_threshold, skip_bad_lines, limit, stream, json_out, progress)
     except (_CliError, TraceFormatError, ValueError, OSError) as exc:

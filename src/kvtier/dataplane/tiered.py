@@ -1,0 +1,148 @@
+"""TieredOffloader: a :class:`~kvtier.dataplane.KVOffloader` with block tiers below host memory.
+
+It composes an existing offloader (host pool + manager + transfer engine) with a
+:class:`~kvtier.tiers.stack.TierStack`; the offloader itself is not changed. The engine calls
+the same four methods as on the offloader:
+
+* :meth:`TieredOffloader.offload` — as ``KVOffloader.offload``; under write-back the host's
+  victims (copied out of their slots inside the host policy's ``evict``, before the store's
+  copy can overwrite them) are written to the lower tiers.
+* :meth:`TieredOffloader.restore_prefix` — tiered lookup; blocks found below the host are read
+  (verified), promoted into host slots (``prepare_store`` / pool write / ``complete_store``),
+  then the whole prefix is restored to the device by the offloader.
+* :meth:`TieredOffloader.poll` / :meth:`TieredOffloader.wait` — as the offloader's; under
+  write-through each completed host store is written to the lower tiers.
+* :meth:`TieredOffloader.take_events` / :meth:`TieredOffloader.stats` — per tier.
+
+Not thread-safe: one engine thread, like the offloader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from kvtier.dataplane.offloader import KVOffloader, OffloadResult
+from kvtier.tiers.base import BlockTier, TierStats
+from kvtier.tiers.stack import TierEvent, TierStack, TieredLookup
+
+__all__ = ["TieredOffloader"]
+
+
+class TieredOffloader:
+    """Host tier (an offloader) plus ``lower`` block tiers, top down.
+
+    Args:
+        offloader: the host tier. Build its manager with ``enable_events=True`` to get host
+            events. Its pool must be a CPU tensor (it always is: host memory).
+        lower: e.g. ``[DiskTier(...), RedisTier(...)]``; each ``block_bytes`` must equal
+            ``offloader.pool.block_nbytes``.
+        demotion: ``"write-back"`` (host victims go down) or ``"write-through"`` (every
+            completed host store goes down).
+
+    Raises:
+        TypeError, ValueError: as :class:`~kvtier.tiers.stack.TierStack`.
+    """
+
+    def __init__(self, offloader: KVOffloader, lower: Sequence[BlockTier], *,
+                 demotion: str = "write-back") -> None:
+        if not isinstance(offloader, KVOffloader):
+            raise TypeError(f"offloader must be a KVOffloader, got {type(offloader).__name__}")
+        pool = offloader.pool
+        # [num_blocks, block_nbytes] uint8 view of the pool: slot bytes without a copy
+        self._slots = pool.tensor.view(-1).view(torch.uint8).view(pool.num_blocks, -1).numpy()
+        self.offloader = offloader
+        self.stack = TierStack(offloader.manager, lower, pool.block_nbytes, self._read_slot,
+                               self._write_slot, demotion=demotion)
+
+    def _read_slot(self, slot: int) -> bytes:
+        return self._slots[slot].tobytes()
+
+    def _write_slot(self, slot: int, data: Any) -> None:
+        self._slots[slot] = memoryview(data).cast("B")
+
+    @property
+    def lower(self) -> list[BlockTier]:
+        return self.stack.lower
+
+    # -- engine calls ----------------------------------------------------------------------
+    def offload(self, keys: Sequence[Hashable], block_ids: Sequence[int],
+                req_context: Any = None) -> int | None:
+        """``KVOffloader.offload``, then the write-back of the blocks it evicted."""
+        try:
+            return self.offloader.offload(keys, block_ids, req_context)
+        finally:
+            self.stack.flush_demotions()
+
+    def lookup(self, keys: Sequence[Hashable]) -> TieredLookup:
+        """Leading blocks available in some tier and where (:meth:`TierStack.lookup`)."""
+        return self.stack.lookup(keys)
+
+    def restore_prefix(self, keys: Sequence[Hashable], block_ids: Sequence[int],
+                       req_context: Any = None) -> tuple[int, int | None, TieredLookup]:
+        """Restore the longest prefix of ``keys`` held by any tier into ``block_ids``.
+
+        Returns:
+            ``(n, job_id, found)``: ``keys[:n]`` are being restored into ``block_ids[:n]`` by
+            job ``job_id`` (``None`` when ``n == 0``); ``found`` says which tier served each
+            run (``n`` may be shorter than ``found.hits``: a block that failed verification
+            below, a host without room for the promotion, or fewer ``block_ids``).
+
+        Raises:
+            as ``KVOffloader.restore`` (nothing is pinned then; promoted blocks stay in the
+            host).
+        """
+        if isinstance(block_ids, (str, bytes)) or not isinstance(block_ids, Sequence):
+            raise TypeError(f"block_ids must be a sequence of ints, got {type(block_ids).__name__}")
+        keys = list(keys)[: len(block_ids)]
+        found = self.stack.lookup(keys)
+        try:
+            n = self.stack.promote(keys, found)
+        finally:
+            self.stack.flush_demotions()
+        job = self.offloader.restore(keys[:n], list(block_ids[:n]), req_context)
+        return n, job, found
+
+    def poll(self) -> list[OffloadResult]:
+        """``KVOffloader.poll``; under write-through the completed stores go down."""
+        results = self.offloader.poll()
+        self._stored(results)
+        return results
+
+    def wait(self, timeout: float | None = None) -> list[OffloadResult]:
+        """``KVOffloader.wait``; under write-through the completed stores go down."""
+        results = self.offloader.wait(timeout)
+        self._stored(results)
+        return results
+
+    def _stored(self, results: list[OffloadResult]) -> None:
+        keys = [k for r in results if r.kind == "store" and r.ok for k in r.keys]
+        if keys:
+            self.stack.stored(keys)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for the lower tiers' writes (demotions included)."""
+        return self.stack.flush(timeout)
+
+    def take_events(self) -> list[TierEvent]:
+        """Stored/removed events of every tier, with the tier name."""
+        return self.stack.take_events()
+
+    def stats(self) -> dict[str, TierStats]:
+        """Per-tier counters, top down (``"host"`` first)."""
+        return self.stack.stats()
+
+    def close(self, timeout: float | None = None) -> list[OffloadResult]:
+        """Finish the host's jobs (write-through applied), then close the lower tiers."""
+        results = self.wait(timeout)
+        self.offloader.close(timeout)
+        self.stack.close()
+        return results
+
+    def __enter__(self) -> TieredOffloader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

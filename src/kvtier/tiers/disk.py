@@ -1,0 +1,623 @@
+"""DiskTier: a local-disk block tier of fixed-size slots, surviving restarts.
+
+Layout of a tier directory (format version 1, see ``docs/tiers.md``)::
+
+    meta.json    {"format": "kvtier-disk", "version": 1, "block_bytes": B, "num_blocks": N,
+                  "record_bytes": 256}  -- written once, atomically (tmp + fsync + rename)
+    blocks.dat   N slots of B bytes; slot s at offset s * B
+    index.dat    N records of 256 bytes; the record of slot s at offset s * 256
+    lock         flock()ed while a process has the tier open (a second opener gets an error)
+
+A record (little-endian) says which block slot ``s`` holds::
+
+    0   magic  b"KVTR"        4   version u16 (1)     6   key length u16 (<= 216)
+    8   seq u64 (write order)  16  data length u64    24  data checksum u64
+    32  key bytes (encode_key), zero-padded to 248    248 record checksum u64
+
+The data checksum is ``xxh3_64(data, seed=xxh3_64(key bytes))`` (so a slot's bytes also prove
+*which* block they are); the record checksum is ``xxh3_64(record[0:248])``. An all-zero or
+otherwise invalid record means "slot empty".
+
+Crash consistency. A block is written as: (1) its slot's record is overwritten with zeros,
+(2) the data is written, (3) with ``fsync="batch"`` the data file is ``fdatasync``-ed, (4) the
+new record is written, (5) with ``fsync="batch"`` the index file is ``fdatasync``-ed; only
+then is the block readable. A process killed at any point leaves each slot's record either
+the old valid one (old data untouched), empty, or the new valid one over fully written data.
+On open every record is checked (magic, version, record checksum) and the valid ones rebuild
+the index; every read verifies the data checksum, so a block torn by a power loss (whose page
+writes the kernel reordered, with ``fsync="none"``) reads as a miss plus a counted error.
+
+Slots are managed by a kvtier :class:`~kvtier.OffloadingManager` (same policies and contract
+as the host tier). The manager hands out *logical* slots; a permutation maps them to file
+slots, so blocks recovered at open keep the file slots they are in.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import json
+import os
+import queue
+import struct
+import threading
+import time
+from collections.abc import Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from kvtier.manager import OffloadingManager
+from kvtier.policies import CachePolicy
+from kvtier.tiers.base import BlockTier, Key, TierStats, encode_key
+from kvtier.types import OffloadingEvent
+
+__all__ = ["FSYNC_MODES", "DiskTier", "DiskTierError", "decode_key"]
+
+FORMAT = "kvtier-disk"
+VERSION = 1
+RECORD_BYTES = 256
+MAGIC = b"KVTR"
+MAX_KEY_BYTES = 216  # 248 - 32: the key area of a record
+FSYNC_MODES = ("none", "batch")
+"""Accepted values of ``DiskTier(fsync=...)``."""
+
+_HEAD = struct.Struct("<4sHHQQQ")  # magic, version, key length, seq, data length, checksum
+_RECORD_HASH_AT = RECORD_BYTES - 8
+_EMPTY = bytes(RECORD_BYTES)
+_hash64 = xxhash.xxh3_64_intdigest
+
+
+class DiskTierError(OSError):
+    """The tier directory cannot be used: held by another process, or made for another
+    block size / slot count / format. Names the directory and what differs."""
+
+
+def decode_key(data: bytes) -> Key:
+    """Inverse of :func:`kvtier.tiers.base.encode_key`.
+
+    Raises:
+        ValueError: ``data`` is not an encoding made by ``encode_key``.
+    """
+    tag, body = data[:1], data[1:]
+    if tag == b"i" and len(body) == 8:
+        return struct.unpack(">q", body)[0]
+    if tag == b"I" and body:
+        return int.from_bytes(body, "big", signed=True)
+    if tag == b"b":
+        return bytes(body)
+    if tag == b"s":
+        return body.decode("utf-8")
+    raise ValueError(f"not an encoded block key: {data[:16]!r}")
+
+
+def _data_checksum(key_bytes: bytes, data: Any) -> int:
+    return _hash64(data, _hash64(key_bytes))
+
+
+def _make_record(key_bytes: bytes, seq: int, length: int, checksum: int) -> bytes:
+    rec = bytearray(RECORD_BYTES)
+    _HEAD.pack_into(rec, 0, MAGIC, VERSION, len(key_bytes), seq, length, checksum)
+    rec[32 : 32 + len(key_bytes)] = key_bytes
+    struct.pack_into("<Q", rec, _RECORD_HASH_AT, _hash64(memoryview(rec)[:_RECORD_HASH_AT]))
+    return bytes(rec)
+
+
+def _parse_record(rec: memoryview, block_bytes: int) -> tuple[bytes, int, int] | None:
+    """``(key bytes, seq, data checksum)`` of a valid record, else ``None`` (empty/torn)."""
+    magic, version, key_len, seq, length, checksum = _HEAD.unpack_from(rec, 0)
+    if magic != MAGIC or version != VERSION or key_len > MAX_KEY_BYTES or key_len == 0:
+        return None
+    if length != block_bytes:
+        return None
+    (stored,) = struct.unpack_from("<Q", rec, _RECORD_HASH_AT)
+    if stored != _hash64(rec[:_RECORD_HASH_AT]):
+        return None
+    return bytes(rec[32 : 32 + key_len]), seq, checksum
+
+
+def _pwrite_all(fd: int, data: Any, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
+class DiskTier(BlockTier):
+    """A tier of ``num_blocks`` fixed-size slots of ``block_bytes`` in directory ``path``.
+
+    Opening a directory that holds a tier of the same ``block_bytes`` and ``num_blocks``
+    recovers every block whose write had completed (its record is valid); their policy order
+    is their write order (the latest most recent). A new directory is created.
+
+    Args:
+        path: the tier directory (created if missing).
+        num_blocks: capacity in blocks (slots), >= 1.
+        block_bytes: bytes per block, >= 1 (all layers' K and V of one block).
+        policy: eviction policy of the disk slots: a registered name (``"lru"``, ``"arc"``,
+            ...) or a :class:`~kvtier.policies.CachePolicy` subclass.
+        fsync: ``"none"`` — a block is readable once its data and record are written to the
+            OS (they survive a killed process, not a power loss: a torn block then reads as a
+            miss plus an error); ``"batch"`` — each write batch (the blocks of one
+            :meth:`write` call handled by one worker) is ``fdatasync``-ed, data before
+            record, before its blocks become readable (they survive a power loss too).
+        workers: threads that write blocks (>= 1). Each :meth:`write` call is split into at
+            most ``workers`` batches.
+        name: the tier's name in stats and events.
+        enable_events: record the disk manager's stored/removed events for
+            :meth:`take_events`.
+
+    Raises:
+        ValueError: a bad argument (named), e.g. an unknown fsync mode or policy.
+        DiskTierError: the directory is open in another process (``flock``), or holds a tier
+            of another format, block size or slot count.
+        OSError: the files cannot be created or read.
+
+    Thread safety: the public methods are meant for one thread (the engine's); writes run on
+    the tier's own worker threads, which never touch the manager. Not safe to call from
+    several threads at once.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        num_blocks: int,
+        block_bytes: int,
+        *,
+        policy: str | type[CachePolicy] = "lru",
+        fsync: str = "none",
+        workers: int = 4,
+        name: str = "disk",
+        enable_events: bool = False,
+    ) -> None:
+        for arg, value in (("num_blocks", num_blocks), ("block_bytes", block_bytes),
+                           ("workers", workers)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{arg} must be a positive int, got {value!r}")
+        if fsync not in FSYNC_MODES:
+            raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty str, got {name!r}")
+        self.name = name
+        self.block_bytes = block_bytes
+        self.num_blocks = num_blocks
+        self.fsync = fsync
+        self.path = Path(path)
+        self.manager = OffloadingManager(num_blocks, policy, enable_events=enable_events)
+        self._closed = True  # until fully open
+        self._fds: list[int] = []
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise DiskTierError(f"disk tier {self.path} is open in another process") from None
+        try:
+            self._open_files()
+            recovered = self._load_index()
+        except BaseException:
+            self._close_fds()
+            raise
+        self._stats = TierStats(name=name, capacity_blocks=num_blocks)
+        self._hash: list[int] = [0] * num_blocks  # data checksum per logical slot
+        self._bad: set[Hashable] = set()  # ready in the manager but failed verification
+        self._rewriting: set[Hashable] = set()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._calls: dict[int, list] = {}  # write call -> [batches left, finished batches]
+        self._call_ids = itertools.count()
+        self._cv = threading.Condition()
+        self._in_flight = 0
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"kvtier-{name}")
+        self._read_pool = ThreadPoolExecutor(max_workers=workers,
+                                             thread_name_prefix=f"kvtier-{name}-read")
+        self._workers = workers
+        self._closed = False
+        self._recover(recovered)
+
+    # -- opening ---------------------------------------------------------------------------
+    def _open_files(self) -> None:
+        meta_path = self.path / "meta.json"
+        want = {"format": FORMAT, "version": VERSION, "block_bytes": self.block_bytes,
+                "num_blocks": self.num_blocks, "record_bytes": RECORD_BYTES}
+        if meta_path.exists():
+            try:
+                meta = json.loads(meta_path.read_text())
+            except (OSError, ValueError) as exc:
+                raise DiskTierError(f"disk tier {self.path}: unreadable meta.json ({exc})") from None
+            diff = {k: (meta.get(k), v) for k, v in want.items() if meta.get(k) != v}
+            if diff:
+                text = ", ".join(f"{k} is {a!r} there, {b!r} asked" for k, (a, b) in diff.items())
+                raise DiskTierError(f"disk tier {self.path} was made for another layout: {text}")
+        flags = os.O_RDWR | os.O_CREAT
+        data_fd = os.open(self.path / "blocks.dat", flags, 0o644)
+        self._fds.append(data_fd)
+        index_fd = os.open(self.path / "index.dat", flags, 0o644)
+        self._fds.append(index_fd)
+        self._data_fd, self._index_fd = data_fd, index_fd
+        for fd, size in ((data_fd, self.num_blocks * self.block_bytes),
+                         (index_fd, self.num_blocks * RECORD_BYTES)):
+            if os.fstat(fd).st_size != size:
+                os.ftruncate(fd, size)  # sparse: slots take disk space once written
+        if not meta_path.exists():
+            os.fsync(data_fd)
+            os.fsync(index_fd)
+            tmp = self.path / "meta.json.tmp"
+            with open(tmp, "w") as f:
+                json.dump(want, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, meta_path)
+            dir_fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+
+    def _load_index(self) -> list[tuple[int, Key, int, int]]:
+        """Valid records as ``(seq, key, file slot, checksum)``, one per key (latest seq)."""
+        size = self.num_blocks * RECORD_BYTES
+        raw = bytearray(size)
+        view = memoryview(raw)
+        got = 0
+        while got < size:
+            n = os.preadv(self._index_fd, [view[got:]], got)
+            if n == 0:
+                break
+            got += n
+        best: dict[Key, tuple[int, Key, int, int]] = {}
+        block_bytes = self.block_bytes
+        for slot in range(self.num_blocks):
+            off = slot * RECORD_BYTES
+            if raw[off : off + 4] != MAGIC:
+                continue
+            parsed = _parse_record(view[off : off + RECORD_BYTES], block_bytes)
+            if parsed is None:
+                continue
+            key_bytes, seq, checksum = parsed
+            try:
+                key = decode_key(key_bytes)
+            except ValueError:
+                continue
+            old = best.get(key)
+            if old is None or seq > old[0]:
+                best[key] = (seq, key, slot, checksum)
+        return sorted(best.values())
+
+    def _recover(self, recovered: list[tuple[int, Key, int, int]]) -> None:
+        """Enter the recovered blocks into the manager and build the logical -> file slot
+        permutation (recovered blocks keep their file slots)."""
+        self._seq = recovered[-1][0] + 1 if recovered else 1
+        if not recovered:
+            self._phys = list(range(self.num_blocks))
+            return
+        newest_first = recovered[::-1]
+        keys = [r[1] for r in newest_first]
+        out = self.manager.prepare_store(keys)
+        if out is None or out.keys_to_store != keys:  # an empty manager takes them all
+            raise RuntimeError(f"disk tier {self.path}: could not enter the recovered blocks")
+        phys = [-1] * self.num_blocks
+        used = set()
+        for logical, rec in zip(out.block_ids, newest_first):
+            phys[logical] = rec[2]
+            used.add(rec[2])
+            self._hash[logical] = rec[3]
+        spare = iter(s for s in range(self.num_blocks) if s not in used)
+        for logical in range(self.num_blocks):
+            if phys[logical] < 0:
+                phys[logical] = next(spare)
+        self._phys = phys
+        self.manager.complete_store(keys)  # keys[0] (the newest) ends most recent
+        self._stats.used_blocks = len(self.manager)
+
+    # -- BlockTier -------------------------------------------------------------------------
+    def lookup_prefix(self, keys: Sequence[Key]) -> int:
+        """Leading ``keys`` readable here (completed writes, not known corrupt). No I/O.
+
+        Raises:
+            ValueError: the tier is closed.
+            TypeError: an examined key is not hashable.
+        """
+        self._check_open()
+        if type(keys) is not list and type(keys) is not tuple:
+            keys = list(keys)
+        self._drain()
+        n = self.manager.lookup_prefix(keys)
+        if self._bad and n:
+            bad = self._bad
+            for i in range(n):
+                if keys[i] in bad:
+                    n = i
+                    break
+        st = self._stats
+        st.lookups += n + 1 if n < len(keys) else n
+        st.lookup_hits += n
+        return n
+
+    def read(self, keys: Sequence[Key]) -> list[bytes | None]:
+        """Verified bytes of each key, ``None`` where absent, pending or failing its checksum
+        (then counted in ``read_errors`` and dropped from lookups until rewritten or evicted).
+        Blocks read are touched in the policy (``keys[0]`` most recent).
+
+        Raises:
+            ValueError: the tier is closed.
+            TypeError: a key is not hashable.
+        """
+        self._check_open()
+        self._drain()
+        keys = list(keys)
+        out: list[bytes | None] = [None] * len(keys)
+        st = self._stats
+        st.reads += len(keys)
+        m = self.manager
+        ready = [i for i, k in enumerate(keys) if m.ref_count(k) is not None
+                 and m.ref_count(k) >= 0 and k not in self._bad]
+        if not ready:
+            return out
+        ready_keys = [keys[i] for i in ready]
+        slots = m.prepare_load(ready_keys)  # pinned while read: not evicted under us
+        try:
+            t0 = time.perf_counter()
+            offsets = [self._phys[logical] * self.block_bytes for logical in slots]
+            if len(offsets) > 1 and self._workers > 1:
+                # preads release the GIL: on several threads the kernel's copies (and the
+                # page faults of the new buffers) overlap (2 MiB blocks, 2 cores: 0.70 ->
+                # 1.2 GB/s from the page cache, see docs/tiers.md)
+                datas = list(self._read_pool.map(self._pread, offsets))
+            else:
+                datas = [self._pread(off) for off in offsets]
+            per_block = (time.perf_counter() - t0) / len(offsets)
+            for i, key, logical, data in zip(ready, ready_keys, slots, datas):
+                t0 = time.perf_counter()
+                if (len(data) == self.block_bytes
+                        and _data_checksum(encode_key(key), data) == self._hash[logical]):
+                    out[i] = data
+                    st.read_hits += 1
+                    st.bytes_read += len(data)
+                else:
+                    st.read_errors += 1
+                    self._mark_bad(key, logical)
+                st.read_latency.observe(per_block + time.perf_counter() - t0)
+        finally:
+            m.complete_load(ready_keys)
+        hit_keys = [k for k, d in zip(keys, out) if d is not None]
+        if hit_keys:
+            m.touch(hit_keys)
+        return out
+
+    def _pread(self, offset: int) -> bytes:
+        try:
+            return os.pread(self._data_fd, self.block_bytes, offset)
+        except OSError:
+            return b""
+
+    def _mark_bad(self, key: Key, logical: int) -> None:
+        self._bad.add(key)
+        try:  # forget it on disk too, so a restart does not offer it again
+            os.pwrite(self._index_fd, _EMPTY, self._phys[logical] * RECORD_BYTES)
+        except OSError:
+            pass
+
+    def write(self, keys: Sequence[Key], blocks: Sequence[bytes | bytearray | memoryview]) -> int:
+        """Queue ``blocks[i]`` for writing under ``keys[i]``; returns the blocks accepted.
+
+        Keys already stored (or being written) are skipped (``writes_skipped``); so are the
+        new keys the manager cannot make room for (slots pending), the call's head kept. The
+        call's blocks become readable together once every worker batch of the call has
+        written (and, per ``fsync``, synced) them and a later call collected that; the
+        call's ``keys[0]`` then ends most recent in the policy. ``bytes`` blocks are kept by reference (immutable); others are copied
+        before the call returns.
+
+        Raises:
+            ValueError: lengths differ, a block is not ``block_bytes`` long, an encoded key
+                is longer than 216 bytes, or the tier is closed. Nothing is written then.
+            TypeError: a key has no stable encoding or is not hashable. Nothing is written.
+        """
+        self._check_open()
+        keys = list(keys)
+        blocks = list(blocks)
+        if len(keys) != len(blocks):
+            raise ValueError(f"write: {len(keys)} keys but {len(blocks)} blocks")
+        encoded = []
+        for key, block in zip(keys, blocks):
+            kb = encode_key(key)
+            if len(kb) > MAX_KEY_BYTES:
+                raise ValueError(f"write: block key {key!r} encodes to {len(kb)} bytes; a disk "
+                                 f"tier record holds at most {MAX_KEY_BYTES}")
+            nbytes = memoryview(block).nbytes
+            if nbytes != self.block_bytes:
+                raise ValueError(f"write: block for key {key!r} is {nbytes} bytes; this tier's "
+                                 f"blocks are {self.block_bytes}")
+            encoded.append(kb)
+        self._drain()
+        st = self._stats
+        m = self.manager
+        first: dict[Key, int] = {}
+        for i, key in enumerate(keys):
+            first.setdefault(key, i)
+        # blocks that failed verification are rewritten in place, pinned meanwhile
+        redo = [k for k in first if k in self._bad and k not in self._rewriting]
+        new = [k for k in first if k not in m]
+        st.writes_skipped += len(keys) - len(new) - len(redo)
+        jobs: list[tuple[Key, bytes, int, Any, bool]] = []
+        if redo:
+            for key, logical in zip(redo, m.prepare_load(redo)):
+                i = first[key]
+                jobs.append((key, encoded[i], logical, blocks[i], True))
+            self._rewriting.update(redo)
+        if new:
+            ms = m.stats()
+            room = ms.free + ms.evictable  # blocks that can be made room for now
+            if len(new) > room:  # keep the head of the batch (a prefix's head is worth most)
+                st.writes_skipped += len(new) - room
+                new = new[:room]
+        if new:
+            out = m.prepare_store(new)
+            if out is None:
+                st.writes_skipped += len(new)
+            else:
+                for key in out.evicted_keys:
+                    self._bad.discard(key)
+                st.evictions += len(out.evicted_keys)
+                for key, logical in zip(out.keys_to_store, out.block_ids):
+                    i = first[key]
+                    jobs.append((key, encoded[i], logical, blocks[i], False))
+        if not jobs:
+            st.used_blocks = len(m)
+            return 0
+        # the caller may reuse its buffers once we return: keep bytes, copy anything else
+        jobs = [(k, kb, lg, b if type(b) is bytes else bytes(memoryview(b).cast("B")), redo_)
+                for k, kb, lg, b, redo_ in jobs]
+        st.writes += len(jobs)
+        n_batches = min(self._workers, len(jobs))
+        per = -(-len(jobs) // n_batches)
+        n_batches = -(-len(jobs) // per)
+        with self._cv:
+            self._in_flight += n_batches
+        call = next(self._call_ids)
+        self._calls[call] = [n_batches, []]
+        t0 = time.perf_counter()
+        for start in range(0, len(jobs), per):
+            batch = [(kb, self._phys[lg], b) for _, kb, lg, b, _ in jobs[start : start + per]]
+            seqs = list(range(self._seq, self._seq + len(batch)))
+            self._seq += len(batch)
+            meta = [(k, lg, r) for k, _, lg, _, r in jobs[start : start + per]]
+            self._pool.submit(self._write_batch, batch, seqs, (call, start, meta), t0)
+        st.used_blocks = len(m)
+        return len(jobs)
+
+    def _write_batch(self, batch, seqs, meta, t0) -> None:
+        """Worker thread: write one batch (see the module docstring for the order)."""
+        checksums: list[int] = []
+        ok = True
+        try:
+            data_fd, index_fd, bb = self._data_fd, self._index_fd, self.block_bytes
+            for kb, slot, data in batch:
+                os.pwrite(index_fd, _EMPTY, slot * RECORD_BYTES)
+                _pwrite_all(data_fd, data, slot * bb)
+                checksums.append(_data_checksum(kb, data))
+            if self.fsync == "batch":
+                os.fdatasync(data_fd)
+            for (kb, slot, _), seq, checksum in zip(batch, seqs, checksums):
+                os.pwrite(index_fd, _make_record(kb, seq, bb, checksum), slot * RECORD_BYTES)
+            if self.fsync == "batch":
+                os.fdatasync(index_fd)
+        except Exception:  # reported as failed writes, never raised into the engine
+            ok = False
+        self._done.put((meta, checksums, ok, len(batch) * self.block_bytes,
+                        time.perf_counter() - t0))
+        with self._cv:
+            self._in_flight -= 1
+            self._cv.notify_all()
+
+    def _drain(self) -> None:
+        """Apply finished writes to the manager (caller's thread): a :meth:`write` call's
+        blocks become readable together once all its batches are done, in one
+        ``complete_store`` in the call's order (so ``keys[0]`` ends most recent, whatever
+        order the workers finished in)."""
+        done = self._done
+        m = self.manager
+        st = self._stats
+        while True:
+            try:
+                (call, start, meta), checksums, ok, nbytes, latency = done.get_nowait()
+            except queue.Empty:
+                break
+            st.write_latency.observe(latency)
+            if ok:
+                for (key, logical, redo), checksum in zip(meta, checksums):
+                    self._hash[logical] = checksum
+                st.bytes_written += nbytes
+            entry = self._calls[call]
+            entry[0] -= 1
+            entry[1].append((start, ok, meta))
+            if entry[0]:
+                continue
+            del self._calls[call]
+            entry[1].sort(key=lambda e: e[0])
+            for success in (True, False):
+                metas = [x for _, ok_, meta_ in entry[1] if ok_ is success for x in meta_]
+                if not metas:
+                    continue
+                if success:
+                    st.writes_completed += len(metas)
+                    self._bad.difference_update(k for k, _, r in metas if r)
+                else:
+                    st.writes_failed += len(metas)
+                redo_keys = [k for k, _, r in metas if r]
+                new_keys = [k for k, _, r in metas if not r]
+                if redo_keys:
+                    self._rewriting.difference_update(redo_keys)
+                    m.complete_load(redo_keys)
+                if new_keys:
+                    m.complete_store(new_keys, success=success)
+        st.used_blocks = len(m)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every accepted write is done (or failed) and collect them.
+
+        Returns ``False`` when ``timeout`` seconds passed first.
+        """
+        if self._closed:
+            return True
+        with self._cv:
+            done = self._cv.wait_for(lambda: self._in_flight == 0, timeout)
+        self._drain()
+        return done
+
+    def stats(self) -> TierStats:
+        """A fresh copy of the counters (collects finished writes first)."""
+        if not self._closed:
+            self._drain()
+        st = self._stats
+        out = TierStats(**{f: getattr(st, f) for f in st.__dataclass_fields__})
+        out.read_latency = st.read_latency.copy()
+        out.write_latency = st.write_latency.copy()
+        return out
+
+    def take_events(self) -> list[OffloadingEvent]:
+        """Stored (``removed=False``) and evicted (``removed=True``) events of the disk slots
+        since the last call, oldest first (empty unless ``enable_events``)."""
+        if not self._closed:
+            self._drain()
+        return self.manager.take_events()
+
+    def close(self) -> None:
+        """Finish the writes in flight, sync per ``fsync``, close the files. Idempotent."""
+        if self._closed:
+            return
+        self.flush()
+        self._pool.shutdown(wait=True)
+        self._read_pool.shutdown(wait=True)
+        self._closed = True
+        if self.fsync == "batch":
+            for fd in (self._data_fd, self._index_fd):
+                try:
+                    os.fdatasync(fd)
+                except OSError:
+                    pass
+        self._close_fds()
+
+    def _close_fds(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+        os.close(self._lock_fd)  # releases the flock
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"disk tier {self.path} is closed")
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self.manager and key not in self._bad
+
+    def __len__(self) -> int:
+        """Blocks stored (readable and being written)."""
+        return len(self.manager)
+
+    def __repr__(self) -> str:
+        return (f"DiskTier({str(self.path)!r}, num_blocks={self.num_blocks}, "
+                f"block_bytes={self.block_bytes}, fsync={self.fsync!r})")

@@ -1,0 +1,329 @@
+"""TierStack: the host tier's manager composed with block tiers below it (disk, Redis, ...).
+
+The host tier is an :class:`~kvtier.OffloadingManager` whose slots hold bytes somewhere (a
+:class:`~kvtier.dataplane.HostBlockPool` in :class:`kvtier.dataplane.tiered.TieredOffloader`,
+nothing in the trace simulation :mod:`kvtier.tiersim`); the stack reaches those bytes only
+through two callbacks, ``read_slot(slot) -> bytes`` and ``write_slot(slot, data)``, so the
+same tiering logic drives the real data plane and the simulation.
+
+* **Tiered lookup** (:meth:`TierStack.lookup`): the leading blocks of a request, run by run:
+  the host's run (``lookup_prefix``), then at the first host miss the first lower tier (top
+  down) whose ``lookup_prefix`` of the rest is non-zero (its run cut at the next block the
+  host holds), then the host again, and so on, until no tier holds the next block. A block whose host store is still in flight (HIT_PENDING)
+  ends the lookup (it cannot be loaded, and must not be stored twice).
+* **Promotion** (:meth:`TierStack.promote`): the blocks found below the host are read
+  (verified by their tier), then entered into the host through the normal
+  ``prepare_store`` / ``write_slot`` / ``complete_store`` path, in one ``prepare_store`` of
+  the whole found prefix (so the host blocks of that prefix are protected from the eviction
+  it may cause). A block that fails to read ends the prefix there.
+* **Demotion**: ``"write-back"`` — a block the host evicts is copied out of its slot *inside*
+  the policy's ``evict`` (before ``prepare_store`` returns, so before anyone can reuse the
+  slot) and written to every lower tier by :meth:`TierStack.flush_demotions` (unless every
+  lower tier already holds it, e.g. a block promoted from the disk);
+  ``"write-through"`` — a block is written to every lower tier as soon as its host store
+  completes (:meth:`TierStack.stored`), and eviction copies nothing.
+* **Events** (:meth:`TierStack.take_events`): :class:`TierEvent` s (tier name, keys,
+  removed) from the host manager and from every lower tier that has ``take_events()``.
+* **Stats** (:meth:`TierStack.stats`): one :class:`~kvtier.tiers.base.TierStats` per tier,
+  by name, top down; :attr:`TierStack.promoted` / :attr:`TierStack.demoted` count the moves.
+
+Not thread-safe: call it from the engine's thread (the thread that owns the host manager).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from kvtier.manager import OffloadingManager
+from kvtier.tiers.base import BlockTier, TierStats
+
+__all__ = ["DEMOTION_MODES", "TierEvent", "TierStack", "TieredLookup"]
+
+DEMOTION_MODES = ("write-back", "write-through")
+"""Accepted values of ``TierStack(demotion=...)``."""
+
+
+class TierEvent(NamedTuple):
+    """Blocks that became readable (``removed=False``) or left (``removed=True``) a tier."""
+
+    tier: str
+    keys: list[Hashable]
+    removed: bool
+
+
+@dataclass
+class TieredLookup:
+    """Answer of :meth:`TierStack.lookup` for one request.
+
+    Attributes:
+        hits: leading blocks available in some tier (``sum`` of the runs' counts).
+        runs: ``(tier name, count)`` in key order: ``keys[0:c0]`` are in tier ``runs[0][0]``,
+            the next ``c1`` in ``runs[1][0]``, ...
+    """
+
+    hits: int
+    runs: list[tuple[str, int]] = field(default_factory=list)
+
+    def by_tier(self) -> dict[str, int]:
+        """Blocks per tier name (tiers with none are left out)."""
+        out: dict[str, int] = {}
+        for name, count in self.runs:
+            out[name] = out.get(name, 0) + count
+        return out
+
+
+class TierStack:
+    """A host manager plus block tiers below it.
+
+    Args:
+        host: the host tier's manager. The stack wraps its policy's ``evict`` (an instance
+            attribute) to see victims; build it with ``enable_events=True`` for host events.
+        lower: the tiers below, top down (e.g. ``[disk, redis]``); names must be distinct and
+            differ from ``host_name``; every tier's ``block_bytes`` must be ``block_bytes``.
+        block_bytes: bytes of one block.
+        read_slot: ``read_slot(slot) -> bytes``: a copy of host slot ``slot``'s bytes.
+        write_slot: ``write_slot(slot, data)``: put ``data`` into host slot ``slot``.
+        demotion: ``"write-back"`` (default) or ``"write-through"`` (see the module doc).
+        host_name: the host tier's name in events and stats.
+
+    Raises:
+        ValueError: an unknown demotion mode, repeated tier names, or a tier of another
+            block size.
+        TypeError: ``host`` is not an OffloadingManager or a tier is not a BlockTier.
+    """
+
+    def __init__(
+        self,
+        host: OffloadingManager,
+        lower: Sequence[BlockTier],
+        block_bytes: int,
+        read_slot: Callable[[int], bytes],
+        write_slot: Callable[[int, Any], None],
+        *,
+        demotion: str = "write-back",
+        host_name: str = "host",
+    ) -> None:
+        if not isinstance(host, OffloadingManager):
+            raise TypeError(f"host must be an OffloadingManager, got {type(host).__name__}")
+        if demotion not in DEMOTION_MODES:
+            raise ValueError(
+                f"demotion must be one of {', '.join(DEMOTION_MODES)}, got {demotion!r}"
+            )
+        lower = list(lower)
+        names = [host_name]
+        for tier in lower:
+            if not isinstance(tier, BlockTier):
+                raise TypeError(f"lower tiers must be BlockTiers, got {type(tier).__name__}")
+            if tier.name in names:
+                raise ValueError(f"tier name {tier.name!r} is used twice; names must differ")
+            if tier.block_bytes != block_bytes:
+                raise ValueError(f"tier {tier.name!r} stores blocks of {tier.block_bytes} bytes, "
+                                 f"the host's are {block_bytes}")
+            names.append(tier.name)
+        self.host = host
+        self.lower = lower
+        self.block_bytes = block_bytes
+        self.host_name = host_name
+        self.names = names
+        self.demotion = demotion
+        self._read_slot = read_slot
+        self._write_slot = write_slot
+        self._victims: list[tuple[Hashable, bytes]] = []
+        #: blocks promoted into the host, per tier they came from
+        self.promoted: dict[str, int] = {name: 0 for name in names[1:]}
+        #: blocks written down from the host (evicted under write-back, stored under
+        #: write-through), counted once per block whatever the number of lower tiers
+        self.demoted = 0
+        #: promotions refused because the host could not make room (pinned/pending blocks)
+        self.promote_failures = 0
+        policy = host.policy
+        inner = policy.evict
+
+        def evict(n: int, protected: Any) -> Any:
+            victims = inner(n, protected)
+            if victims and self.demotion == "write-back" and self.lower:
+                read = self._read_slot
+                held = self._held_below
+                # copied now: the slot is handed to a new block when prepare_store returns
+                self._victims.extend((key, read(slot)) for key, slot in victims
+                                     if not held(key))
+            return victims
+
+        policy.evict = evict  # type: ignore[method-assign]
+
+    def _held_below(self, key: Hashable) -> bool:
+        """Every lower tier already holds ``key`` readable (asked only of tiers that answer
+        ``in`` without I/O, i.e. define ``__contains__``; any other tier counts as not
+        holding it). Saves the copy of a victim that was promoted from below."""
+        for tier in self.lower:
+            contains = getattr(type(tier), "__contains__", None)
+            if contains is None or not contains(tier, key):
+                return False
+        return True
+
+    # -- lookup and promotion ----------------------------------------------------------------
+    def lookup(self, keys: Sequence[Hashable]) -> TieredLookup:
+        """Leading blocks of ``keys`` available in some tier, and where (see the module doc).
+
+        Each tier counts the lookups it answers in its own stats.
+
+        Raises:
+            TypeError: a key is not hashable (or, for a lower tier, has no stable encoding).
+        """
+        keys = list(keys)
+        n = len(keys)
+        pos = 0
+        runs: list[tuple[str, int]] = []
+        host = self.host
+        while pos < n:
+            h = host.lookup_prefix(keys[pos:] if pos else keys)
+            if h:
+                runs.append((self.host_name, h))
+                pos += h
+                if pos == n:
+                    break
+            if host.ref_count(keys[pos]) == -1:  # host store in flight: stop here
+                break
+            for tier in self.lower:
+                c = tier.lookup_prefix(keys[pos:])
+                if c:
+                    for i in range(pos + 1, pos + c):  # the run ends where the host has
+                        if keys[i] in host:            # the block (it is served from there)
+                            c = i - pos
+                            break
+                    runs.append((tier.name, c))
+                    pos += c
+                    break
+            else:
+                break
+        return TieredLookup(pos, runs)
+
+    def promote(self, keys: Sequence[Hashable], found: TieredLookup) -> int:
+        """Bring the blocks ``found`` below the host into host slots.
+
+        Args:
+            keys: the request's keys, as passed to :meth:`lookup`.
+            found: :meth:`lookup`'s answer for them (nothing may have changed in between).
+
+        Returns:
+            ``n``: ``keys[:n]`` are now readable in the host (``n <= found.hits``): shorter
+            when a lower tier's read failed verification, or when the host could not make
+            room (then ``n`` is the host's own leading run; counted in
+            :attr:`promote_failures`).
+        """
+        keys = list(keys)
+        n = found.hits
+        if all(name == self.host_name for name, _ in found.runs):
+            return n
+        data: dict[Hashable, Any] = {}
+        pos = 0
+        tiers = {t.name: t for t in self.lower}
+        source: dict[Hashable, str] = {}
+        for name, count in found.runs:
+            if name != self.host_name:
+                run = keys[pos : pos + count]
+                got = tiers[name].read(run)
+                for j, (key, block) in enumerate(zip(run, got)):
+                    if block is None:  # torn/corrupt/vanished: the prefix ends here
+                        n = pos + j
+                        break
+                    data[key] = block
+                    source[key] = name
+            pos += count
+            if pos >= n:
+                break
+        first_host = found.runs[0][1] if found.runs[0][0] == self.host_name else 0
+        if n <= first_host:
+            return n
+        out = self.host.prepare_store(keys[:n])
+        if out is None:
+            self.promote_failures += 1
+            return first_host
+        write = self._write_slot
+        for key, slot in zip(out.keys_to_store, out.block_ids):
+            write(slot, data[key])
+        self.host.complete_store(out.keys_to_store)
+        for key in out.keys_to_store:
+            self.promoted[source[key]] += 1
+        ref_count = self.host.ref_count
+        for i in range(n):  # admission (store_threshold) may have refused some
+            r = ref_count(keys[i])
+            if r is None or r < 0:
+                return i
+        return n
+
+    # -- demotion ------------------------------------------------------------------------
+    def stored(self, keys: Sequence[Hashable]) -> None:
+        """Host stores of ``keys`` completed: under write-through, write them to every lower
+        tier now (keys no longer in the host are skipped). No-op under write-back."""
+        if self.demotion != "write-through" or not self.lower:
+            return
+        get = self.host.policy.get
+        read = self._read_slot
+        pairs = [(k, read(s)) for k in keys if (s := get(k)) is not None]
+        if pairs:
+            self._write_down(pairs)
+
+    def flush_demotions(self) -> int:
+        """Write the blocks the host evicted since the last call to every lower tier
+        (write-back); returns how many. Call after every host ``prepare_store``."""
+        if not self._victims:
+            return 0
+        pairs, self._victims = self._victims, []
+        self._write_down(pairs)
+        return len(pairs)
+
+    def _write_down(self, pairs: list[tuple[Hashable, Any]]) -> None:
+        keys = [k for k, _ in pairs]
+        blocks = [b for _, b in pairs]
+        for tier in self.lower:
+            tier.write(keys, blocks)
+        self.demoted += len(pairs)
+
+    # -- events and stats ----------------------------------------------------------------
+    def take_events(self) -> list[TierEvent]:
+        """Events since the last call: the host's first, then each lower tier's (tiers
+        without ``take_events()`` have none)."""
+        out = [TierEvent(self.host_name, e.keys, e.removed) for e in self.host.take_events()]
+        for tier in self.lower:
+            take = getattr(tier, "take_events", None)
+            if take is not None:
+                out.extend(TierEvent(tier.name, e.keys, e.removed) for e in take())
+        return out
+
+    def host_stats(self) -> TierStats:
+        """The host manager's counters as a :class:`TierStats` (reads = load pins taken,
+        writes = blocks allocated by prepare_store, promotions included)."""
+        ms = self.host.stats()
+        return TierStats(
+            name=self.host_name, lookups=ms.lookups, lookup_hits=ms.hits, reads=ms.loads,
+            read_hits=ms.loads, writes=ms.stores, writes_completed=ms.completed_stores,
+            writes_failed=ms.failed_stores, writes_skipped=ms.skipped_stores,
+            evictions=ms.evictions, bytes_read=ms.loads * self.block_bytes,
+            bytes_written=ms.completed_stores * self.block_bytes, used_blocks=ms.used,
+            capacity_blocks=ms.num_blocks,
+        )
+
+    def stats(self) -> dict[str, TierStats]:
+        """Per tier, top down: ``{"host": ..., "disk": ..., ...}``."""
+        out = {self.host_name: self.host_stats()}
+        for tier in self.lower:
+            out[tier.name] = tier.stats()
+        return out
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Write pending demotions, then wait for every lower tier's writes."""
+        self.flush_demotions()
+        return all([tier.flush(timeout) for tier in self.lower])
+
+    def close(self) -> None:
+        """Write pending demotions, close every lower tier. Idempotent."""
+        if self._victims and self.lower:
+            try:
+                self.flush_demotions()
+            except ValueError:  # a tier already closed
+                self._victims = []
+        for tier in self.lower:
+            tier.close()

@@ -1,0 +1,418 @@
+"""Multi-tier trace simulation: ``kvtier replay --tiers host:4000,disk:64000[,redis://...]``.
+
+A request trace is replayed through a :class:`~kvtier.tiers.stack.TierStack` — the same
+tiering logic the data plane uses (:class:`kvtier.dataplane.tiered.TieredOffloader`) — with a
+host :class:`~kvtier.OffloadingManager` of the given size and, below it, a simulated disk tier
+(:class:`SimTier`: a manager of the given size, no bytes) and optionally a real Redis tier
+(``kvtier.tiers.redis.RedisTier``, when that module is importable; 64-byte payloads are
+written under a fresh namespace with the fingerprint ``kvtier-tiersim``, and each request's
+writes are flushed before the next request). Per request (engine protocol, every load/store completed before the
+next request)::
+
+    found = stack.lookup(keys)          # host run, then lower tiers, run by run
+    host.touch(keys)
+    n = stack.promote(keys, found)      # blocks found below are read and stored into the host
+    host.prepare_load(keys[:n]); host.complete_load(keys[:n])
+    out = host.prepare_store(keys[n:]); host.complete_store(out.keys_to_store)
+    stack.stored(out.keys_to_store)     # write-through: also written below
+    stack.flush_demotions()             # write-back: host victims written below
+
+Each of the ``n`` leading blocks counts as a hit of the tier that served it. With the host
+alone this is exactly ``kvtier replay``'s prefix protocol with ``--inflight 0`` (tested).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kvtier.manager import OffloadingManager
+from kvtier.replay import parse_capacity
+from kvtier.tiers.base import BlockTier, Key, TierStats
+from kvtier.tiers.stack import DEMOTION_MODES, TierStack
+
+__all__ = ["SimTier", "TierResult", "TierSpec", "TiersReplayResult", "parse_tiers",
+           "replay_tiers"]
+
+SIM_BLOCK_BYTES = 64
+"""Payload size of a simulated block (what a Redis tier receives in a simulation)."""
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """One item of a ``--tiers`` spec: ``kind`` is ``"host"``, ``"disk"`` or ``"redis"``;
+    ``capacity`` the size as written (blocks or %), ``None`` for Redis; ``url`` for Redis."""
+
+    kind: str
+    capacity: str | None = None
+    url: str | None = None
+
+
+def parse_tiers(spec: str) -> list[TierSpec]:
+    """Parse ``host:CAP[,disk:CAP][,redis://...]``, top down.
+
+    ``CAP`` is a block count or a percentage of the trace's distinct blocks (as
+    ``--capacity``). The host tier comes first and is required; each kind appears once.
+
+    Raises:
+        ValueError: naming the item and the rule it broke.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"--tiers must name the tiers, e.g. host:4000,disk:64000; got {spec!r}")
+    out: list[TierSpec] = []
+    for raw in spec.split(","):
+        item = raw.strip()
+        if not item:
+            raise ValueError(f"--tiers {spec!r}: empty item")
+        if item.startswith(("redis://", "rediss://", "unix://")):
+            tier = TierSpec("redis", None, item)
+        else:
+            kind, sep, cap = item.partition(":")
+            kind = kind.strip().lower()
+            if kind not in ("host", "disk") or not sep or not cap.strip():
+                raise ValueError(f"--tiers item {item!r}: expected host:CAP, disk:CAP or a "
+                                 "redis:// URL (CAP = blocks or %)")
+            tier = TierSpec(kind, cap.strip())
+        if any(t.kind == tier.kind for t in out):
+            raise ValueError(f"--tiers {spec!r}: tier {tier.kind!r} named twice")
+        out.append(tier)
+    if out[0].kind != "host":
+        raise ValueError(f"--tiers {spec!r}: the first tier must be host:CAP")
+    return out
+
+
+class SimTier(BlockTier):
+    """A simulated lower tier: an :class:`~kvtier.OffloadingManager` of ``num_blocks`` slots,
+    no bytes. Same bookkeeping as :class:`~kvtier.tiers.disk.DiskTier` (keys already present
+    skipped, the head of a write kept when it exceeds the room, reads touch the hits), with
+    every write done at once. ``read`` returns ``block_bytes`` zero bytes per present key."""
+
+    def __init__(self, name: str, num_blocks: int, policy: str = "lru",
+                 block_bytes: int = SIM_BLOCK_BYTES) -> None:
+        self.name = name
+        self.block_bytes = block_bytes
+        self.manager = OffloadingManager(num_blocks, policy)
+        self._stats = TierStats(name=name, capacity_blocks=num_blocks)
+        self._zero = bytes(block_bytes)
+
+    def lookup_prefix(self, keys: Sequence[Key]) -> int:
+        n = self.manager.lookup_prefix(keys)
+        self._stats.lookups += n + 1 if n < len(keys) else n
+        self._stats.lookup_hits += n
+        return n
+
+    def read(self, keys: Sequence[Key]) -> list[bytes | None]:
+        m = self.manager
+        out = [self._zero if m.ref_count(k) == 0 else None for k in keys]
+        hits = [k for k, b in zip(keys, out) if b is not None]
+        if hits:
+            m.touch(hits)
+        st = self._stats
+        st.reads += len(keys)
+        st.read_hits += len(hits)
+        st.bytes_read += len(hits) * self.block_bytes
+        return out
+
+    def write(self, keys: Sequence[Key], blocks: Sequence[bytes]) -> int:
+        if len(keys) != len(blocks):
+            raise ValueError(f"write: {len(keys)} keys but {len(blocks)} blocks")
+        m = self.manager
+        st = self._stats
+        new = [k for k in dict.fromkeys(keys) if k not in m]
+        st.writes_skipped += len(keys) - len(new)
+        ms = m.stats()
+        room = ms.free + ms.evictable
+        if len(new) > room:
+            st.writes_skipped += len(new) - room
+            new = new[:room]
+        if not new:
+            return 0
+        out = m.prepare_store(new)
+        if out is None:  # cannot happen with every block evictable; counted if it does
+            st.writes_skipped += len(new)
+            return 0
+        m.complete_store(out.keys_to_store)
+        n = len(out.keys_to_store)
+        st.writes += n
+        st.writes_completed += n
+        st.evictions += len(out.evicted_keys)
+        st.bytes_written += n * self.block_bytes
+        st.used_blocks = len(m)
+        return n
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return True
+
+    def __contains__(self, key: Key) -> bool:
+        return self.manager.ref_count(key) is not None
+
+    def stats(self) -> TierStats:
+        st = self._stats
+        return TierStats(**{f: getattr(st, f) for f in st.__dataclass_fields__})
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class TierResult:
+    """One tier of a simulation: ``hit_blocks`` block references it served."""
+
+    name: str
+    kind: str
+    capacity: int | None
+    hit_blocks: int
+    promoted: int  # blocks promoted from this tier into the host (0 for the host)
+    stats: TierStats
+
+
+@dataclass
+class TiersReplayResult:
+    """A simulation of one policy over a tier stack (see the module docstring)."""
+
+    policy: str
+    demotion: str
+    requests: int
+    block_refs: int
+    input_tokens: int
+    hit_tokens: int
+    store_failures: int
+    demoted: int
+    tiers: list[TierResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def hit_blocks(self) -> int:
+        return sum(t.hit_blocks for t in self.tiers)
+
+    @property
+    def block_hit_ratio(self) -> float:
+        return self.hit_blocks / self.block_refs if self.block_refs else 0.0
+
+    @property
+    def token_hit_ratio(self) -> float:
+        return self.hit_tokens / self.input_tokens if self.input_tokens else 0.0
+
+    def tier_hit_ratio(self, name: str) -> float:
+        """Share of block references served by tier ``name``."""
+        for t in self.tiers:
+            if t.name == name:
+                return t.hit_blocks / self.block_refs if self.block_refs else 0.0
+        raise KeyError(name)
+
+    def to_dict(self) -> dict:
+        return {
+            "policy": self.policy, "demotion": self.demotion, "requests": self.requests,
+            "block_refs": self.block_refs, "hit_blocks": self.hit_blocks,
+            "block_hit_ratio": self.block_hit_ratio, "input_tokens": self.input_tokens,
+            "hit_tokens": self.hit_tokens, "token_hit_ratio": self.token_hit_ratio,
+            "store_failures": self.store_failures, "demoted": self.demoted,
+            "seconds": self.seconds,
+            "tiers": [{
+                "name": t.name, "kind": t.kind, "capacity": t.capacity,
+                "hit_blocks": t.hit_blocks, "hit_ratio": self.tier_hit_ratio(t.name),
+                "promoted": t.promoted, "writes": t.stats.writes,
+                "evictions": t.stats.evictions, "lookups": t.stats.lookups,
+            } for t in self.tiers],
+        }
+
+
+def _redis_tier(url: str, block_bytes: int) -> BlockTier:
+    """``kvtier.tiers.redis.RedisTier`` for ``url``, under a fresh namespace when the class
+    takes one (so earlier simulations' keys are not found)."""
+    try:
+        from kvtier.tiers.redis import RedisTier  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise ValueError(f"--tiers {url}: the Redis tier (kvtier.tiers.redis.RedisTier) is "
+                         f"not available: {exc}") from None
+    params = inspect.signature(RedisTier).parameters
+    kwargs: dict = {}
+    if "block_bytes" in params:
+        kwargs["block_bytes"] = block_bytes
+    if "fingerprint" in params:
+        kwargs["fingerprint"] = "kvtier-tiersim"
+    for name in ("namespace", "prefix"):
+        if name in params:
+            kwargs[name] = f"kvtier-tiersim-{uuid.uuid4().hex[:12]}"
+            break
+    return RedisTier(url, **kwargs)
+
+
+def replay_tiers(
+    requests: Iterable,
+    tiers: Sequence[TierSpec],
+    policy: str = "lru",
+    *,
+    unique_blocks: int | None = None,
+    demotion: str = "write-back",
+    block_tokens: int = 512,
+    store_threshold: int = 1,
+    redis_factory: Callable[[str, int], BlockTier] = _redis_tier,
+) -> TiersReplayResult:
+    """Simulate ``requests`` through the tier stack ``tiers`` (see the module docstring).
+
+    Args:
+        requests: :class:`~kvtier.trace.Request` s (``.keys``, ``.input_length``).
+        tiers: from :func:`parse_tiers`; host first.
+        policy: policy of the host and disk tiers (a registered name).
+        unique_blocks: the trace's distinct blocks, for percentage capacities.
+        demotion: ``"write-back"`` or ``"write-through"``.
+        block_tokens: tokens per block (token counts).
+        store_threshold: the host manager's admission threshold.
+        redis_factory: builds the tier of a ``redis://`` item from ``(url, block_bytes)``.
+
+    Raises:
+        ValueError: a bad capacity, policy, demotion mode, or an unavailable Redis tier.
+    """
+    if demotion not in DEMOTION_MODES:
+        raise ValueError(f"demotion must be one of {', '.join(DEMOTION_MODES)}, got {demotion!r}")
+    tiers = list(tiers)
+    if not tiers or tiers[0].kind != "host":
+        raise ValueError("tiers must start with the host tier")
+    caps = [parse_capacity(t.capacity, unique_blocks) if t.capacity is not None else None
+            for t in tiers]
+    host = OffloadingManager(caps[0], policy, store_threshold=store_threshold)
+    lower: list[BlockTier] = []
+    try:
+        for t, cap in zip(tiers[1:], caps[1:]):
+            if t.kind == "disk":
+                lower.append(SimTier("disk", cap, policy))
+            else:
+                lower.append(redis_factory(t.url, SIM_BLOCK_BYTES))
+        payload = bytes(SIM_BLOCK_BYTES)
+        stack = TierStack(host, lower, SIM_BLOCK_BYTES, lambda slot: payload,
+                          lambda slot, data: None, demotion=demotion)
+        served = {name: 0 for name in stack.names}
+        # real tiers (Redis) write in the background: waited for after each request's
+        # writes, so a block is found by the next request as in the simulated tiers
+        real = [t for t in lower if not isinstance(t, SimTier)]
+        demoted = 0
+        n_req = refs = in_tok = hit_tok = fails = 0
+        t0 = time.perf_counter()
+        touch, prepare_load, complete_load = host.touch, host.prepare_load, host.complete_load
+        prepare_store, complete_store = host.prepare_store, host.complete_store
+        for req in requests:
+            keys = req.keys
+            found = stack.lookup(keys)
+            touch(keys)
+            n = stack.promote(keys, found)
+            stack.flush_demotions()
+            if n:
+                left = n
+                for name, count in found.runs:
+                    take = count if count < left else left
+                    served[name] += take
+                    left -= take
+                    if not left:
+                        break
+                loaded = keys[:n]
+                prepare_load(loaded)
+                complete_load(loaded)
+            if n < len(keys):
+                out = prepare_store(keys[n:] if n else keys)
+                if out is None:
+                    fails += 1
+                elif out.keys_to_store:
+                    complete_store(out.keys_to_store)
+                    stack.stored(out.keys_to_store)
+                stack.flush_demotions()
+            if real and stack.demoted != demoted:
+                demoted = stack.demoted
+                for tier in real:
+                    tier.flush(10.0)
+            n_req += 1
+            refs += len(keys)
+            length = req.input_length if req.input_length is not None else len(keys) * block_tokens
+            in_tok += length
+            hit_tok += min(n * block_tokens, length)
+        seconds = time.perf_counter() - t0
+        stack.flush()
+        stats = stack.stats()
+        result = TiersReplayResult(
+            policy=policy, demotion=demotion, requests=n_req, block_refs=refs,
+            input_tokens=in_tok, hit_tokens=hit_tok, store_failures=fails,
+            demoted=stack.demoted, seconds=seconds,
+        )
+        for t, name, cap in zip(tiers, stack.names, caps):
+            result.tiers.append(TierResult(
+                name=name, kind=t.kind, capacity=cap, hit_blocks=served[name],
+                promoted=stack.promoted.get(name, 0), stats=stats[name],
+            ))
+        return result
+    finally:
+        for tier in lower:
+            tier.close()
+
+
+def results_table(results: Sequence[TiersReplayResult], title: str):
+    """A rich table: one row per (policy, tier), then the policy's total."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  collapse_padding=True, show_edge=False)
+    for name in ("policy", "tier", "capacity\nblocks", "hit\nblocks", "block\nhit %",
+                 "token\nhit %", "promoted\nto host", "writes", "evictions"):
+        table.add_column(name, justify="left" if name in ("policy", "tier") else "right",
+                         no_wrap=True)
+    for r in results:
+        for t in r.tiers:
+            table.add_row(r.policy, t.name, "-" if t.capacity is None else f"{t.capacity:,}",
+                          f"{t.hit_blocks:,}", f"{r.tier_hit_ratio(t.name) * 100:.2f}", "",
+                          f"{t.promoted:,}" if t.kind != "host" else "",
+                          f"{t.stats.writes:,}", f"{t.stats.evictions:,}")
+        table.add_row(r.policy, "[bold]all[/]", "", f"{r.hit_blocks:,}",
+                      f"{r.block_hit_ratio * 100:.2f}", f"{r.token_hit_ratio * 100:.2f}",
+                      "", "", "", end_section=True)
+    return table
+
+
+def replay_tiers_cli(trace, policy, capacity, fmt, block_tokens, inflight, protocol,
+                     store_threshold, skip_bad_lines, limit, json_out, tiers, demotion,
+                     stream=False) -> None:
+    """``kvtier replay --tiers ...``: one simulation per ``--policy``; prints the per-tier
+    table and writes ``--json``. Raises the CLI's user errors (exit status 1)."""
+    import itertools
+
+    from kvtier import cli
+    from kvtier.trace import count_unique_blocks, embedded_sample_path, read_trace
+
+    if capacity:
+        raise ValueError("--capacity sizes a single tier; with --tiers give each tier's "
+                            "size in the spec (host:4000,disk:64000)")
+    if inflight or protocol != "prefix":
+        raise ValueError("--tiers simulates the engine protocol (prefix) with every load "
+                            "and store completed at once: leave --inflight and --protocol")
+    if demotion not in DEMOTION_MODES:
+        raise ValueError(f"--demotion {demotion!r}: choose {' or '.join(DEMOTION_MODES)}")
+    spec = parse_tiers(tiers)
+    path = trace if trace is not None else embedded_sample_path()
+    policies = cli._split(policy, ["lru", "arc"], "--policy")
+    cli._check_common(policies, fmt, protocol, inflight)
+    cli._check_writable(json_out, "--json")
+    def open_trace():
+        reader = read_trace(path, fmt=fmt, block_tokens=block_tokens,
+                            skip_bad_lines=skip_bad_lines)
+        return reader, (itertools.islice(reader, limit) if limit else reader)
+
+    reader, it = open_trace()
+    t0 = time.perf_counter()
+    requests = None if stream else list(it)
+    parse_s = time.perf_counter() - t0
+    n_req, n_refs, unique = count_unique_blocks(it if stream else requests)
+    if stream:
+        parse_s = time.perf_counter() - t0
+    info = cli._trace_info(path, reader, n_req, n_refs, unique, parse_s)
+    results = [replay_tiers(open_trace()[1] if stream else requests, spec, p,
+                            unique_blocks=unique, demotion=demotion, block_tokens=block_tokens,
+                            store_threshold=store_threshold)
+               for p in policies]
+    out = cli._out_console(json_out)
+    names = ",".join(t.url if t.kind == "redis" else f"{t.kind}:{t.capacity}" for t in spec)
+    out.print(results_table(results, f"kvtier replay --tiers {names} — demotion {demotion}"))
+    out.print(cli._trace_caption(info), highlight=False, soft_wrap=True)
+    cli._write_json(json_out, {"trace": info, "tiers": [t.__dict__ for t in spec],
+                               "results": [r.to_dict() for r in results]})

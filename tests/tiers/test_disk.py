@@ -1,0 +1,361 @@
+"""DiskTier: round trip, recovery after restart and kill -9, corruption, crash consistency."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import kvtier
+from kvtier.tiers import disk as disk_mod
+from kvtier.tiers.disk import RECORD_BYTES, DiskTier, DiskTierError, decode_key
+from kvtier.tiers.base import encode_key
+
+sys.path.insert(0, str(Path(__file__).parent))
+from disk_writer import expected_block  # noqa: E402
+
+WRITER = Path(__file__).parent / "disk_writer.py"
+BB = 4096
+
+
+def blk(key, nbytes=BB) -> bytes:
+    return expected_block(hash(key) & 0xFFFF_FFFF, nbytes)
+
+
+def test_round_trip_key_types_and_buffer_types(tmp_path):
+    keys = [7, -3, 2**80, "h0", b"\x00raw", "ключ"]
+    datas = [blk(k) for k in keys]
+    bufs = [datas[0], bytearray(datas[1]), memoryview(datas[2]), datas[3],
+            memoryview(bytearray(datas[4])), datas[5]]
+    with DiskTier(tmp_path, 16, BB, workers=3) as t:
+        assert t.write(keys, bufs) == len(keys)
+        bufs[1][:] = bytes(BB)  # the caller reuses its buffer: the tier copied it
+        assert t.flush(10)
+        assert t.lookup_prefix(keys + ["absent"]) == len(keys)
+        assert t.read(keys) == datas
+        st = t.stats()
+        assert (st.writes, st.writes_completed, st.read_hits, st.read_errors) == (6, 6, 6, 0)
+        assert st.bytes_written == st.bytes_read == 6 * BB
+        assert st.used_blocks == 6 and st.capacity_blocks == 16
+        assert st.lookups == 7 and st.lookup_hits == 6
+        assert st.write_latency.total >= 1 and st.read_latency.total == 6
+        # present keys are skipped, not rewritten
+        assert t.write([7], [datas[0]]) == 0
+        assert t.stats().writes_skipped == 1
+    for k in keys:
+        assert decode_key(encode_key(k)) == k
+
+
+def test_bad_input_raises_and_changes_nothing(tmp_path):
+    with DiskTier(tmp_path, 4, BB) as t:
+        with pytest.raises(ValueError, match="block for key 2 is 10 bytes"):
+            t.write([1, 2], [blk(1), b"x" * 10])
+        with pytest.raises(TypeError, match="no stable byte encoding"):
+            t.write([1, (1, 2)], [blk(1), blk(2)])
+        with pytest.raises(ValueError, match="at most 216"):
+            t.write(["k" * 300], [blk(1)])
+        with pytest.raises(ValueError, match="2 keys but 1 blocks"):
+            t.write([1, 2], [blk(1)])
+        assert t.flush(5) and len(t) == 0 and t.stats().writes == 0
+    with pytest.raises(ValueError, match="fsync must be one of none, batch"):
+        DiskTier(tmp_path / "x", 4, BB, fsync="always")
+    with pytest.raises(ValueError, match="num_blocks must be a positive int"):
+        DiskTier(tmp_path / "y", 0, BB)
+    t.close()  # idempotent
+    with pytest.raises(ValueError, match="closed"):
+        t.lookup_prefix([1])
+
+
+def test_write_is_readable_only_when_done(tmp_path, monkeypatch):
+    gate = threading.Event()
+    real = disk_mod._pwrite_all
+
+    def slow(fd, data, offset):
+        gate.wait(10)
+        real(fd, data, offset)
+
+    monkeypatch.setattr(disk_mod, "_pwrite_all", slow)
+    with DiskTier(tmp_path, 8, BB, workers=2) as t:
+        assert t.write([1, 2, 3], [blk(1), blk(2), blk(3)]) == 3
+        assert t.lookup_prefix([1, 2, 3]) == 0
+        assert t.read([1, 2, 3]) == [None, None, None]
+        assert not t.flush(0.05)
+        gate.set()
+        assert t.flush(10)
+        assert t.lookup_prefix([1, 2, 3]) == 3
+
+
+def test_failed_write_is_counted_and_not_stored(tmp_path, monkeypatch):
+    def broken(fd, data, offset):
+        raise OSError(28, "No space left on device")
+
+    with DiskTier(tmp_path, 8, BB) as t:
+        monkeypatch.setattr(disk_mod, "_pwrite_all", broken)
+        assert t.write([1, 2], [blk(1), blk(2)]) == 2
+        assert t.flush(10)
+        st = t.stats()
+        assert st.writes_failed == 2 and st.writes_completed == 0 and len(t) == 0
+        monkeypatch.undo()
+        t.write([1], [blk(1)])
+        t.flush(10)
+        assert t.read([1]) == [blk(1)]
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo"])
+def test_eviction_by_policy_keeps_capacity(tmp_path, policy):
+    with DiskTier(tmp_path, 4, BB, policy=policy, enable_events=True) as t:
+        for k in range(10):
+            t.write([k], [blk(k)])
+            t.flush(10)
+        assert len(t) == 4
+        st = t.stats()
+        assert st.evictions == 6 and st.used_blocks == 4
+        present = [k for k in range(10) if k in t]
+        assert t.read(present) == [blk(k) for k in present]
+        events = t.take_events()
+        stored = [k for e in events if not e.removed for k in e.keys]
+        removed = [k for e in events if e.removed for k in e.keys]
+        assert stored == list(range(10)) and len(removed) == 6
+        assert set(removed) | set(present) == set(range(10))
+    if policy == "lru":
+        assert present == [6, 7, 8, 9]
+
+
+def test_more_blocks_than_capacity_keeps_the_head(tmp_path):
+    with DiskTier(tmp_path, 4, BB) as t:
+        assert t.write(list(range(6)), [blk(k) for k in range(6)]) == 4
+        t.flush(10)
+        assert t.lookup_prefix(list(range(6))) == 4
+        assert t.stats().writes_skipped == 2
+
+
+def test_restart_recovers_blocks_in_write_order(tmp_path):
+    with DiskTier(tmp_path, 6, BB, policy="lru") as t:
+        for k in range(8):  # 0 and 1 are evicted, their slots rewritten by 6 and 7
+            t.write([k], [blk(k)])
+            t.flush(10)
+    with DiskTier(tmp_path, 6, BB, policy="lru") as t:
+        assert len(t) == 6
+        assert t.lookup_prefix(list(range(2, 8))) == 6 and 0 not in t and 1 not in t
+        # LRU order is write order: the next write evicts 2, the oldest
+        t.write([100], [blk(100)])
+        t.flush(10)
+        assert 2 not in t and 3 in t and 100 in t
+        assert t.read(list(range(3, 8))) == [blk(k) for k in range(3, 8)]
+    with DiskTier(tmp_path, 6, BB) as t:
+        assert t.read([100, 3]) == [blk(100), blk(3)]
+
+
+def test_layout_mismatch_and_second_opener_are_refused(tmp_path):
+    t = DiskTier(tmp_path, 4, BB)
+    with pytest.raises(DiskTierError, match="open in another process"):
+        DiskTier(tmp_path, 4, BB)
+    t.close()
+    with pytest.raises(DiskTierError, match="block_bytes is 4096 there, 8192 asked"):
+        DiskTier(tmp_path, 4, 8192)
+    with pytest.raises(DiskTierError, match="num_blocks is 4 there, 5 asked"):
+        DiskTier(tmp_path, 5, BB)
+    DiskTier(tmp_path, 4, BB).close()  # the refusals left the lock free
+
+
+def _file_slot(t: DiskTier, key) -> int:
+    (logical,) = t.manager.prepare_load([key])
+    t.manager.complete_load([key])
+    return t._phys[logical]
+
+
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x5A]))
+
+
+def test_corrupt_data_is_a_miss_and_a_counted_error(tmp_path):
+    keys = list(range(5))
+    with DiskTier(tmp_path, 8, BB) as t:
+        t.write(keys, [blk(k) for k in keys])
+        t.flush(10)
+        slot2 = _file_slot(t, 2)
+        slot4 = _file_slot(t, 4)
+    _flip(tmp_path / "blocks.dat", slot2 * BB + 1234)  # data of block 2
+    _flip(tmp_path / "index.dat", slot4 * RECORD_BYTES + 40)  # the record of block 4
+    with DiskTier(tmp_path, 8, BB) as t:
+        assert 4 not in t  # a torn record is an empty slot
+        assert t.lookup_prefix(keys) == 4  # block 2's record is valid; its data is not read
+        got = t.read(keys)
+        assert got == [blk(0), blk(1), None, blk(3), None]
+        st = t.stats()
+        assert st.read_errors == 1 and st.read_hits == 3
+        assert t.lookup_prefix(keys) == 2  # known bad: a miss from now on
+        assert t.read([2]) == [None] and t.stats().read_errors == 1  # not counted twice
+        slot3 = _file_slot(t, 3)
+        _flip(tmp_path / "blocks.dat", slot3 * BB)  # corruption while the tier is open
+        assert t.read([3]) == [None] and t.stats().read_errors == 2
+    with DiskTier(tmp_path, 8, BB) as t:
+        assert 2 not in t and 3 not in t  # the bad records were dropped on disk too
+        t.write([2], [blk(2)])  # and the blocks can be stored again
+        t.flush(10)
+        assert t.read([2]) == [blk(2)]
+
+
+def test_bad_block_rewritten_in_place_while_open(tmp_path):
+    with DiskTier(tmp_path, 4, BB) as t:
+        t.write([1, 2], [blk(1), blk(2)])
+        t.flush(10)
+        _flip(tmp_path / "blocks.dat", _file_slot(t, 1) * BB + 7)
+        assert t.read([1, 2]) == [None, blk(2)]
+        assert t.lookup_prefix([1, 2]) == 0
+        assert t.write([1], [blk(1)]) == 1
+        t.flush(10)
+        assert t.lookup_prefix([1, 2]) == 2 and t.read([1]) == [blk(1)]
+        assert len(t) == 2
+
+
+def test_fsync_batch_syncs_data_before_the_record(tmp_path, monkeypatch):
+    calls = []
+    real_sync, real_pwrite = os.fdatasync, os.pwrite
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append(("sync", fd)), real_sync(fd)))
+    monkeypatch.setattr(os, "pwrite", lambda fd, d, o: (calls.append(("write", fd)),
+                                                       real_pwrite(fd, d, o))[1])
+    with DiskTier(tmp_path, 4, BB, fsync="batch", workers=1) as t:
+        calls.clear()
+        t.write([1, 2], [blk(1), blk(2)])
+        t.flush(10)
+        data_fd, index_fd = t._data_fd, t._index_fd
+        assert t.read([1, 2]) == [blk(1), blk(2)]
+    assert calls[: 8] == [
+        ("write", index_fd), ("write", data_fd),  # invalidate, data (block 1)
+        ("write", index_fd), ("write", data_fd),  # invalidate, data (block 2)
+        ("sync", data_fd),
+        ("write", index_fd), ("write", index_fd),  # the two records
+        ("sync", index_fd),
+    ]
+
+
+def _writer(path, num_blocks, bb, first, *extra):
+    env = dict(os.environ)
+    src = str(Path(kvtier.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.Popen(
+        [sys.executable, str(WRITER), str(path), str(num_blocks), str(bb), str(first), *extra],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )
+
+
+def _check_all_intact(path, num_blocks, bb) -> int:
+    """Open the tier: every block present must read back intact (no errors). Returns how many."""
+    with DiskTier(path, num_blocks, bb) as t:
+        keys = list(t.manager._slot_of)
+        got = t.read(keys)
+        st = t.stats()
+        assert st.read_errors == 0, f"{st.read_errors} torn blocks offered after restart"
+        assert got == [expected_block(k, bb) for k in keys]
+        return len(keys)
+
+
+def test_kill_9_mid_write_torn_block_is_a_miss(tmp_path):
+    bb = 64 * 1024
+    proc = _writer(tmp_path, 32, bb, 0, "--torn", "10")
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.strip())
+        if line.startswith("torn"):
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    assert lines[-1] == "torn 10"
+    done = max(int(x.split()[1]) for x in lines if x.startswith("done"))
+    assert done < 10
+    with DiskTier(tmp_path, 32, bb) as t:
+        assert t.lookup_prefix(list(range(done + 1))) == done + 1  # flushed blocks survived
+        assert 10 not in t
+        assert t.read([10]) == [None]
+        assert t.read(list(range(done + 1))) == [expected_block(k, bb) for k in range(done + 1)]
+        assert t.stats().read_errors == 0
+    # the torn slot's data really is half written: its bytes are not block 10's
+    data = (tmp_path / "blocks.dat").read_bytes()
+    assert expected_block(10, bb)[: bb // 2] in data
+    assert expected_block(10, bb) not in data
+
+
+def test_crash_consistency_random_kill_9(tmp_path):
+    """A long write loop killed -9 at random points 24 times, reopened after each kill."""
+    rng = random.Random(1234)
+    num_blocks, bb = 48, 32 * 1024
+    first = 0
+    seen_done = 0
+    for _ in range(24):
+        proc = _writer(tmp_path, num_blocks, bb, first)
+        # wait for the writer to be running, then kill it after a random delay
+        line = proc.stdout.readline()
+        assert line.startswith("done"), line
+        threading.Event().wait(rng.uniform(0.0, 0.15))
+        proc.send_signal(signal.SIGKILL)
+        out = proc.stdout.read()
+        proc.wait(10)
+        done = [int(x.split()[1]) for x in [line, *out.splitlines()] if x.startswith("done")]
+        last = max(done)
+        n = _check_all_intact(tmp_path, num_blocks, bb)
+        assert n > 0
+        with DiskTier(tmp_path, num_blocks, bb) as t:
+            assert last in t  # the last flushed block survived the kill
+        seen_done += len(done)
+        first = last + 100  # new keys each run; old slots get reused
+    assert seen_done >= 24
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_operations_against_a_model(tmp_path, seed):
+    """Random writes / reads / lookups / restarts on an LRU disk tier, checked against a
+    model: an LRU dict of what must be readable (every write flushed at once)."""
+    from collections import OrderedDict
+
+    rng = random.Random(seed)
+    cap, bb = 6, 512
+    model: OrderedDict = OrderedDict()  # key -> bytes, least recent first
+    t = DiskTier(tmp_path, cap, bb, workers=2)
+    try:
+        for _ in range(250):
+            op = rng.random()
+            if op < 0.45:
+                keys = rng.sample(range(20), rng.randint(1, 4))
+                t.write(keys, [blk(k, bb) for k in keys])
+                assert t.flush(10)
+                new = [k for k in keys if k not in model]
+                for _ in range(len(model) + len(new) - cap):  # the shortfall, LRU first
+                    model.popitem(last=False)
+                # the manager completes a batch in reverse: keys[0] ends most recent
+                for k in reversed(new):
+                    model[k] = blk(k, bb)
+            elif op < 0.8:
+                keys = rng.sample(range(20), rng.randint(1, 5))
+                got = t.read(keys)
+                assert got == [model.get(k) for k in keys]
+                for k in reversed([k for k in keys if k in model]):
+                    model.move_to_end(k)
+            elif op < 0.95:
+                keys = rng.sample(range(20), rng.randint(1, 5))
+                expect = 0
+                for k in keys:
+                    if k not in model:
+                        break
+                    expect += 1
+                assert t.lookup_prefix(keys) == expect
+            else:  # restart: the order becomes the write order, so the model is rebuilt
+                t.close()
+                t = DiskTier(tmp_path, cap, bb, workers=2)
+                assert set(t.manager._slot_of) == set(model)
+                order = [k for k, _ in t.manager.policy.snapshot()["order"]]
+                model = OrderedDict((k, model[k]) for k in order)
+            assert len(t) == len(model) <= cap
+        assert t.stats().read_errors == 0
+    finally:
+        t.close()

@@ -1,0 +1,326 @@
+"""Tier composition: tiered lookup, promotion, demotion (write-back / write-through), per-tier
+events and stats, on the real data plane (KVOffloader + DiskTier) and in the simulation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvtier import OffloadingManager
+from kvtier.tiers.disk import DiskTier
+from kvtier.tiers.stack import TierEvent, TierStack
+from kvtier.tiersim import SimTier, parse_tiers, replay_tiers
+from kvtier.trace import Request
+
+torch = pytest.importorskip("torch")
+
+from kvtier.dataplane import KVOffloader  # noqa: E402
+from kvtier.dataplane.tiered import TieredOffloader  # noqa: E402
+
+BLOCK = [2, 4, 8]  # per layer; 3 layers of float32: 3 * 64 * 4 = 768 bytes per block
+
+
+def make(tmp_path, host_slots=4, disk_slots=16, demotion="write-back", num_dev=16):
+    g = torch.Generator().manual_seed(0)
+    kv = [torch.randn(num_dev, *BLOCK, generator=g) for _ in range(3)]
+    off = KVOffloader.create(kv, host_slots, "lru", enable_events=True)
+    disk = DiskTier(tmp_path / "disk", disk_slots, off.pool.block_nbytes, enable_events=True)
+    return TieredOffloader(off, [disk], demotion=demotion), kv, disk
+
+
+def block(kv, b):
+    return torch.stack([t[b] for t in kv]).clone()
+
+
+def as_bytes(t):
+    return t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+
+
+def test_write_back_copies_victims_before_reuse_and_promotes_them_back(tmp_path):
+    tiered, kv, disk = make(tmp_path)
+    data = {b: block(kv, b) for b in range(16)}
+    tiered.offload(["a0", "a1", "a2", "a3"], [0, 1, 2, 3])
+    tiered.wait(10)
+    assert len(disk) == 0  # write-back: nothing below until evicted
+    # LRU: a request's head ends most recent, so the tail a3, a2 are evicted; b0, b1 get
+    # their host slots
+    tiered.offload(["b0", "b1"], [4, 5])
+    tiered.wait(10)
+    assert tiered.flush(10)
+    assert tiered.stack.demoted == 2
+    # the disk holds a3/a2's bytes, not the b blocks that reused their host slots
+    assert disk.read(["a3", "a2"]) == [as_bytes(data[3]), as_bytes(data[2])]
+    for t in kv:
+        t.zero_()
+    n, job, found = tiered.restore_prefix(["a3", "a2", "a0"], [10, 11, 12])
+    assert (n, found.runs) == (3, [("disk", 2), ("host", 1)])
+    assert job is not None
+    tiered.wait(10)
+    for k, d, src in (("a3", 10, 3), ("a2", 11, 2), ("a0", 12, 0)):
+        assert torch.equal(block(kv, d), data[src]), k
+    assert tiered.stack.promoted == {"disk": 2}
+    # promotion went through prepare_store: a3, a2 are host blocks again (2 more evictions)
+    assert "a3" in tiered.offloader.manager and "a2" in tiered.offloader.manager
+    assert tiered.offloader.manager.stats().evictions == 4
+    tiered.flush(10)
+    assert tiered.stack.demoted == 4 and len(disk) == 4
+    tiered.close()
+
+
+def test_write_through_writes_every_completed_store(tmp_path):
+    tiered, kv, disk = make(tmp_path, demotion="write-through")
+    data = {b: block(kv, b) for b in range(16)}
+    tiered.offload(["a0", "a1", "a2"], [0, 1, 2])
+    tiered.wait(10)
+    tiered.flush(10)
+    assert disk.lookup_prefix(["a0", "a1", "a2"]) == 3
+    assert disk.read(["a2"]) == [as_bytes(data[2])]
+    tiered.offload(["b0", "b1", "b2"], [3, 4, 5])  # evicts 2: nothing copied at eviction
+    assert tiered.stack._victims == []
+    tiered.wait(10)
+    tiered.flush(10)
+    assert tiered.stack.demoted == 6 and len(disk) == 6
+    for t in kv:
+        t.zero_()
+    n, _, found = tiered.restore_prefix(["a2", "b2"], [7, 8])  # a2, a1 were evicted
+    tiered.wait(10)
+    assert found.runs == [("disk", 1), ("host", 1)] and n == 2
+    assert torch.equal(block(kv, 7), data[2]) and torch.equal(block(kv, 8), data[5])
+    tiered.close()
+
+
+def test_events_and_stats_per_tier(tmp_path):
+    tiered, kv, disk = make(tmp_path, host_slots=2, disk_slots=2)
+    tiered.offload(["a", "b"], [0, 1])
+    tiered.wait(10)
+    tiered.offload(["c"], [2])  # host evicts b (LRU: a was named first, so is more recent)
+    tiered.wait(10)
+    tiered.flush(10)
+    events = tiered.take_events()
+    assert TierEvent("host", ["a", "b"], False) in events
+    assert TierEvent("host", ["b"], True) in events
+    assert TierEvent("host", ["c"], False) in events
+    assert TierEvent("disk", ["b"], False) in events
+    tiered.offload(["d", "e"], [3, 4])  # host evicts a, c -> disk (2 slots) evicts b
+    tiered.wait(10)
+    tiered.flush(10)
+    events = tiered.take_events()
+    disk_removed = [k for e in events if e.tier == "disk" and e.removed for k in e.keys]
+    disk_stored = [k for e in events if e.tier == "disk" and not e.removed for k in e.keys]
+    assert disk_removed == ["b"] and sorted(disk_stored) == ["a", "c"]
+    stats = tiered.stats()
+    assert list(stats) == ["host", "disk"]
+    h, d = stats["host"], stats["disk"]
+    assert (h.writes_completed, h.evictions, h.used_blocks, h.capacity_blocks) == (5, 3, 2, 2)
+    assert (d.writes, d.writes_completed, d.evictions, d.used_blocks) == (3, 3, 1, 2)
+    assert d.bytes_written == 3 * disk.block_bytes
+    tiered.close()
+
+
+def test_corrupt_block_below_ends_the_prefix(tmp_path):
+    tiered, kv, disk = make(tmp_path, host_slots=2)
+    tiered.offload(["a", "b"], [0, 1])
+    tiered.wait(10)
+    tiered.offload(["c", "d"], [2, 3])  # a, b go to disk
+    tiered.wait(10)
+    tiered.flush(10)
+    (logical,) = disk.manager.prepare_load(["b"])
+    disk.manager.complete_load(["b"])
+    with open(tmp_path / "disk" / "blocks.dat", "r+b") as f:
+        f.seek(disk._phys[logical] * disk.block_bytes + 5)
+        f.write(b"\xff\x00\xff")
+    n, _, found = tiered.restore_prefix(["a", "b"], [8, 9])
+    tiered.wait(10)
+    assert found.hits == 2 and n == 1  # b failed verification: only a is restored
+    assert tiered.stats()["disk"].read_errors == 1
+    tiered.close()
+
+
+def _host_stack(host_slots, lower, demotion="write-back"):
+    host = OffloadingManager(host_slots, "lru", enable_events=True)
+    slots: dict[int, bytes] = {}
+    stack = TierStack(host, lower, 8, lambda s: slots[s], slots.__setitem__, demotion=demotion)
+    return host, stack, slots
+
+
+def _store(host, stack, slots, keys):
+    out = host.prepare_store(keys)
+    for k, s in zip(out.keys_to_store, out.block_ids):
+        slots[s] = str(k).encode().ljust(8, b".")
+    host.complete_store(out.keys_to_store)
+    stack.stored(out.keys_to_store)
+    stack.flush_demotions()
+
+
+def test_lookup_runs_interleave_tiers_and_stop_at_a_pending_host_block():
+    disk = SimTier("disk", 8, block_bytes=8)
+    far = SimTier("far", 8, block_bytes=8)
+    host, stack, slots = _host_stack(4, [disk, far])
+    _store(host, stack, slots, [0, 1, 4])
+    disk.write([2], [b"2" * 8])
+    far.write([3, 2], [b"3" * 8, b"2" * 8])
+    found = stack.lookup([0, 1, 2, 3, 4, 5])
+    assert (found.hits, found.runs) == (5, [("host", 2), ("disk", 1), ("far", 1), ("host", 1)])
+    assert found.by_tier() == {"host": 3, "disk": 1, "far": 1}
+    host.prepare_store([7])  # pending in the host
+    far.write([7, 8], [b"7" * 8, b"8" * 8])
+    assert stack.lookup([0, 7, 8]).runs == [("host", 1)]
+
+
+def test_promotion_refused_when_the_host_cannot_make_room():
+    disk = SimTier("disk", 8, block_bytes=8)
+    host, stack, slots = _host_stack(2, [disk])
+    _store(host, stack, slots, ["x", "y"])
+    disk.write(["a"], [b"a" * 8])
+    host.prepare_load(["x", "y"])  # both host blocks pinned
+    found = stack.lookup(["a"])
+    assert found.runs == [("disk", 1)]
+    assert stack.promote(["a"], found) == 0 and stack.promote_failures == 1
+    host.complete_load(["x", "y"])
+    assert stack.promote(["a"], stack.lookup(["a"])) == 1
+    assert stack.demoted == 0  # the victim's bytes wait for flush_demotions
+    assert stack.flush_demotions() == 1 and stack.demoted == 1
+    assert disk.lookup_prefix(["y"]) == 1  # LRU victim: y (x was named first)
+
+
+def test_bad_stack_arguments():
+    with pytest.raises(ValueError, match="demotion must be one of"):
+        _host_stack(2, [], demotion="write-around")
+    with pytest.raises(ValueError, match="used twice"):
+        _host_stack(2, [SimTier("disk", 2, block_bytes=8), SimTier("disk", 2, block_bytes=8)])
+    with pytest.raises(ValueError, match="stores blocks of 64 bytes"):
+        _host_stack(2, [SimTier("disk", 2)])
+
+
+# -- simulation (kvtier replay --tiers) ------------------------------------------------------
+TINY = [[1, 2], [3], [1, 2], [3, 4], [1, 2, 5]]
+# Worked by hand (host 2 blocks, disk 4, LRU), the same in both demotion modes:
+#   [1,2] miss, host {1,2} | [3] miss, host evicts 2 | [1,2]: 1 host, 2 disk (promoted; host
+#   evicts 3) | [3,4]: 3 disk | [1,2,5]: 1,2 disk. Host 1 hit, disk 4, of 10 block refs.
+# Write-back demotes the host victims the disk does not hold yet: 2 | 3 | 1 | 4 = 4 (the
+# victims 2 in [3,4] and 3, 2 in [1,2,5] were promoted from the disk, which still has them);
+# write-through writes each stored block once: 1,2 | 3 | 4 | 5 = 5 (the 5th evicts one).
+
+
+@pytest.mark.parametrize("demotion, demoted, disk_writes, disk_evictions",
+                         [("write-back", 4, 4, 0), ("write-through", 5, 5, 1)])
+def test_tiny_trace_by_hand(demotion, demoted, disk_writes, disk_evictions):
+    reqs = [Request(keys, None, None, None) for keys in TINY]
+    r = replay_tiers(reqs, parse_tiers("host:2,disk:4"), "lru", demotion=demotion)
+    assert [t.hit_blocks for t in r.tiers] == [1, 4]
+    assert r.block_refs == 10 and r.block_hit_ratio == 0.5
+    assert r.tier_hit_ratio("host") == 0.1 and r.tier_hit_ratio("disk") == 0.4
+    assert r.demoted == demoted
+    disk = r.tiers[1].stats
+    assert (disk.writes, disk.evictions) == (disk_writes, disk_evictions)
+    assert r.tiers[1].promoted == 4
+
+
+def test_cli_replay_tiers_on_a_tiny_trace(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    trace = tmp_path / "tiny.txt"
+    trace.write_text("\n".join(" ".join(map(str, r)) for r in TINY) + "\n")
+    out = tmp_path / "out.json"
+    res = CliRunner().invoke(app, ["replay", str(trace), "--tiers", "host:2,disk:4", "-p",
+                                   "lru", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "disk" in res.output and "40.00" in res.output and "50.00" in res.output
+    payload = json.loads(out.read_text())
+    (result,) = payload["results"]
+    assert [(t["name"], t["hit_blocks"]) for t in result["tiers"]] == [("host", 1), ("disk", 4)]
+    assert result["block_hit_ratio"] == 0.5
+    runs = []
+    for extra in ([], ["--stream"]):  # disk:40% of the 5 distinct blocks = 2 blocks
+        res = CliRunner().invoke(app, ["replay", str(trace), "--tiers", "host:2,disk:40%",
+                                       "-p", "lru,arc", "--json", str(out), *extra])
+        assert res.exit_code == 0, res.output
+        runs.append(json.loads(out.read_text()))
+    assert runs[0]["results"] == [dict(r, seconds=runs[0]["results"][i]["seconds"])
+                                  for i, r in enumerate(runs[1]["results"])]
+    assert runs[0]["results"][0]["tiers"][1]["capacity"] == 2
+    bad = CliRunner().invoke(app, ["replay", str(trace), "--tiers", "disk:4"])
+    assert bad.exit_code == 1 and "first tier must be host" in bad.output
+    bad = CliRunner().invoke(app, ["replay", str(trace), "--tiers", "host:2", "-c", "4"])
+    assert bad.exit_code == 1 and "--capacity" in bad.output
+
+
+def test_host_alone_equals_kvtier_replay(trace_slice):
+    from kvtier.replay import replay
+
+    for policy in ("lru", "arc", "s3fifo"):
+        r = replay(trace_slice, policy, 500)
+        t = replay_tiers(trace_slice, parse_tiers("host:500"), policy)
+        assert (t.hit_blocks, t.hit_tokens) == (r.hit_blocks, r.hit_tokens)
+
+
+def test_a_disk_tier_only_adds_hits(trace_slice):
+    alone = replay_tiers(trace_slice, parse_tiers("host:300"), "lru")
+    for demotion in ("write-back", "write-through"):
+        both = replay_tiers(trace_slice, parse_tiers("host:300,disk:3000"), "lru",
+                            demotion=demotion)
+        assert both.hit_blocks > alone.hit_blocks
+        assert both.tiers[1].hit_blocks == both.tiers[1].promoted > 0
+
+
+def test_parse_tiers_errors():
+    assert [t.kind for t in parse_tiers("host:10, disk:5%, redis://h:1/0")] == \
+        ["host", "disk", "redis"]
+    for spec, msg in (("", "must name the tiers"), ("host:1,host:2", "named twice"),
+                      ("host:1,tape:4", "expected host:CAP"), ("disk:4", "first tier"),
+                      ("host:1,,disk:2", "empty item")):
+        with pytest.raises(ValueError, match=msg):
+            parse_tiers(spec)
+
+
+def test_tiny_trace_with_a_real_redis_tier_below(tmp_path):
+    """host:2 over Redis (unbounded) serves what host:2 over a never-full disk serves."""
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    pytest.importorskip("kvtier.tiers.redis")
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        reqs = [Request(keys, None, None, None) for keys in TINY]
+        r = replay_tiers(reqs, parse_tiers(f"host:2,redis://127.0.0.1:{port}/0"), "lru")
+        assert [(t.name, t.hit_blocks) for t in r.tiers] == [("host", 1), ("redis", 4)]
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("policy", __import__("kvtier").available_policies())
+def test_write_back_demotes_exactly_the_evicted_blocks_under_every_policy(tmp_path, policy):
+    g = torch.Generator().manual_seed(1)
+    kv = [torch.randn(24, *BLOCK, generator=g) for _ in range(2)]
+    off = KVOffloader.create(kv, 4, policy, enable_events=True)
+    disk = DiskTier(tmp_path / "disk", 32, off.pool.block_nbytes)
+    tiered = TieredOffloader(off, [disk])
+    data = {b: as_bytes(block(kv, b)) for b in range(24)}
+    for i in range(0, 24, 3):
+        tiered.offload([f"k{b}" for b in range(i, i + 3)], list(range(i, i + 3)))
+        tiered.wait(10)
+    tiered.flush(10)
+    evicted = [k for e in tiered.take_events() if e.tier == "host" and e.removed for k in e.keys]
+    assert len(evicted) == 20 == tiered.stack.demoted == len(disk)
+    assert disk.read(evicted) == [data[int(k[1:])] for k in evicted]
+    tiered.close()
