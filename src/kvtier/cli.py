@@ -3,7 +3,12 @@
 ``kvtier replay [TRACE]`` replays a trace (default: the embedded Mooncake sample) through the
 offloading manager for each ``--policy`` x ``--capacity`` and prints hit ratios and the
 bookkeeping cost. ``kvtier sweep [TRACE]`` runs a log-spaced grid of capacities for several
-policies in parallel and draws the miss-ratio curves to a PNG. Both write ``--json``.
+policies in parallel and, with ``--plot FILE``, draws the miss-ratio curves. Both write
+``--json``.
+
+Each command turns its flags into typed options once (:class:`ReplayCommand` /
+:class:`SweepCommand`, holding a :class:`TraceSource`, :class:`kvtier.replay.ReplayOptions` and
+:class:`OutputOptions`) and runs with :func:`run_replay` / :func:`run_sweep`.
 
 Exit status: 0 on success, 1 on bad input or arguments (message on stderr), 2 on usage errors.
 """
@@ -16,6 +21,7 @@ import os
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -27,8 +33,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kvtier.policies import available_policies
-from kvtier.replay import PROTOCOLS, ReplayResult, parse_capacity, replay
-from kvtier.trace import FORMATS, TraceFormatError, count_unique_blocks, embedded_sample_path, read_trace
+from kvtier.replay import PROTOCOLS, ReplayOptions, ReplayResult, parse_capacity, replay
+from kvtier.trace import (
+    FORMATS,
+    TraceFormatError,
+    TraceOptions,
+    count_unique_blocks,
+    embedded_sample_path,
+)
 
 app = typer.Typer(
     name="kvtier",
@@ -108,20 +120,7 @@ def _check_plot_format(target: Path) -> None:
                         f"{', '.join('.' + ext for ext in sorted(supported))}")
 
 
-def _check_common(policies: list[str], fmt: str, protocol: str, inflight: int) -> None:
-    known = available_policies()
-    for p in policies:
-        if p not in known:
-            raise _CliError(f"unknown policy {p!r}; choose from: {', '.join(known)}")
-    if fmt not in FORMATS:
-        raise _CliError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
-    if protocol not in PROTOCOLS:
-        raise _CliError(f"unknown protocol {protocol!r}; choose from: {', '.join(PROTOCOLS)}")
-    if protocol == "get" and inflight:
-        raise _CliError("--inflight needs --protocol prefix")
-
-
-def _capacities(specs: list[str], unique_blocks: int) -> list[int]:
+def _capacities(specs, unique_blocks: int) -> list[int]:
     out = []
     for spec in specs:
         try:
@@ -232,6 +231,81 @@ def _trace_caption(info: dict) -> str:
     return text
 
 
+# -- the options a command runs with ------------------------------------------------------
+@dataclass(frozen=True)
+class TraceSource:
+    """Which trace a command reads and how: the file, its :class:`TraceOptions` and an
+    optional request limit."""
+
+    path: Path
+    options: TraceOptions = TraceOptions()
+    limit: int | None = None
+
+    def open(self):
+        """``(reader, iterable of requests)``: the reader keeps the counts (bad lines)."""
+        reader = self.options.open(self.path)
+        return reader, (itertools.islice(reader, self.limit) if self.limit else reader)
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """Where results go: ``json`` file (``-``: stdout; ``None``: none) and the progress bar
+    (``None``: only on long runs)."""
+
+    json: Path | None = None
+    progress: bool | None = None
+
+
+@dataclass(frozen=True)
+class ReplayCommand:
+    """Everything ``kvtier replay`` was asked to do, as typed values."""
+
+    source: TraceSource
+    policies: tuple[str, ...]
+    capacities: tuple[str, ...]  # block counts or percentages, parsed against the trace
+    replay: ReplayOptions = ReplayOptions()
+    output: OutputOptions = OutputOptions()
+    stream: bool = False
+
+
+@dataclass(frozen=True)
+class SweepCommand:
+    """Everything ``kvtier sweep`` was asked to do, as typed values. ``capacities`` (explicit
+    sizes) and the grid (``points``, ``cap_min``, ``cap_max``) exclude each other."""
+
+    source: TraceSource
+    policies: tuple[str, ...]
+    capacities: tuple[str, ...] = ()
+    points: int | None = None
+    cap_min: str | None = None
+    cap_max: str | None = None
+    replay: ReplayOptions = ReplayOptions()
+    output: OutputOptions = OutputOptions()
+    plot: Path | None = None
+    workers: int | None = None
+
+
+def _options(fmt: str, block_tokens: int, skip_bad_lines: bool, inflight: int, protocol: str,
+             store_threshold: int) -> tuple[TraceOptions, ReplayOptions]:
+    """The typed options of the flags both commands share, checked with the flag names."""
+    if fmt not in FORMATS:
+        raise _CliError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
+    if protocol not in PROTOCOLS:
+        raise _CliError(f"unknown protocol {protocol!r}; choose from: {', '.join(PROTOCOLS)}")
+    if protocol == "get" and inflight:
+        raise _CliError("--inflight needs --protocol prefix")
+    return (TraceOptions(fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines),
+            ReplayOptions(inflight=inflight, protocol=protocol, block_tokens=block_tokens,
+                          store_threshold=store_threshold))
+
+
+def _check_policies(policies: tuple[str, ...]) -> None:
+    known = available_policies()
+    for p in policies:
+        if p not in known:
+            raise _CliError(f"unknown policy {p!r}; choose from: {', '.join(known)}")
+
+
 # -- replay --------------------------------------------------------------------------------
 @app.command("replay")
 def replay_cmd(
@@ -260,28 +334,32 @@ def replay_cmd(
     One run per --policy x --capacity, each on a fresh manager.
     """
     try:
-        _replay(trace, policy, capacity, fmt, block_tokens, inflight, protocol,
-                store_threshold, skip_bad_lines, limit, stream, json_out, progress)
+        trace_opts, replay_opts = _options(fmt, block_tokens, skip_bad_lines, inflight,
+                                           protocol, store_threshold)
+        command = ReplayCommand(
+            source=TraceSource(trace if trace is not None else embedded_sample_path(),
+                               trace_opts, limit),
+            policies=tuple(_split(policy, ["lru", "arc"], "--policy")),
+            capacities=tuple(_split(capacity, ["5%", "20%", "50%"], "--capacity")),
+            replay=replay_opts,
+            output=OutputOptions(json_out, progress),
+            stream=stream,
+        )
+        run_replay(command)
     except (_CliError, TraceFormatError, ValueError, OSError) as exc:
         raise _fail(exc) from None
 
 
-def _replay(trace, policy, capacity, fmt, block_tokens, inflight, protocol, store_threshold,
-            skip_bad_lines, limit, stream, json_out, progress) -> None:
-    path = trace if trace is not None else embedded_sample_path()
-    policies = _split(policy, ["lru", "arc"], "--policy")
-    _check_common(policies, fmt, protocol, inflight)
-    _check_writable(json_out, "--json")
-    capacity_specs = _split(capacity, ["5%", "20%", "50%"], "--capacity")
-
-    def open_trace():
-        reader = read_trace(path, fmt=fmt, block_tokens=block_tokens,
-                            skip_bad_lines=skip_bad_lines)
-        return reader, (itertools.islice(reader, limit) if limit else reader)
-
-    reader, it = open_trace()
+def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
+    """Run ``kvtier replay`` as ``cmd`` says: print the table, write the JSON, return the
+    results. Raises the errors the command reports (``_CliError``, ``TraceFormatError``,
+    ``ValueError``, ``OSError``)."""
+    _check_policies(cmd.policies)
+    _check_writable(cmd.output.json, "--json")
+    source = cmd.source
+    reader, it = source.open()
     t0 = time.perf_counter()
-    if stream:
+    if cmd.stream:
         n_req, n_refs, unique = count_unique_blocks(it)
         requests = None
     else:
@@ -290,32 +368,32 @@ def _replay(trace, policy, capacity, fmt, block_tokens, inflight, protocol, stor
         n_req, n_refs, unique = count_unique_blocks(requests)
         t0 += time.perf_counter() - parse_end  # the distinct-block count is not parsing
     parse_s = time.perf_counter() - t0
-    info = _trace_info(path, reader, n_req, n_refs, unique, parse_s)
-    capacities = _capacities(capacity_specs, unique)
+    info = _trace_info(source.path, reader, n_req, n_refs, unique, parse_s)
+    capacities = _capacities(cmd.capacities, unique)
 
-    runs = [(p, c) for p in policies for c in capacities]
+    runs = [(p, c) for p in cmd.policies for c in capacities]
     results: list[ReplayResult] = []
-    bar = _progress(progress, n_refs * len(runs))
+    bar = _progress(cmd.output.progress, n_refs * len(runs))
     with bar if bar is not None else nullcontext():
         task = bar.add_task("replay", total=n_req * len(runs)) if bar is not None else None
         advance = (lambda n: bar.advance(task, n)) if bar is not None else None
         for p, c in runs:
             if bar is not None:
                 bar.update(task, description=f"{p} @ {c:,}")
-            source = requests if not stream else open_trace()[1]
-            results.append(replay(source, p, c, inflight=inflight, protocol=protocol,
-                                  block_tokens=block_tokens, store_threshold=store_threshold,
-                                  progress=advance))
+            requests_now = requests if not cmd.stream else source.open()[1]
+            results.append(replay(requests_now, p, c, cmd.replay, progress=advance))
 
-    out = _out_console(json_out)
+    opts = cmd.replay
+    out = _out_console(cmd.output.json)
     out.print(_results_table(
         results,
-        f"kvtier replay — protocol {protocol}, in-flight window {inflight}"
-        + (f", store threshold {store_threshold}" if store_threshold > 1 else ""),
+        f"kvtier replay — protocol {opts.protocol}, in-flight window {opts.inflight}"
+        + (f", store threshold {opts.store_threshold}" if opts.store_threshold > 1 else ""),
         out,
     ))
     out.print(_trace_caption(info), highlight=False, soft_wrap=True)
-    _write_json(json_out, {"trace": info, "results": [r.to_dict() for r in results]})
+    _write_json(cmd.output.json, {"trace": info, "results": [r.to_dict() for r in results]})
+    return results
 
 
 # -- sweep ---------------------------------------------------------------------------------
@@ -339,82 +417,104 @@ def sweep_cmd(
     protocol: ProtocolOpt = "prefix",
     store_threshold: ThresholdOpt = 1,
     skip_bad_lines: SkipOpt = False,
-    plot: Annotated[Path, typer.Option("--plot", help="Image file for the miss-ratio curves (PNG; the suffix picks matplotlib's format). Always written.")] = Path("mrc.png"),
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="Draw the miss-ratio curves to this image file (the suffix picks "
+                       "matplotlib's format, e.g. .png, .svg). Default: no image.")] = None,
     json_out: JsonOpt = None,
     workers: Annotated[Optional[int], typer.Option("--workers", "-j", min=1,
                                                    help="Processes (default: one per core).")] = None,
     progress: ProgressOpt = None,
 ) -> None:
-    """Miss-ratio curves: a log-spaced grid of capacities for several policies, plotted.
+    """Miss-ratio curves: a log-spaced grid of capacities for several policies.
 
-    One process per core; writes the PNG (--plot), the table and --json.
+    One process per core; prints the table, writes --json and, with --plot, the image.
     """
     try:
-        _sweep(trace, policy, points, cap_min, cap_max, capacity, fmt, block_tokens, inflight,
-               protocol, store_threshold, skip_bad_lines, plot, json_out, workers, progress)
+        trace_opts, replay_opts = _options(fmt, block_tokens, skip_bad_lines, inflight,
+                                           protocol, store_threshold)
+        command = SweepCommand(
+            source=TraceSource(trace if trace is not None else embedded_sample_path(),
+                               trace_opts),
+            policies=tuple(_split(policy, available_policies(), "--policy")),
+            capacities=tuple(_split(capacity, [], "--capacity")),
+            points=points, cap_min=cap_min, cap_max=cap_max,
+            replay=replay_opts,
+            output=OutputOptions(json_out, progress),
+            plot=plot,
+            workers=workers,
+        )
+        run_sweep(command)
     except (_CliError, TraceFormatError, ValueError, OSError) as exc:
         raise _fail(exc) from None
 
 
-def _sweep(trace, policy, points, cap_min, cap_max, capacity, fmt, block_tokens, inflight,
-           protocol, store_threshold, skip_bad_lines, plot, json_out, workers, progress) -> None:
+def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
+    """Run ``kvtier sweep`` as ``cmd`` says: print the table, write the JSON and the plot,
+    return the results. Raises the errors the command reports."""
     from kvtier.replay import log_grid
     from kvtier.sweep import plot_mrc, run_grid
 
-    path = trace if trace is not None else embedded_sample_path()
-    policies = _split(policy, available_policies(), "--policy")
-    _check_common(policies, fmt, protocol, inflight)
-    _check_writable(json_out, "--json")
-    _check_writable(plot, "--plot")
-    _check_plot_format(plot)
-    capacity_specs = _split(capacity, [], "--capacity")
-    if capacity_specs:
+    _check_policies(cmd.policies)
+    _check_writable(cmd.output.json, "--json")
+    if cmd.plot is not None:
+        _check_writable(cmd.plot, "--plot")
+        _check_plot_format(cmd.plot)
+    if cmd.capacities:
         grid = [name for name, value in
-                (("--points", points), ("--min", cap_min), ("--max", cap_max)) if value is not None]
+                (("--points", cmd.points), ("--min", cmd.cap_min), ("--max", cmd.cap_max))
+                if value is not None]
         if grid:
             verb = "sets" if len(grid) == 1 else "set"
             raise _CliError(f"{', '.join(grid)} {verb} the log-spaced grid; with --capacity "
                             "there is no grid (give one or the other)")
-    points = 12 if points is None else points
-    cap_min = "0.5%" if cap_min is None else cap_min
-    cap_max = "100%" if cap_max is None else cap_max
-    reader = read_trace(path, fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines)
+    points = 12 if cmd.points is None else cmd.points
+    cap_min = "0.5%" if cmd.cap_min is None else cmd.cap_min
+    cap_max = "100%" if cmd.cap_max is None else cmd.cap_max
+    path = cmd.source.path
+    reader, it = cmd.source.open()
     t0 = time.perf_counter()
-    n_req, n_refs, unique = count_unique_blocks(reader)
+    n_req, n_refs, unique = count_unique_blocks(it)
     info = _trace_info(path, reader, n_req, n_refs, unique, time.perf_counter() - t0)
-    if capacity_specs:
-        capacities = sorted(_capacities(capacity_specs, unique))
+    if cmd.capacities:
+        capacities = sorted(_capacities(cmd.capacities, unique))
     else:
         lo, hi = _capacities([cap_min], unique)[0], _capacities([cap_max], unique)[0]
         if hi < lo:
             raise _CliError(f"--min {cap_min} ({lo} blocks) is above --max {cap_max} ({hi} blocks)")
         capacities = log_grid(lo, hi, points)
-    n_workers = workers or os.cpu_count() or 1
-    bar = _progress(progress, n_refs * len(policies) * len(capacities))
+    n_workers = cmd.workers or os.cpu_count() or 1
+    n_points = len(cmd.policies) * len(capacities)
+    bar = _progress(cmd.output.progress, n_refs * n_points)
     with bar if bar is not None else nullcontext():
-        task = (bar.add_task(f"sweep ({min(n_workers, len(policies) * len(capacities))} "
-                             "processes)", total=len(policies) * len(capacities))
+        task = (bar.add_task(f"sweep ({min(n_workers, n_points)} processes)", total=n_points)
                 if bar is not None else None)
         results = run_grid(
-            path, policies, capacities, fmt=fmt, block_tokens=block_tokens,
-            skip_bad_lines=skip_bad_lines, inflight=inflight, protocol=protocol,
-            store_threshold=store_threshold, workers=n_workers,
+            path, cmd.policies, capacities, trace=cmd.source.options, options=cmd.replay,
+            workers=n_workers,
             on_result=(lambda r: bar.advance(task)) if bar is not None else None,
         )
-    title = (f"{Path(path).name}: {n_req:,} requests, {n_refs:,} block refs, "
-             f"{unique:,} distinct blocks\nprotocol {protocol}, in-flight window {inflight}")
+    opts = cmd.replay
     # the table and the JSON first: a failing plot must not lose the results
-    out = _out_console(json_out)
-    out.print(_results_table(results, f"kvtier sweep — protocol {protocol}, "
-                                      f"in-flight window {inflight}", out))
+    out = _out_console(cmd.output.json)
+    out.print(_results_table(results, f"kvtier sweep — protocol {opts.protocol}, "
+                                      f"in-flight window {opts.inflight}", out))
     out.print(_trace_caption(info), highlight=False, soft_wrap=True)
-    _write_json(json_out, {"trace": info, "capacities": capacities, "plot": str(plot),
-                           "results": [r.to_dict() for r in results]})
+    _write_json(cmd.output.json, {"trace": info, "capacities": capacities,
+                                  "plot": None if cmd.plot is None else str(cmd.plot),
+                                  "results": [r.to_dict() for r in results]})
+    if cmd.plot is None:
+        out.print("no image written (--plot FILE.png draws the miss-ratio curves)",
+                  highlight=False)
+        return results
+    title = (f"{Path(path).name}: {_count(n_req, 'request')}, {_count(n_refs, 'block ref')}, "
+             f"{_count(unique, 'distinct block')}\nprotocol {opts.protocol}, "
+             f"in-flight window {opts.inflight}")
     try:
-        plot_mrc(results, plot, title=title, unique_blocks=unique, block_refs=n_refs)
+        plot_mrc(results, cmd.plot, title=title, unique_blocks=unique, block_refs=n_refs)
     except OSError as exc:
-        raise _CliError(f"cannot write plot to {plot}: {exc}") from None
-    out.print(f"miss-ratio curves written to {plot}", highlight=False)
+        raise _CliError(f"cannot write plot to {cmd.plot}: {exc}") from None
+    out.print(f"miss-ratio curves written to {cmd.plot}", highlight=False)
+    return results
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -44,6 +44,7 @@ import re
 import sys
 from array import array
 from collections.abc import Iterator
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import IO, NamedTuple
@@ -52,6 +53,7 @@ __all__ = [
     "FORMATS",
     "Request",
     "TraceFormatError",
+    "TraceOptions",
     "TraceReader",
     "chain_block_hashes",
     "count_unique_blocks",
@@ -258,6 +260,7 @@ class TraceReader:
         fmt: str = "auto",
         block_tokens: int = 512,
         skip_bad_lines: bool = False,
+        strict: bool = False,
     ) -> None:
         if fmt not in FORMATS:
             raise TraceFormatError(
@@ -269,6 +272,7 @@ class TraceReader:
         self.fmt = fmt
         self.block_tokens = block_tokens
         self.skip_bad_lines = skip_bad_lines
+        self.strict = strict
         self.requests = 0
         self.block_refs = 0
         self.bad_lines = 0
@@ -477,6 +481,7 @@ def read_trace(
     fmt: str = "auto",
     block_tokens: int = 512,
     skip_bad_lines: bool = False,
+    strict: bool = False,
 ) -> TraceReader:
     """Stream the requests of a trace file (see the module docstring for the formats).
 
@@ -485,6 +490,7 @@ def read_trace(
         fmt: one of :data:`FORMATS`.
         block_tokens: tokens per block, used to chain keys of ``token_ids`` traces (>= 1).
         skip_bad_lines: skip bad lines (counted in ``.bad_lines``) instead of raising.
+        strict: make the warnings of :class:`TraceReader` errors.
 
     Returns:
         A :class:`TraceReader`: an iterator of :class:`Request` in file order, with running
@@ -495,7 +501,47 @@ def read_trace(
             file, unknown format, a bad line (unless skipped), or no request at all.
         ValueError: ``block_tokens`` is not a positive int.
     """
-    return TraceReader(path, fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines)
+    return TraceReader(path, fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines,
+                       strict=strict)
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """How to read a trace file (everything but its path), as :func:`read_trace` takes it.
+
+    Attributes:
+        fmt: one of :data:`FORMATS`.
+        block_tokens: tokens per block (>= 1): chains ``token_ids`` traces, checks Mooncake
+            ``input_length`` against ``hash_ids``.
+        skip_bad_lines: skip and count bad lines instead of raising.
+        strict: turn warnings about suspicious but readable input (see
+            :class:`TraceReader`) into :class:`TraceFormatError`.
+
+    Raises:
+        TraceFormatError: unknown ``fmt``. ValueError: ``block_tokens`` not a positive int.
+    """
+
+    fmt: str = "auto"
+    block_tokens: int = 512
+    skip_bad_lines: bool = False
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fmt not in FORMATS:
+            raise TraceFormatError(
+                "<options>", None,
+                f"unknown format {self.fmt!r}; expected one of {', '.join(FORMATS)}",
+            )
+        if (isinstance(self.block_tokens, bool) or not isinstance(self.block_tokens, int)
+                or self.block_tokens < 1):
+            raise ValueError(
+                f"block_tokens must be a positive int (tokens), got {self.block_tokens!r}"
+            )
+
+    def open(self, path: str | os.PathLike) -> TraceReader:
+        """``read_trace(path)`` with these options."""
+        return TraceReader(path, fmt=self.fmt, block_tokens=self.block_tokens,
+                           skip_bad_lines=self.skip_bad_lines, strict=self.strict)
 
 
 def count_unique_blocks(requests) -> tuple[int, int, int]:
