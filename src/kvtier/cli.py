@@ -32,7 +32,7 @@ from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kvtier.policies import available_policies
+from kvtier.policies import PolicyPluginError, available_policies, get_policy
 from kvtier.replay import PROTOCOLS, ReplayOptions, ReplayResult, parse_capacity, replay
 from kvtier.trace import (
     FORMATS,
@@ -303,6 +303,12 @@ def _check_policies(policies: tuple[str, ...]) -> None:
     known = available_policies()
     for p in policies:
         if p not in known:
+            try:
+                get_policy(p)  # a plugin that failed to load: its own error
+            except PolicyPluginError as exc:
+                raise _CliError(str(exc)) from None
+            except ValueError:
+                pass
             raise _CliError(f"unknown policy {p!r}; choose from: {', '.join(known)}")
 
 
