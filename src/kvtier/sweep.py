@@ -8,12 +8,13 @@ reads the trace once (in its initializer) and keeps it in memory for all the poi
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from kvtier.replay import ReplayOptions, ReplayResult, log_grid, replay
-from kvtier.trace import TraceOptions
+from kvtier.trace import TraceOptions, TraceWarning
 
 __all__ = ["DEFAULT_POINTS", "default_grid", "plot_mrc", "run_grid"]
 
@@ -39,7 +40,9 @@ def default_grid(unique_blocks: int, points: int = DEFAULT_POINTS,
 
 def _init_worker(path: str, trace: TraceOptions) -> None:
     global _worker_trace
-    _worker_trace = list(trace.open(path))
+    with warnings.catch_warnings():  # the parent read the trace first and warned once
+        warnings.simplefilter("ignore", TraceWarning)
+        _worker_trace = list(trace.open(path))
 
 
 def _run_point(policy: str, capacity: int, options: ReplayOptions) -> ReplayResult:

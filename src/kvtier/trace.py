@@ -30,7 +30,19 @@ Formats (``fmt``):
 
 Blank lines are ignored in every format. Bad input raises :class:`TraceFormatError` naming
 the file, the line and the rule broken; with ``skip_bad_lines=True`` bad lines are skipped and
-counted in :attr:`TraceReader.bad_lines` instead. A trace with no request at all is an error.
+counted in :attr:`TraceReader.bad_lines` instead. A line that is not UTF-8 is a bad line like
+any other (reported at its own line number). A trace with no request at all is an error.
+
+Mooncake lines carry both ``input_length`` (tokens) and ``hash_ids`` (one per block, the last
+one possibly partial), so at ``block_tokens`` = B a line should have ``ceil(input_length / B)``
+hash ids (all 12,031 lines of the conversation trace do at B = 512). Lines that do not are
+counted (:attr:`TraceReader.length_mismatches`) and, once per pass over the file, a
+:class:`TraceWarning` says how many disagree and which block size fits most lines: token hit
+ratios are then not meaningful at this B, block hit ratios still are (some traces have blocks
+of varying token counts). With ``strict=True`` the first such line is an error.
+
+The path ``"-"`` reads standard input (as does ``/dev/stdin``), compressed or not; it can be
+read once.
 """
 
 from __future__ import annotations
@@ -42,6 +54,7 @@ import json
 import os
 import re
 import sys
+import warnings
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,6 +68,7 @@ __all__ = [
     "TraceFormatError",
     "TraceOptions",
     "TraceReader",
+    "TraceWarning",
     "chain_block_hashes",
     "count_unique_blocks",
     "embedded_sample_path",
@@ -71,6 +85,15 @@ _JSON_SUFFIXES = {".jsonl", ".json", ".ndjson"}
 _TEXT_SUFFIXES = {".txt", ".csv", ".tsv"}
 _SPLIT = re.compile(r"[\s,]+")
 _ROOT_HASH = b"\x00" * 8
+_BOM = b"\xef\xbb\xbf"
+_STDIN_NAMES = ("-",)
+# block sizes tried when a Mooncake trace's lengths disagree with block_tokens
+_CANDIDATE_BLOCK_TOKENS = tuple(2**k for k in range(17))
+
+
+class TraceWarning(UserWarning):
+    """A trace is readable but something in it makes some results questionable (see
+    :class:`TraceReader`); ``strict=True`` turns it into :class:`TraceFormatError`."""
 
 
 class Request(NamedTuple):
@@ -208,19 +231,51 @@ class _ZstdReader(io.RawIOBase):
         super().close()
 
 
-def _open_text(path: Path) -> IO[str]:
-    """Open ``path`` for text reading, decompressing gzip / zstd by magic bytes."""
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the returned wrapper
+class _Prefixed(io.RawIOBase):
+    """The bytes ``head`` then the rest of ``raw``: magic-byte sniffing on a stream that
+    cannot seek (a pipe)."""
+
+    def __init__(self, head: bytes, raw: IO[bytes]) -> None:
+        self._head = memoryview(head)
+        self._raw = raw
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        if self._head:
+            size = min(len(buffer), len(self._head))
+            buffer[:size] = self._head[:size]
+            self._head = self._head[size:]
+            return size
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    """Open ``path`` (``-``: standard input) for reading bytes, decompressing gzip / zstd by
+    magic bytes. Works on pipes: nothing is read twice."""
+    if str(path) in _STDIN_NAMES:
+        raw: IO[bytes] = open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115
+    else:
+        raw = open(path, "rb")  # noqa: SIM115 - closed by the returned stream
     try:
-        head = raw.read(4)
-        raw.seek(0)
-        if head[:2] == _GZIP_MAGIC:
-            stream: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb")
-        elif head == _ZSTD_MAGIC:
-            stream = io.BufferedReader(_ZstdReader(raw))
+        if raw.seekable():
+            head = raw.read(4)
+            raw.seek(0)
         else:
-            stream = raw
-        return io.TextIOWrapper(stream, encoding="utf-8-sig", newline=None)  # a BOM is skipped
+            head = raw.read(4)  # blocks until 4 bytes or the end
+            raw = io.BufferedReader(_Prefixed(head, raw))
+        if head[:2] == _GZIP_MAGIC:
+            stream = gzip.GzipFile(fileobj=raw, mode="rb")
+            stream.myfileobj = raw  # GzipFile.close() then closes the file too
+            return stream  # type: ignore[return-value]
+        if head == _ZSTD_MAGIC:
+            return io.BufferedReader(_ZstdReader(raw))
+        return raw
     except BaseException:
         raw.close()
         raise
@@ -240,7 +295,10 @@ def _bad_length(value: object) -> bool:
 class TraceReader:
     """A streaming iterator of :class:`Request` over one trace file (see module docstring).
 
-    Iterate it once; make a new one (``read_trace``) to read the file again.
+    ``next()`` continues the current pass over the file. ``iter()`` on a reader whose pass
+    has ended (all requests read, or an error) opens the file again and starts a new pass
+    from the first line (the counts restart), so a second ``replay(reader)`` replays the whole
+    trace again; standard input cannot be read twice and raises ``TraceFormatError`` instead.
 
     Attributes:
         path: the trace file.
@@ -251,6 +309,12 @@ class TraceReader:
         block_refs: block references (keys) yielded so far.
         bad_lines: bad lines skipped so far.
         lines: lines read so far.
+        length_mismatches: Mooncake lines whose ``input_length`` needs another number of
+            blocks of ``block_tokens`` than they have ``hash_ids`` (see the module docstring).
+        fitting_block_tokens: after a pass with mismatches, ``(B, lines)``: the block size
+            (a power of two up to 65,536, or ``block_tokens``) that fits the most Mooncake
+            lines, and how many it fits; else ``None``.
+        strict: mismatches are errors instead of a warning.
     """
 
     def __init__(
@@ -277,15 +341,38 @@ class TraceReader:
         self.block_refs = 0
         self.bad_lines = 0
         self.lines = 0
+        self.length_mismatches = 0
+        self.fitting_block_tokens: tuple[int, int] | None = None
         self._gen: Iterator[Request] | None = None
+        self._passes = 0  # passes started
+        self._ended = False  # the current pass ended (exhausted or failed)
 
     def __iter__(self) -> TraceReader:
+        if self._ended:
+            self._restart()
         return self
 
     def __next__(self) -> Request:
         if self._gen is None:
-            self._gen = self._generate()
-        return next(self._gen)
+            self._restart()
+        try:
+            return next(self._gen)  # type: ignore[arg-type]
+        except BaseException:
+            self._ended = True
+            raise
+
+    def _restart(self) -> None:
+        if self._passes and str(self.path) in _STDIN_NAMES:
+            raise TraceFormatError(
+                "<stdin>", None, "standard input can be read only once; save the trace to a "
+                "file to read it again"
+            )
+        self._passes += 1
+        self._ended = False
+        self.requests = self.block_refs = self.bad_lines = self.lines = 0
+        self.length_mismatches = 0
+        self.fitting_block_tokens = None
+        self._gen = self._generate()
 
     # -- internals -----------------------------------------------------------------------
     def _resolve_format(self, first_line: str | None) -> str:
@@ -312,38 +399,59 @@ class TraceReader:
 
     def _generate(self) -> Iterator[Request]:
         path = self.path
+        shown = "<stdin>" if str(path) in _STDIN_NAMES else path
         try:
-            fh = _open_text(path)
+            fh = _open_binary(path)
         except FileNotFoundError:
             raise TraceFormatError(path, None, "no such file") from None
         except IsADirectoryError:
             raise TraceFormatError(path, None, "is a directory, not a trace file") from None
         with fh:
-            lines = _numbered_lines(fh, path)
+            lines = _numbered_lines(fh, shown)
             first = None
-            for lineno, line in lines:
-                if line.strip():
-                    first = (lineno, line)
+            for lineno, raw in lines:
+                if lineno == 1 and raw.startswith(_BOM):
+                    raw = raw[3:]
+                if raw.strip():
+                    first = (lineno, raw)
                     break
-            fmt = self._resolve_format(None if first is None else first[1])
+            first_text = None
+            if first is not None:
+                try:
+                    first_text = first[1].decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    if self.fmt == "auto":
+                        raise TraceFormatError(
+                            shown, first[0], f"not UTF-8 text ({_decode_problem(exc)}): a "
+                            "binary file or an unsupported compression?"
+                        ) from None
+            fmt = self._resolve_format(first_text)
             self.fmt = fmt
             if first is None:
-                raise TraceFormatError(path, None, "empty trace: no request lines")
+                raise TraceFormatError(shown, None, "empty trace: no request lines")
             parse = self._parser(fmt)
             skip = self.skip_bad_lines
             pending = [first]
             for source in (pending, lines):
-                for lineno, line in source:
+                for lineno, raw in source:
                     self.lines = lineno
-                    if not line or line.isspace():
-                        continue
                     try:
+                        line = raw.decode("utf-8")
+                        if not line or line.isspace():
+                            continue
                         req = parse(line)
+                    except UnicodeDecodeError as exc:
+                        if skip:
+                            self.bad_lines += 1
+                            continue
+                        raise TraceFormatError(
+                            shown, lineno, f"not UTF-8 text ({_decode_problem(exc)})"
+                        ) from None
                     except _LineError as exc:
                         if skip:
                             self.bad_lines += 1
                             continue
-                        raise TraceFormatError(path, lineno, str(exc)) from None
+                        raise TraceFormatError(shown, lineno, str(exc)) from None
                     if req is None:  # comment
                         continue
                     self.requests += 1
@@ -352,13 +460,45 @@ class TraceReader:
         if self.requests == 0:
             if self.bad_lines:
                 raise TraceFormatError(
-                    path, None, f"no valid request: all {self.bad_lines} request lines are bad"
+                    shown, None, f"no valid request: all {self.bad_lines} request lines are bad"
                 )
-            raise TraceFormatError(path, None, "empty trace: no request lines")
+            raise TraceFormatError(shown, None, "empty trace: no request lines")
+        self._report_lengths(shown)
+
+    def _report_lengths(self, shown: object) -> None:
+        """Warn once per pass about Mooncake lines whose length disagrees with block_tokens."""
+        pairs = self._length_pairs
+        bt = self.block_tokens
+        bad = sum(c for (length, n), c in pairs.items() if (length + bt - 1) // bt != n)
+        self.length_mismatches = bad
+        if not bad:
+            return
+        total = sum(pairs.values())
+        best = max(
+            sorted(set(_CANDIDATE_BLOCK_TOKENS) | {bt}),
+            key=lambda b: sum(c for (length, n), c in pairs.items()
+                              if (length + b - 1) // b == n),
+        )
+        fits = sum(c for (length, n), c in pairs.items() if (length + best - 1) // best == n)
+        self.fitting_block_tokens = (best, fits)
+        hint = (f"; block size {best} fits {fits:,} of them (--block-tokens {best})"
+                if best != bt and fits else "; no block size up to 65,536 fits more of them")
+        warnings.warn(
+            f"{shown}: {bad:,} of {total:,} Mooncake lines have an input_length that needs "
+            f"another number of {bt}-token blocks than their hash_ids (first at line "
+            f"{self._first_mismatch}){hint}. Token hit ratios assume {bt} tokens per block; "
+            "block hit ratios are unaffected. strict=True / --strict makes this an error.",
+            TraceWarning, stacklevel=4,
+        )
 
     def _parser(self, fmt: str):
         loads = json.loads
         block_tokens = self.block_tokens
+        strict = self.strict
+        pairs: dict[tuple[int, int], int] = {}  # (input_length, len(hash_ids)) -> lines
+        self._length_pairs = pairs
+        self._first_mismatch: int | None = None
+        reader = self
         want_hash = fmt in ("mooncake", "jsonl")
         want_tokens = fmt in ("tokens", "jsonl")
 
@@ -379,6 +519,23 @@ class TraceReader:
                 input_length = obj.get("input_length")
                 if input_length is None:
                     raise _LineError("missing field 'input_length' (tokens)")
+                if not _bad_length(input_length):
+                    pair = (input_length, len(ids))
+                    seen = pairs.get(pair)
+                    if seen is None:  # a new (length, blocks) pair: check it once
+                        if (input_length + block_tokens - 1) // block_tokens != len(ids):
+                            if strict:
+                                need = (input_length + block_tokens - 1) // block_tokens
+                                raise _LineError(
+                                    f"'input_length' {input_length} needs {need} blocks of "
+                                    f"{block_tokens} tokens but 'hash_ids' has {len(ids)} "
+                                    "(--block-tokens sets the block size)"
+                                )
+                            if reader._first_mismatch is None:
+                                reader._first_mismatch = reader.lines
+                        pairs[pair] = 1
+                    else:
+                        pairs[pair] = seen + 1
                 keys = ids
             else:
                 tokens = obj.get("token_ids") if want_tokens else None
@@ -441,8 +598,8 @@ class TraceReader:
                     append(int(part))
                 elif part[0] in "{[\"'":
                     raise _LineError(
-                        f"{part[:20]!r} is not a block key (is this a JSON trace? "
-                        "use fmt='jsonl')"
+                        f"{part[:20]!r} is not a block key (is this a JSON trace? read it "
+                        "as jsonl: --format jsonl, or fmt='jsonl' in the API)"
                     )
                 else:
                     append(part)
@@ -457,18 +614,19 @@ class _LineError(Exception):
     """A rule broken by one line (internal; becomes TraceFormatError with the location)."""
 
 
-def _numbered_lines(fh: IO[str], path: Path) -> Iterator[tuple[int, str]]:
+def _numbered_lines(fh: IO[bytes], path: object) -> Iterator[tuple[int, bytes]]:
     lineno = 0
     try:
         for line in fh:
             lineno += 1
             yield lineno, line
-    except UnicodeDecodeError:
-        raise TraceFormatError(
-            path, lineno + 1, "not UTF-8 text (unknown format or unsupported compression)"
-        ) from None
     except (EOFError, OSError) as exc:  # truncated / corrupt gzip or zstd stream
         raise TraceFormatError(path, lineno + 1, f"cannot decompress: {exc}") from None
+
+
+def _decode_problem(exc: UnicodeDecodeError) -> str:
+    bad = exc.object[exc.start : exc.start + 1]
+    return f"byte 0x{bad.hex()} at column {exc.start + 1}"
 
 
 def _looks_like_keys(line: str) -> bool:
