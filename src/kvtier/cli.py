@@ -286,7 +286,8 @@ def _trace_caption(info: dict) -> str:
     if name == str(embedded_sample_path()):
         name = f"embedded sample {Path(name).name}"
     text = (f"{name} ({info['format']}): {_count(info['requests'], 'request')}, "
-            f"{info['block_refs']:,} block refs, {info['unique_blocks']:,} distinct blocks; "
+            f"{_count(info['block_refs'], 'block ref')}, "
+            f"{_count(info['unique_blocks'], 'distinct block')}; "
             f"parsed in {info['parse_s'] * 1e3:,.0f} ms"
             + (f" ({rate / 1e6:.2f} M refs/s)" if rate else ""))
     if info["bad_lines"]:

@@ -481,8 +481,8 @@ class TraceReader:
         )
         fits = sum(c for (length, n), c in pairs.items() if (length + best - 1) // best == n)
         self.fitting_block_tokens = (best, fits)
-        hint = (f"; block size {best} fits {fits:,} of them (--block-tokens {best})"
-                if best != bt and fits else "; no block size up to 65,536 fits more of them")
+        hint = (f"; block size {best} fits {fits:,} of the {total:,} lines (--block-tokens {best})"
+                if best != bt else "; no block size up to 65,536 fits more lines")
         warnings.warn(
             f"{shown}: {bad:,} of {total:,} Mooncake lines have an input_length that needs "
             f"another number of {bt}-token blocks than their hash_ids (first at line "
