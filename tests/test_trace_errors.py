@@ -71,7 +71,10 @@ def test_mooncake_lengths_that_disagree_warn_once_and_replay_goes_on(tmp_path):
         reqs = list(reader)
     assert len(record) == 1
     message = str(record[0].message)
-    assert "2 of 3 Mooncake lines" in message and "first at line 1" in message
+    assert "2 of 3 requests have an input_length" in message and "first at line 1" in message
+    # 1 token in 3 blocks, 10 tokens in 4: no power-of-two block size gives those counts
+    assert "no power-of-two block size up to 65,536 fits any of them" in message
+    assert reader.fitting_block_tokens is None
     assert len(reqs) == 3 and reader.length_mismatches == 2
     with pytest.raises(TraceFormatError, match=r"line 1: 'input_length' 1 needs 1 blocks of 512"):
         list(read_trace(path, strict=True))
@@ -82,11 +85,11 @@ def test_a_16_token_block_trace_at_512_names_block_size_16(tmp_path):
     lines = mooncake_lines(300, block_tokens=16, seed=3)
     path.write_bytes(b"".join(lines))
     wrong_at_512 = sum(1 for line in lines if json.loads(line)["input_length"] > 16)
-    with pytest.warns(TraceWarning, match=r"block size 16 fits 300 of the 300 lines "
-                                          r"\(--block-tokens 16\)"):
+    with pytest.warns(TraceWarning, match=rf"{wrong_at_512} of 300 requests .* block size 16 "
+                                          rf"fits {wrong_at_512} of them \(--block-tokens 16\)"):
         reader = read_trace(path)
         assert sum(1 for _ in reader) == 300
-    assert reader.fitting_block_tokens == (16, 300)
+    assert reader.fitting_block_tokens == (16, wrong_at_512)
     assert reader.length_mismatches == wrong_at_512 > 200
     import warnings
 

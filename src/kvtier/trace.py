@@ -37,7 +37,7 @@ Mooncake lines carry both ``input_length`` (tokens) and ``hash_ids`` (one per bl
 one possibly partial), so at ``block_tokens`` = B a line should have ``ceil(input_length / B)``
 hash ids (all 12,031 lines of the conversation trace do at B = 512). Lines that do not are
 counted (:attr:`TraceReader.length_mismatches`) and, once per pass over the file, a
-:class:`TraceWarning` says how many disagree and which block size fits most lines: token hit
+:class:`TraceWarning` says how many disagree and which block size fits most of them: token hit
 ratios are then not meaningful at this B, block hit ratios still are (some traces have blocks
 of varying token counts). With ``strict=True`` the first such line is an error.
 
@@ -85,7 +85,6 @@ _JSON_SUFFIXES = {".jsonl", ".json", ".ndjson"}
 _TEXT_SUFFIXES = {".txt", ".csv", ".tsv"}
 _SPLIT = re.compile(r"[\s,]+")
 _ROOT_HASH = b"\x00" * 8
-_BOM = b"\xef\xbb\xbf"
 _STDIN_NAMES = ("-",)
 # block sizes tried when a Mooncake trace's lengths disagree with block_tokens
 _CANDIDATE_BLOCK_TOKENS = tuple(2**k for k in range(17))
@@ -312,8 +311,8 @@ class TraceReader:
         length_mismatches: Mooncake lines whose ``input_length`` needs another number of
             blocks of ``block_tokens`` than they have ``hash_ids`` (see the module docstring).
         fitting_block_tokens: after a pass with mismatches, ``(B, lines)``: the block size
-            (a power of two up to 65,536, or ``block_tokens``) that fits the most Mooncake
-            lines, and how many it fits; else ``None``.
+            (a power of two up to 65,536) that fits the most of the lines that disagree, and
+            how many of them it fits; else ``None``.
         strict: mismatches are errors instead of a warning.
     """
 
@@ -406,26 +405,25 @@ class TraceReader:
             raise TraceFormatError(path, None, "no such file") from None
         except IsADirectoryError:
             raise TraceFormatError(path, None, "is a directory, not a trace file") from None
-        with fh:
-            lines = _numbered_lines(fh, shown)
+        # Undecodable bytes become lone surrogates (surrogateescape) instead of failing the
+        # whole chunk being decoded at a wrong line; each non-ASCII line is checked on its
+        # own (str.isascii is O(1)), so a bad byte is one bad line at its own number.
+        text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape", newline=None)
+        with text:
+            lines = _numbered_lines(text, shown)
             first = None
-            for lineno, raw in lines:
-                if lineno == 1 and raw.startswith(_BOM):
-                    raw = raw[3:]
-                if raw.strip():
-                    first = (lineno, raw)
+            for lineno, line in lines:
+                if line.strip():
+                    first = (lineno, line)
                     break
-            first_text = None
-            if first is not None:
-                try:
-                    first_text = first[1].decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    if self.fmt == "auto":
-                        raise TraceFormatError(
-                            shown, first[0], f"not UTF-8 text ({_decode_problem(exc)}): a "
-                            "binary file or an unsupported compression?"
-                        ) from None
-            fmt = self._resolve_format(first_text)
+            if first is not None and self.fmt == "auto" and not first[1].isascii():
+                problem = _undecodable(first[1])
+                if problem:
+                    raise TraceFormatError(
+                        shown, first[0], f"not UTF-8 text ({problem}): a binary file or an "
+                        "unsupported compression?"
+                    )
+            fmt = self._resolve_format(None if first is None else first[1])
             self.fmt = fmt
             if first is None:
                 raise TraceFormatError(shown, None, "empty trace: no request lines")
@@ -433,20 +431,16 @@ class TraceReader:
             skip = self.skip_bad_lines
             pending = [first]
             for source in (pending, lines):
-                for lineno, raw in source:
+                for lineno, line in source:
                     self.lines = lineno
+                    if not line or line.isspace():
+                        continue
                     try:
-                        line = raw.decode("utf-8")
-                        if not line or line.isspace():
-                            continue
+                        if not line.isascii():
+                            problem = _undecodable(line)
+                            if problem:
+                                raise _LineError(f"not UTF-8 text ({problem})")
                         req = parse(line)
-                    except UnicodeDecodeError as exc:
-                        if skip:
-                            self.bad_lines += 1
-                            continue
-                        raise TraceFormatError(
-                            shown, lineno, f"not UTF-8 text ({_decode_problem(exc)})"
-                        ) from None
                     except _LineError as exc:
                         if skip:
                             self.bad_lines += 1
@@ -467,27 +461,26 @@ class TraceReader:
 
     def _report_lengths(self, shown: object) -> None:
         """Warn once per pass about Mooncake lines whose length disagrees with block_tokens."""
-        pairs = self._length_pairs
-        bt = self.block_tokens
-        bad = sum(c for (length, n), c in pairs.items() if (length + bt - 1) // bt != n)
+        pairs = self._mismatched
+        bad = sum(pairs.values())
         self.length_mismatches = bad
         if not bad:
             return
-        total = sum(pairs.values())
-        best = max(
-            sorted(set(_CANDIDATE_BLOCK_TOKENS) | {bt}),
-            key=lambda b: sum(c for (length, n), c in pairs.items()
-                              if (length + b - 1) // b == n),
-        )
-        fits = sum(c for (length, n), c in pairs.items() if (length + best - 1) // best == n)
-        self.fitting_block_tokens = (best, fits)
-        hint = (f"; block size {best} fits {fits:,} of the {total:,} lines (--block-tokens {best})"
-                if best != bt else "; no block size up to 65,536 fits more lines")
+        bt = self.block_tokens
+
+        def fitting(b: int) -> int:
+            return sum(c for (length, n), c in pairs.items() if (length + b - 1) // b == n)
+
+        best = max(_CANDIDATE_BLOCK_TOKENS, key=fitting)  # ties: the smallest block size
+        fits = fitting(best)
+        self.fitting_block_tokens = (best, fits) if fits else None
+        hint = (f"; block size {best} fits {fits:,} of them (--block-tokens {best})" if fits
+                else "; no power-of-two block size up to 65,536 fits any of them")
         warnings.warn(
-            f"{shown}: {bad:,} of {total:,} Mooncake lines have an input_length that needs "
-            f"another number of {bt}-token blocks than their hash_ids (first at line "
-            f"{self._first_mismatch}){hint}. Token hit ratios assume {bt} tokens per block; "
-            "block hit ratios are unaffected. strict=True / --strict makes this an error.",
+            f"{shown}: {bad:,} of {self.requests:,} requests have an input_length that needs "
+            f"another number of {bt}-token blocks than their hash_ids (first at line {self._first_mismatch})"
+            f"{hint}. Token hit ratios assume {bt} tokens per block; block hit ratios are "
+            "unaffected. strict=True / --strict makes this an error.",
             TraceWarning, stacklevel=4,
         )
 
@@ -495,8 +488,9 @@ class TraceReader:
         loads = json.loads
         block_tokens = self.block_tokens
         strict = self.strict
-        pairs: dict[tuple[int, int], int] = {}  # (input_length, len(hash_ids)) -> lines
-        self._length_pairs = pairs
+        # (input_length, len(hash_ids)) -> lines, of the lines that disagree with block_tokens
+        mismatched: dict[tuple[int, int], int] = {}
+        self._mismatched = mismatched
         self._first_mismatch: int | None = None
         reader = self
         want_hash = fmt in ("mooncake", "jsonl")
@@ -519,23 +513,20 @@ class TraceReader:
                 input_length = obj.get("input_length")
                 if input_length is None:
                     raise _LineError("missing field 'input_length' (tokens)")
-                if not _bad_length(input_length):
+                if (input_length + block_tokens - 1) // block_tokens != len(ids) and not (
+                    _bad_length(input_length)
+                ):
+                    if strict:
+                        need = (input_length + block_tokens - 1) // block_tokens
+                        raise _LineError(
+                            f"'input_length' {input_length} needs {need} blocks of "
+                            f"{block_tokens} tokens but 'hash_ids' has {len(ids)} "
+                            "(--block-tokens sets the block size)"
+                        )
                     pair = (input_length, len(ids))
-                    seen = pairs.get(pair)
-                    if seen is None:  # a new (length, blocks) pair: check it once
-                        if (input_length + block_tokens - 1) // block_tokens != len(ids):
-                            if strict:
-                                need = (input_length + block_tokens - 1) // block_tokens
-                                raise _LineError(
-                                    f"'input_length' {input_length} needs {need} blocks of "
-                                    f"{block_tokens} tokens but 'hash_ids' has {len(ids)} "
-                                    "(--block-tokens sets the block size)"
-                                )
-                            if reader._first_mismatch is None:
-                                reader._first_mismatch = reader.lines
-                        pairs[pair] = 1
-                    else:
-                        pairs[pair] = seen + 1
+                    mismatched[pair] = mismatched.get(pair, 0) + 1
+                    if reader._first_mismatch is None:
+                        reader._first_mismatch = reader.lines
                 keys = ids
             else:
                 tokens = obj.get("token_ids") if want_tokens else None
@@ -614,7 +605,7 @@ class _LineError(Exception):
     """A rule broken by one line (internal; becomes TraceFormatError with the location)."""
 
 
-def _numbered_lines(fh: IO[bytes], path: object) -> Iterator[tuple[int, bytes]]:
+def _numbered_lines(fh: IO[str], path: object) -> Iterator[tuple[int, str]]:
     lineno = 0
     try:
         for line in fh:
@@ -624,9 +615,14 @@ def _numbered_lines(fh: IO[bytes], path: object) -> Iterator[tuple[int, bytes]]:
         raise TraceFormatError(path, lineno + 1, f"cannot decompress: {exc}") from None
 
 
-def _decode_problem(exc: UnicodeDecodeError) -> str:
-    bad = exc.object[exc.start : exc.start + 1]
-    return f"byte 0x{bad.hex()} at column {exc.start + 1}"
+def _undecodable(line: str) -> str | None:
+    """Where ``line`` (decoded with surrogateescape) held a byte that is not UTF-8, or None."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        byte = ord(line[exc.start]) - 0xDC00  # surrogateescape maps byte b to U+DC00 + b
+        return f"byte 0x{byte:02x} at column {exc.start + 1}"
+    return None
 
 
 def _looks_like_keys(line: str) -> bool:
