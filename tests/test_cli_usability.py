@@ -146,3 +146,44 @@ def test_length_mismatch_warns_on_the_cli_and_strict_makes_it_an_error(tmp_path)
     assert json.loads(res.stdout)["trace"]["length_mismatches"] == 1
     res = run("replay", trace, "-p", "lru", "-c", "4", "--strict")
     assert res.exit_code == 1 and "line 1: 'input_length' 1 needs 1 blocks" in res.stderr
+
+
+def test_a_real_sigint_during_replay_keeps_the_finished_rows(tmp_path):
+    """The same with a real SIGINT to a real process (timing-dependent only in how many rows
+    finished, which the test does not fix)."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    rng = random.Random(1)
+    trace = tmp_path / "big.txt"
+    with trace.open("w") as fh:
+        for _ in range(20_000):
+            root = rng.randrange(2_000)
+            fh.write(" ".join(f"{root}-{i}" for i in range(rng.randrange(10, 50))) + "\n")
+    out = tmp_path / "r.json"
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvtier.cli", "replay", str(trace), "-p", "lru,arc",
+         "-c", "1%,2%,5%,10%,20%,40%,60%,80%", "--json", str(out)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    time.sleep(6)
+    assert proc.poll() is None, "the replay finished before the interrupt; make it longer"
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    if "interrupted while reading the trace" in stderr:
+        return  # a very slow machine: nothing had run yet
+    data = json.loads(out.read_text())
+    assert data["interrupted"] is True and len(data["results"]) < 16
+    rows = [line for line in stdout.splitlines() if line.startswith(("lru ", "arc "))]
+    assert len(rows) == len(data["results"])
+    assert f"{len(rows)} of 16 runs finished" in stderr
