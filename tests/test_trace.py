@@ -211,7 +211,7 @@ def test_unknown_format(tmp_path):
 def test_json_in_a_text_file_is_reported(tmp_path):
     path = tmp_path / "oops.txt"
     path.write_text(json.dumps(MOONCAKE_LINES[0]) + "\n")
-    with pytest.raises(TraceFormatError, match="line 1: .*fmt='jsonl'"):
+    with pytest.raises(TraceFormatError, match="line 1: .*--format jsonl"):
         list(read_trace(path))
 
 

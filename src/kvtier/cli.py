@@ -3,7 +3,12 @@
 ``kvtier replay [TRACE]`` replays a trace (default: the embedded Mooncake sample) through the
 offloading manager for each ``--policy`` x ``--capacity`` and prints hit ratios and the
 bookkeeping cost. ``kvtier sweep [TRACE]`` runs a log-spaced grid of capacities for several
-policies in parallel and draws the miss-ratio curves to a PNG. Both write ``--json``.
+policies in parallel and, with ``--plot FILE``, draws the miss-ratio curves. Both write
+``--json``.
+
+Each command turns its flags into typed options once (:class:`ReplayCommand` /
+:class:`SweepCommand`, holding a :class:`TraceSource`, :class:`kvtier.replay.ReplayOptions` and
+:class:`OutputOptions`) and runs with :func:`run_replay` / :func:`run_sweep`.
 
 Exit status: 0 on success, 1 on bad input or arguments (message on stderr), 2 on usage errors.
 """
@@ -15,20 +20,35 @@ import json
 import os
 import sys
 import time
-from contextlib import nullcontext
+import shutil
+import signal
+import stat
+import tempfile
+import warnings
+from contextlib import contextmanager, nullcontext
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kvtier.policies import available_policies
-from kvtier.replay import PROTOCOLS, ReplayResult, parse_capacity, replay
-from kvtier.trace import FORMATS, TraceFormatError, count_unique_blocks, embedded_sample_path, read_trace
+from kvtier.policies import PolicyPluginError, available_policies, get_policy
+from kvtier.replay import PROTOCOLS, ReplayOptions, ReplayResult, parse_capacity, replay
+from kvtier.trace import (
+    FORMATS,
+    TraceFormatError,
+    TraceOptions,
+    TraceWarning,
+    count_unique_blocks,
+    embedded_sample_path,
+)
 
 app = typer.Typer(
     name="kvtier",
@@ -54,7 +74,8 @@ def _main() -> None:
 # -- shared option types -------------------------------------------------------------------
 TraceArg = Annotated[
     Optional[Path],
-    typer.Argument(help="Trace file (Mooncake JSONL, token-id JSONL or text/CSV; .gz/.zst ok). "
+    typer.Argument(help="Trace file (Mooncake JSONL, token-id JSONL or text/CSV; .gz/.zst ok; "
+                   "'-' reads standard input). "
                    "Default: the embedded 500-request Mooncake conversation sample."),
 ]
 PolicyOpt = Annotated[
@@ -72,6 +93,9 @@ ProtocolOpt = Annotated[str, typer.Option("--protocol", help="'prefix' (engine) 
 ThresholdOpt = Annotated[int, typer.Option("--store-threshold", min=1,
                                            help="Admission: store blocks looked up at least N times.")]
 SkipOpt = Annotated[bool, typer.Option("--skip-bad-lines", help="Skip and count bad trace lines.")]
+StrictOpt = Annotated[bool, typer.Option(
+    "--strict", help="Make suspicious trace input an error (e.g. Mooncake input_length that "
+                     "disagrees with the number of hash_ids at --block-tokens).")]
 JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="Write results as JSON here ('-': stdout).")]
 ProgressOpt = Annotated[Optional[bool], typer.Option("--progress/--no-progress",
                                                      help="Progress bar (default: on long runs).")]
@@ -87,12 +111,26 @@ def _split(values: list[str] | None, default: list[str], option: str) -> list[st
 
 
 def _check_writable(target: Path | None, option: str) -> None:
-    """Fail before any work when an output file cannot be created."""
+    """Fail before any work when an output file cannot be written: the file is opened for
+    appending (created if missing, then removed again), so whatever the OS would refuse
+    after the run (no folder, no permission, a read-only or virtual file system) is found
+    now; a directory gets its own message."""
     if target is None or str(target) == "-":
         return
+    if target.is_dir():
+        raise _CliError(f"{option} {target}: is a directory; give a file name, e.g. "
+                        f"{option} {target / ('results.json' if option == '--json' else 'mrc.png')}")
     parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir() or not os.access(parent, os.W_OK) or target.is_dir():
-        raise _CliError(f"{option} {target}: cannot write there (no such writable folder)")
+    if not parent.is_dir():
+        raise _CliError(f"{option} {target}: cannot write there (no such folder {parent})")
+    existed = target.exists()
+    try:
+        with open(target, "a"):
+            pass
+    except OSError as exc:
+        raise _CliError(f"{option} {target}: cannot write there ({exc.strerror or exc})") from None
+    if not existed:
+        target.unlink()
 
 
 def _check_plot_format(target: Path) -> None:
@@ -108,29 +146,40 @@ def _check_plot_format(target: Path) -> None:
                         f"{', '.join('.' + ext for ext in sorted(supported))}")
 
 
-def _check_common(policies: list[str], fmt: str, protocol: str, inflight: int) -> None:
-    known = available_policies()
-    for p in policies:
-        if p not in known:
-            raise _CliError(f"unknown policy {p!r}; choose from: {', '.join(known)}")
-    if fmt not in FORMATS:
-        raise _CliError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
-    if protocol not in PROTOCOLS:
-        raise _CliError(f"unknown protocol {protocol!r}; choose from: {', '.join(PROTOCOLS)}")
-    if protocol == "get" and inflight:
-        raise _CliError("--inflight needs --protocol prefix")
-
-
-def _capacities(specs: list[str], unique_blocks: int) -> list[int]:
+def _capacities(specs, unique_blocks: int) -> list[int]:
     out = []
     for spec in specs:
         try:
             cap = parse_capacity(spec, unique_blocks)
         except ValueError as exc:
             raise _CliError(str(exc)) from None
+        if cap > unique_blocks:
+            _warn(f"capacity {spec} = {cap:,} blocks exceeds the trace's {unique_blocks:,} "
+                  "distinct blocks: every block fits, nothing is ever evicted")
         if cap not in out:
             out.append(cap)
     return out
+
+
+def _warn(message: str) -> None:
+    _err.print(f"[bold yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def _warnings_to_stderr():
+    """Warnings raised while a command runs (a TraceWarning, a plugin skipped) are printed
+    as ``warning: ...`` lines instead of Python's file:line format."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TraceWarning)
+        try:
+            yield
+        finally:
+            seen = set()
+            for w in caught:
+                text = str(w.message)
+                if text not in seen:
+                    seen.add(text)
+                    _warn(text)
 
 
 def _progress(enabled: bool | None, total_refs: int) -> Progress | None:
@@ -147,17 +196,29 @@ def _progress(enabled: bool | None, total_refs: int) -> Progress | None:
 _COLUMNS = ("policy", "tier\nblocks", "requests", "block\nrefs", "hit\nblocks",
             "block\nhit %", "token\nhit %", "store\nfails", "evictions", "time\nms",
             "ns per\nref")
-_UNIFORM = {"requests", "block\nrefs"}  # the same in every row: dropped first when narrow
+# the same columns with headers of at most 6 characters a line, for narrow consoles
+_COMPACT = dict(zip(_COLUMNS, ("policy", "tier\nblocks", "reqs", "block\nrefs", "hit\nblocks",
+                               "block\nhit %", "token\nhit %", "store\nfails", "evic-\ntions",
+                               "time\nms", "ns/\nref")))
+_UNIFORM = {"requests", "block\nrefs"}  # the same in every row: dropped only as a last resort
 
 
 def _results_table(results: list[ReplayResult], title: str, console: Console) -> Table:
-    """The results table; on a console too narrow for it, the two columns that are the
-    same in every row (requests, block refs; also in the caption) are left out."""
-    for columns in (_COLUMNS, tuple(c for c in _COLUMNS if c not in _UNIFORM)):
+    """The results table, as wide as it needs. On a narrower console (80 columns) the same
+    columns get shorter headers and one space between columns; only when even that does not
+    fit are the two columns that are the same in every row (requests, block refs; also in the
+    caption) left out. Cells are never wrapped or truncated."""
+    layouts = (
+        (_COLUMNS, {c: c for c in _COLUMNS}, False),
+        (_COLUMNS, _COMPACT, True),
+        (tuple(c for c in _COLUMNS if c not in _UNIFORM), _COMPACT, True),
+    )
+    for columns, header, compact in layouts:
         table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD,
-                      pad_edge=False, collapse_padding=True, show_edge=False)
+                      pad_edge=False, collapse_padding=True, show_edge=False,
+                      padding=0 if compact else (0, 1))
         for name in columns:
-            table.add_column(name, justify="left" if name == "policy" else "right",
+            table.add_column(header[name], justify="left" if name == "policy" else "right",
                              no_wrap=True)
         for r in results:
             cells = dict(zip(_COLUMNS, (
@@ -202,12 +263,13 @@ def _fail(exc: BaseException) -> typer.Exit:
 
 def _trace_info(path: Path, reader, n_req: int, n_refs: int, unique: int, parse_s: float) -> dict:
     return {
-        "path": str(path),
+        "path": "<stdin>" if str(path) == "-" else str(path),
         "format": reader.fmt,
         "requests": n_req,
         "block_refs": n_refs,
         "unique_blocks": unique,
         "bad_lines": reader.bad_lines,
+        "length_mismatches": reader.length_mismatches,
         "parse_s": parse_s,
         "parse_refs_per_s": n_refs / parse_s if parse_s > 0 else None,
     }
@@ -224,12 +286,128 @@ def _trace_caption(info: dict) -> str:
     if name == str(embedded_sample_path()):
         name = f"embedded sample {Path(name).name}"
     text = (f"{name} ({info['format']}): {_count(info['requests'], 'request')}, "
-            f"{info['block_refs']:,} block refs, {info['unique_blocks']:,} distinct blocks; "
+            f"{_count(info['block_refs'], 'block ref')}, "
+            f"{_count(info['unique_blocks'], 'distinct block')}; "
             f"parsed in {info['parse_s'] * 1e3:,.0f} ms"
             + (f" ({rate / 1e6:.2f} M refs/s)" if rate else ""))
     if info["bad_lines"]:
         text += f"; {_count(info['bad_lines'], 'bad line')} skipped"
     return text
+
+
+# -- the options a command runs with ------------------------------------------------------
+@dataclass(frozen=True)
+class TraceSource:
+    """Which trace a command reads and how: the file, its :class:`TraceOptions` and an
+    optional request limit."""
+
+    path: Path
+    options: TraceOptions = TraceOptions()
+    limit: int | None = None
+
+    def open(self):
+        """``(reader, iterable of requests)``: the reader keeps the counts (bad lines)."""
+        reader = self.options.open(self.path)
+        return reader, (itertools.islice(reader, self.limit) if self.limit else reader)
+
+
+class _Interrupted(Exception):
+    """Ctrl-C: the finished rows were printed; exit status 130."""
+
+
+def _is_stream(path: Path) -> bool:
+    """Standard input, a pipe or a device: bytes that can be read only once."""
+    if str(path) == "-":
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode)
+
+
+@contextmanager
+def _rereadable(source: TraceSource, needed: bool):
+    """``source``, or when it must be read more than once (``needed``) and is a stream
+    (``-``, ``/dev/stdin``, a pipe), a copy of it: the stream's bytes, compressed or not,
+    spooled to a temporary file that is removed afterwards."""
+    if not needed or not _is_stream(source.path):
+        yield source
+        return
+    with tempfile.NamedTemporaryFile(prefix="kvtier-stream-") as tmp:
+        if str(source.path) == "-":
+            shutil.copyfileobj(sys.stdin.buffer, tmp)
+        else:
+            with open(source.path, "rb") as fh:
+                shutil.copyfileobj(fh, tmp)
+        tmp.flush()
+        yield dataclasses.replace(source, path=Path(tmp.name))
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """Where results go: ``json`` file (``-``: stdout; ``None``: none) and the progress bar
+    (``None``: only on long runs)."""
+
+    json: Path | None = None
+    progress: bool | None = None
+
+
+@dataclass(frozen=True)
+class ReplayCommand:
+    """Everything ``kvtier replay`` was asked to do, as typed values."""
+
+    source: TraceSource
+    policies: tuple[str, ...]
+    capacities: tuple[str, ...]  # block counts or percentages, parsed against the trace
+    replay: ReplayOptions = ReplayOptions()
+    output: OutputOptions = OutputOptions()
+    stream: bool = False
+
+
+@dataclass(frozen=True)
+class SweepCommand:
+    """Everything ``kvtier sweep`` was asked to do, as typed values. ``capacities`` (explicit
+    sizes) and the grid (``points``, ``cap_min``, ``cap_max``) exclude each other."""
+
+    source: TraceSource
+    policies: tuple[str, ...]
+    capacities: tuple[str, ...] = ()
+    points: int | None = None
+    cap_min: str | None = None
+    cap_max: str | None = None
+    replay: ReplayOptions = ReplayOptions()
+    output: OutputOptions = OutputOptions()
+    plot: Path | None = None
+    workers: int | None = None
+
+
+def _options(fmt: str, block_tokens: int, skip_bad_lines: bool, strict: bool, inflight: int,
+             protocol: str, store_threshold: int) -> tuple[TraceOptions, ReplayOptions]:
+    """The typed options of the flags both commands share, checked with the flag names."""
+    if fmt not in FORMATS:
+        raise _CliError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
+    if protocol not in PROTOCOLS:
+        raise _CliError(f"unknown protocol {protocol!r}; choose from: {', '.join(PROTOCOLS)}")
+    if protocol == "get" and inflight:
+        raise _CliError("--inflight needs --protocol prefix")
+    return (TraceOptions(fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines,
+                         strict=strict),
+            ReplayOptions(inflight=inflight, protocol=protocol, block_tokens=block_tokens,
+                          store_threshold=store_threshold))
+
+
+def _check_policies(policies: tuple[str, ...]) -> None:
+    known = available_policies()
+    for p in policies:
+        if p not in known:
+            try:
+                get_policy(p)  # a plugin that failed to load: its own error
+            except PolicyPluginError as exc:
+                raise _CliError(str(exc)) from None
+            except ValueError:
+                pass
+            raise _CliError(f"unknown policy {p!r}; choose from: {', '.join(known)}")
 
 
 # -- replay --------------------------------------------------------------------------------
@@ -247,6 +425,7 @@ def replay_cmd(
     protocol: ProtocolOpt = "prefix",
     store_threshold: ThresholdOpt = 1,
     skip_bad_lines: SkipOpt = False,
+    strict: StrictOpt = False,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1,
                                                  help="Replay only the first N requests.")] = None,
     stream: Annotated[bool, typer.Option(
@@ -267,68 +446,90 @@ def replay_cmd(
     One run per --policy x --capacity, each on a fresh manager.
     """
     try:
-        if tiers is not None:
-            from kvtier.tiersim import replay_tiers_cli
+        trace_opts, replay_opts = _options(fmt, block_tokens, skip_bad_lines, strict, inflight,
+                                           protocol, store_threshold)
+        command = ReplayCommand(
+            source=TraceSource(trace if trace is not None else embedded_sample_path(),
+                               trace_opts, limit),
+            policies=tuple(_split(policy, ["lru", "arc"], "--policy")),
+            capacities=tuple(_split(capacity, ["5%", "20%", "50%"], "--capacity")),
+            replay=replay_opts,
+            output=OutputOptions(json_out, progress),
+            stream=stream,
+        )
+        with _warnings_to_stderr():
+            if tiers is not None:
+                from kvtier.tiersim import replay_tiers_cli
 
-            return replay_tiers_cli(
-                trace, policy, capacity, fmt, block_tokens, inflight, protocol,
-                store_threshold, skip_bad_lines, limit, json_out, tiers, demotion, stream)
-        _replay(trace, policy, capacity, fmt, block_tokens, inflight, protocol,
-                store_threshold, skip_bad_lines, limit, stream, json_out, progress)
+                replay_tiers_cli(command, tiers, demotion, capacity_given=bool(capacity))
+            else:
+                run_replay(command)
     except (_CliError, TraceFormatError, ValueError, OSError) as exc:
         raise _fail(exc) from None
+    except _Interrupted:
+        raise typer.Exit(128 + signal.SIGINT) from None
 
 
-def _replay(trace, policy, capacity, fmt, block_tokens, inflight, protocol, store_threshold,
-            skip_bad_lines, limit, stream, json_out, progress) -> None:
-    path = trace if trace is not None else embedded_sample_path()
-    policies = _split(policy, ["lru", "arc"], "--policy")
-    _check_common(policies, fmt, protocol, inflight)
-    _check_writable(json_out, "--json")
-    capacity_specs = _split(capacity, ["5%", "20%", "50%"], "--capacity")
+def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
+    """Run ``kvtier replay`` as ``cmd`` says: print the table, write the JSON, return the
+    results. Raises the errors the command reports (``_CliError``, ``TraceFormatError``,
+    ``ValueError``, ``OSError``); on Ctrl-C prints the rows that finished, writes them to the
+    JSON and raises ``_Interrupted``."""
+    _check_policies(cmd.policies)
+    _check_writable(cmd.output.json, "--json")
+    with _rereadable(cmd.source, needed=cmd.stream) as source:
+        try:
+            reader, it = source.open()
+            t0 = time.perf_counter()
+            if cmd.stream:
+                n_req, n_refs, unique = count_unique_blocks(it)
+                requests = None
+            else:
+                requests = list(it)
+                parse_end = time.perf_counter()
+                n_req, n_refs, unique = count_unique_blocks(requests)
+                t0 += time.perf_counter() - parse_end  # the distinct-block count is not parsing
+        except KeyboardInterrupt:
+            _warn("interrupted while reading the trace: nothing was replayed")
+            raise _Interrupted from None
+        parse_s = time.perf_counter() - t0
+        info = _trace_info(cmd.source.path, reader, n_req, n_refs, unique, parse_s)
+        capacities = _capacities(cmd.capacities, unique)
 
-    def open_trace():
-        reader = read_trace(path, fmt=fmt, block_tokens=block_tokens,
-                            skip_bad_lines=skip_bad_lines)
-        return reader, (itertools.islice(reader, limit) if limit else reader)
+        runs = [(p, c) for p in cmd.policies for c in capacities]
+        results: list[ReplayResult] = []
+        interrupted = False
+        bar = _progress(cmd.output.progress, n_refs * len(runs))
+        try:
+            with bar if bar is not None else nullcontext():
+                task = bar.add_task("replay", total=n_req * len(runs)) if bar is not None else None
+                advance = (lambda n: bar.advance(task, n)) if bar is not None else None
+                for p, c in runs:
+                    if bar is not None:
+                        bar.update(task, description=f"{p} @ {c:,}")
+                    requests_now = requests if not cmd.stream else source.open()[1]
+                    results.append(replay(requests_now, p, c, cmd.replay, progress=advance))
+        except KeyboardInterrupt:
+            interrupted = True
 
-    reader, it = open_trace()
-    t0 = time.perf_counter()
-    if stream:
-        n_req, n_refs, unique = count_unique_blocks(it)
-        requests = None
-    else:
-        requests = list(it)
-        parse_end = time.perf_counter()
-        n_req, n_refs, unique = count_unique_blocks(requests)
-        t0 += time.perf_counter() - parse_end  # the distinct-block count is not parsing
-    parse_s = time.perf_counter() - t0
-    info = _trace_info(path, reader, n_req, n_refs, unique, parse_s)
-    capacities = _capacities(capacity_specs, unique)
-
-    runs = [(p, c) for p in policies for c in capacities]
-    results: list[ReplayResult] = []
-    bar = _progress(progress, n_refs * len(runs))
-    with bar if bar is not None else nullcontext():
-        task = bar.add_task("replay", total=n_req * len(runs)) if bar is not None else None
-        advance = (lambda n: bar.advance(task, n)) if bar is not None else None
-        for p, c in runs:
-            if bar is not None:
-                bar.update(task, description=f"{p} @ {c:,}")
-            source = requests if not stream else open_trace()[1]
-            results.append(replay(source, p, c, inflight=inflight, protocol=protocol,
-                                  block_tokens=block_tokens, store_threshold=store_threshold,
-                                  progress=advance))
-
-    out = _out_console(json_out)
+    opts = cmd.replay
+    out = _out_console(cmd.output.json)
     out.print(_results_table(
         results,
-        f"kvtier replay — protocol {protocol}, in-flight window {inflight}"
-        + (f", store threshold {store_threshold}" if store_threshold > 1 else ""),
+        f"kvtier replay — protocol {opts.protocol}, in-flight window {opts.inflight}"
+        + (f", store threshold {opts.store_threshold}" if opts.store_threshold > 1 else ""),
         out,
     ))
     out.print(_trace_caption(info), highlight=False, soft_wrap=True)
-    _write_json(json_out, {"trace": info, "results": [r.to_dict() for r in results]})
+    payload = {"trace": info, "results": [r.to_dict() for r in results]}
+    if interrupted:
+        payload["interrupted"] = True
+    _write_json(cmd.output.json, payload)
+    if interrupted:
+        _warn(f"interrupted (Ctrl-C): {len(results)} of {len(runs)} runs finished; "
+              "their rows are above")
+        raise _Interrupted
+    return results
 
 
 # -- sweep ---------------------------------------------------------------------------------
@@ -352,82 +553,135 @@ def sweep_cmd(
     protocol: ProtocolOpt = "prefix",
     store_threshold: ThresholdOpt = 1,
     skip_bad_lines: SkipOpt = False,
-    plot: Annotated[Path, typer.Option("--plot", help="Image file for the miss-ratio curves (PNG; the suffix picks matplotlib's format). Always written.")] = Path("mrc.png"),
+    strict: StrictOpt = False,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="Draw the miss-ratio curves to this image file (the suffix picks "
+                       "matplotlib's format, e.g. .png, .svg). Default: no image.")] = None,
     json_out: JsonOpt = None,
     workers: Annotated[Optional[int], typer.Option("--workers", "-j", min=1,
                                                    help="Processes (default: one per core).")] = None,
     progress: ProgressOpt = None,
 ) -> None:
-    """Miss-ratio curves: a log-spaced grid of capacities for several policies, plotted.
+    """Miss-ratio curves: a log-spaced grid of capacities for several policies.
 
-    One process per core; writes the PNG (--plot), the table and --json.
+    One process per core; prints the table, writes --json and, with --plot, the image.
     """
     try:
-        _sweep(trace, policy, points, cap_min, cap_max, capacity, fmt, block_tokens, inflight,
-               protocol, store_threshold, skip_bad_lines, plot, json_out, workers, progress)
+        trace_opts, replay_opts = _options(fmt, block_tokens, skip_bad_lines, strict, inflight,
+                                           protocol, store_threshold)
+        command = SweepCommand(
+            source=TraceSource(trace if trace is not None else embedded_sample_path(),
+                               trace_opts),
+            policies=tuple(_split(policy, available_policies(), "--policy")),
+            capacities=tuple(_split(capacity, [], "--capacity")),
+            points=points, cap_min=cap_min, cap_max=cap_max,
+            replay=replay_opts,
+            output=OutputOptions(json_out, progress),
+            plot=plot,
+            workers=workers,
+        )
+        with _warnings_to_stderr():
+            run_sweep(command)
     except (_CliError, TraceFormatError, ValueError, OSError) as exc:
         raise _fail(exc) from None
+    except _Interrupted:
+        raise typer.Exit(128 + signal.SIGINT) from None
 
 
-def _sweep(trace, policy, points, cap_min, cap_max, capacity, fmt, block_tokens, inflight,
-           protocol, store_threshold, skip_bad_lines, plot, json_out, workers, progress) -> None:
+def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
+    """Run ``kvtier sweep`` as ``cmd`` says: print the table, write the JSON and the plot,
+    return the results. Raises the errors the command reports."""
     from kvtier.replay import log_grid
     from kvtier.sweep import plot_mrc, run_grid
 
-    path = trace if trace is not None else embedded_sample_path()
-    policies = _split(policy, available_policies(), "--policy")
-    _check_common(policies, fmt, protocol, inflight)
-    _check_writable(json_out, "--json")
-    _check_writable(plot, "--plot")
-    _check_plot_format(plot)
-    capacity_specs = _split(capacity, [], "--capacity")
-    if capacity_specs:
+    _check_policies(cmd.policies)
+    _check_writable(cmd.output.json, "--json")
+    if cmd.plot is not None:
+        _check_writable(cmd.plot, "--plot")
+        _check_plot_format(cmd.plot)
+    if cmd.capacities:
         grid = [name for name, value in
-                (("--points", points), ("--min", cap_min), ("--max", cap_max)) if value is not None]
+                (("--points", cmd.points), ("--min", cmd.cap_min), ("--max", cmd.cap_max))
+                if value is not None]
         if grid:
             verb = "sets" if len(grid) == 1 else "set"
             raise _CliError(f"{', '.join(grid)} {verb} the log-spaced grid; with --capacity "
                             "there is no grid (give one or the other)")
-    points = 12 if points is None else points
-    cap_min = "0.5%" if cap_min is None else cap_min
-    cap_max = "100%" if cap_max is None else cap_max
-    reader = read_trace(path, fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines)
-    t0 = time.perf_counter()
-    n_req, n_refs, unique = count_unique_blocks(reader)
-    info = _trace_info(path, reader, n_req, n_refs, unique, time.perf_counter() - t0)
-    if capacity_specs:
-        capacities = sorted(_capacities(capacity_specs, unique))
-    else:
-        lo, hi = _capacities([cap_min], unique)[0], _capacities([cap_max], unique)[0]
-        if hi < lo:
-            raise _CliError(f"--min {cap_min} ({lo} blocks) is above --max {cap_max} ({hi} blocks)")
-        capacities = log_grid(lo, hi, points)
-    n_workers = workers or os.cpu_count() or 1
-    bar = _progress(progress, n_refs * len(policies) * len(capacities))
-    with bar if bar is not None else nullcontext():
-        task = (bar.add_task(f"sweep ({min(n_workers, len(policies) * len(capacities))} "
-                             "processes)", total=len(policies) * len(capacities))
-                if bar is not None else None)
-        results = run_grid(
-            path, policies, capacities, fmt=fmt, block_tokens=block_tokens,
-            skip_bad_lines=skip_bad_lines, inflight=inflight, protocol=protocol,
-            store_threshold=store_threshold, workers=n_workers,
-            on_result=(lambda r: bar.advance(task)) if bar is not None else None,
-        )
-    title = (f"{Path(path).name}: {n_req:,} requests, {n_refs:,} block refs, "
-             f"{unique:,} distinct blocks\nprotocol {protocol}, in-flight window {inflight}")
+    points = 12 if cmd.points is None else cmd.points
+    cap_min = "0.5%" if cmd.cap_min is None else cmd.cap_min
+    cap_max = "100%" if cmd.cap_max is None else cmd.cap_max
+    with _rereadable(cmd.source, needed=True) as source:
+        path = source.path
+        try:
+            reader, it = source.open()
+            t0 = time.perf_counter()
+            n_req, n_refs, unique = count_unique_blocks(it)
+        except KeyboardInterrupt:
+            _warn("interrupted while reading the trace: nothing was replayed")
+            raise _Interrupted from None
+        info = _trace_info(cmd.source.path, reader, n_req, n_refs, unique,
+                           time.perf_counter() - t0)
+        if cmd.capacities:
+            capacities = sorted(_capacities(cmd.capacities, unique))
+        else:
+            lo, hi = _capacities([cap_min], unique)[0], _capacities([cap_max], unique)[0]
+            if hi < lo:
+                raise _CliError(f"--min {cap_min} ({lo} blocks) is above --max {cap_max} "
+                                f"({hi} blocks)")
+            capacities = log_grid(lo, hi, points)
+        n_workers = cmd.workers or os.cpu_count() or 1
+        n_points = len(cmd.policies) * len(capacities)
+        finished: list[ReplayResult] = []
+        interrupted = False
+        bar = _progress(cmd.output.progress, n_refs * n_points)
+        try:
+            with bar if bar is not None else nullcontext():
+                task = (bar.add_task(f"sweep ({min(n_workers, n_points)} processes)",
+                                     total=n_points) if bar is not None else None)
+
+                def on_result(r: ReplayResult) -> None:
+                    finished.append(r)
+                    if bar is not None:
+                        bar.advance(task)
+
+                results = run_grid(path, cmd.policies, capacities, trace=source.options,
+                                   options=cmd.replay, workers=n_workers, on_result=on_result)
+        except KeyboardInterrupt:
+            interrupted = True
+            order = {(p, c): i for i, (p, c) in
+                     enumerate((p, c) for p in cmd.policies for c in capacities)}
+            results = sorted(finished, key=lambda r: order[(r.policy, r.capacity)])
+    path = cmd.source.path
+    opts = cmd.replay
     # the table and the JSON first: a failing plot must not lose the results
-    out = _out_console(json_out)
-    out.print(_results_table(results, f"kvtier sweep — protocol {protocol}, "
-                                      f"in-flight window {inflight}", out))
+    out = _out_console(cmd.output.json)
+    out.print(_results_table(results, f"kvtier sweep — protocol {opts.protocol}, "
+                                      f"in-flight window {opts.inflight}", out))
     out.print(_trace_caption(info), highlight=False, soft_wrap=True)
-    _write_json(json_out, {"trace": info, "capacities": capacities, "plot": str(plot),
-                           "results": [r.to_dict() for r in results]})
+    payload = {"trace": info, "capacities": capacities,
+               "plot": None if cmd.plot is None else str(cmd.plot),
+               "results": [r.to_dict() for r in results]}
+    if interrupted:
+        payload["interrupted"] = True
+    _write_json(cmd.output.json, payload)
+    if interrupted:
+        _warn(f"interrupted (Ctrl-C): {len(results)} of {n_points} grid points finished; "
+              "their rows are above (no plot drawn)")
+        raise _Interrupted
+    if cmd.plot is None:
+        out.print("no image written (--plot FILE.png draws the miss-ratio curves)",
+                  highlight=False)
+        return results
+    shown = "<stdin>" if str(path) == "-" else Path(path).name
+    title = (f"{shown}: {_count(n_req, 'request')}, {_count(n_refs, 'block ref')}, "
+             f"{_count(unique, 'distinct block')}\nprotocol {opts.protocol}, "
+             f"in-flight window {opts.inflight}")
     try:
-        plot_mrc(results, plot, title=title, unique_blocks=unique, block_refs=n_refs)
+        plot_mrc(results, cmd.plot, title=title, unique_blocks=unique, block_refs=n_refs)
     except OSError as exc:
-        raise _CliError(f"cannot write plot to {plot}: {exc}") from None
-    out.print(f"miss-ratio curves written to {plot}", highlight=False)
+        raise _CliError(f"cannot write plot to {cmd.plot}: {exc}") from None
+    out.print(f"miss-ratio curves written to {cmd.plot}", highlight=False)
+    return results
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -34,12 +34,12 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from kvtier.manager import OffloadingManager
 from kvtier.types import LookupResult
 
-__all__ = ["PROTOCOLS", "ReplayResult", "parse_capacity", "replay"]
+__all__ = ["PROTOCOLS", "ReplayOptions", "ReplayResult", "parse_capacity", "replay"]
 
 PROTOCOLS = ("prefix", "get")
 """Accepted values of ``protocol``."""
@@ -47,6 +47,47 @@ PROTOCOLS = ("prefix", "get")
 _PROGRESS_EVERY = 1024  # requests between progress callbacks
 _CAPACITY_RE = re.compile(r"^\s*(\d[\d_]*)\s*$")
 _PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*%\s*$")
+
+
+def _positive_int(name: str, value: object, unit: str, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum} ({unit}), got {value!r}")
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """How one replay drives the manager (everything but the trace, policy and capacity).
+
+    Built once (by the CLI from its flags, or by a caller) and passed to :func:`replay` and
+    :func:`kvtier.sweep.run_grid`; the values are checked when the object is made.
+
+    Attributes:
+        inflight: in-flight window ``W`` in requests (>= 0), ``"prefix"`` protocol only.
+        protocol: ``"prefix"`` or ``"get"`` (see the module docstring).
+        block_tokens: tokens per block, for the token counts (>= 1).
+        store_threshold: the manager's admission threshold in lookups (>= 1; 1 admits
+            everything).
+
+    Raises:
+        ValueError: unknown protocol, a negative window, a non-positive ``block_tokens`` or
+            ``store_threshold``, or ``inflight > 0`` with ``protocol="get"``.
+    """
+
+    inflight: int = 0
+    protocol: str = "prefix"
+    block_tokens: int = 512
+    store_threshold: int = 1
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(
+                f"unknown protocol {self.protocol!r}; expected one of {', '.join(PROTOCOLS)}"
+            )
+        _positive_int("inflight", self.inflight, "requests", minimum=0)
+        if self.protocol == "get" and self.inflight:
+            raise ValueError("inflight > 0 needs protocol 'prefix' ('get' completes every access)")
+        _positive_int("block_tokens", self.block_tokens, "tokens")
+        _positive_int("store_threshold", self.store_threshold, "lookups")
 
 
 @dataclass
@@ -170,11 +211,12 @@ def replay(
     requests: Iterable,
     policy: str,
     capacity: int,
+    options: ReplayOptions | None = None,
     *,
-    inflight: int = 0,
-    protocol: str = "prefix",
-    block_tokens: int = 512,
-    store_threshold: int = 1,
+    inflight: int | None = None,
+    protocol: str | None = None,
+    block_tokens: int | None = None,
+    store_threshold: int | None = None,
     progress: Callable[[int], object] | None = None,
 ) -> ReplayResult:
     """Replay ``requests`` through a fresh ``OffloadingManager(capacity, policy)``.
@@ -186,10 +228,9 @@ def replay(
             reported as ``parse_ns``.
         policy: a registered policy name (:func:`kvtier.available_policies`).
         capacity: tier size in blocks (>= 1).
-        inflight: in-flight window ``W`` in requests (>= 0), ``"prefix"`` protocol only.
-        protocol: ``"prefix"`` or ``"get"`` (see the module docstring).
-        block_tokens: tokens per block, for the token counts (>= 1).
-        store_threshold: the manager's admission threshold (1 admits everything).
+        options: a :class:`ReplayOptions` (default: ``ReplayOptions()``).
+        inflight, protocol, block_tokens, store_threshold: override that field of
+            ``options`` (see :class:`ReplayOptions`); ``None`` keeps it.
         progress: called with the number of requests done since the previous call, every
             1,024 requests and once at the end.
 
@@ -199,16 +240,22 @@ def replay(
     Raises:
         ValueError: unknown protocol or policy, a non-positive capacity / block_tokens /
             threshold, a negative window, or ``inflight > 0`` with ``protocol="get"``.
+        TypeError: ``options`` is not a :class:`ReplayOptions`, or a request has no
+            ``.keys`` list (e.g. a bare list of keys: wrap it in
+            :class:`~kvtier.trace.Request`).
         kvtier.trace.TraceFormatError: raised by a streamed trace reader.
     """
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
-    if isinstance(inflight, bool) or not isinstance(inflight, int) or inflight < 0:
-        raise ValueError(f"inflight must be an int >= 0 (requests), got {inflight!r}")
-    if protocol == "get" and inflight:
-        raise ValueError("inflight > 0 needs protocol 'prefix' ('get' completes every access)")
-    if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
-        raise ValueError(f"block_tokens must be a positive int (tokens), got {block_tokens!r}")
+    if options is None:
+        options = ReplayOptions()
+    elif not isinstance(options, ReplayOptions):
+        raise TypeError(f"options must be a ReplayOptions, got {type(options).__name__}")
+    given = {"inflight": inflight, "protocol": protocol, "block_tokens": block_tokens,
+             "store_threshold": store_threshold}
+    overrides = {k: v for k, v in given.items() if v is not None}
+    if overrides:
+        options = replace(options, **overrides)
+    inflight, protocol = options.inflight, options.protocol
+    block_tokens, store_threshold = options.block_tokens, options.store_threshold
     manager = OffloadingManager(capacity, policy, store_threshold=store_threshold)
     streamed = not isinstance(requests, (list, tuple))
     protocol_steps = _prefix_protocol if protocol == "prefix" else _get_protocol
@@ -322,29 +369,39 @@ def _run(step, drain, requests, block_tokens, progress, streamed):
     manager_ns = 0
     t0 = 0
     mask = _PROGRESS_EVERY - 1
+    req = None
     start = now()
-    for req in requests:
-        keys = req.keys
-        if streamed:
-            t0 = now()
-        hits, failed_calls, failed = step(keys)
-        if streamed:
-            manager_ns += now() - t0
-        fails += failed_calls
-        failed_blocks += failed
-        n = len(keys)
-        n_req += 1
-        refs += n
-        length = req.input_length
-        if length is None:
-            length = n * block_tokens
-        in_tok += length
-        if hits:
-            hit_blocks += hits
-            tok = hits * block_tokens
-            hit_tok += tok if tok < length else length
-        if progress is not None and not n_req & mask:
-            progress(_PROGRESS_EVERY)
+    try:  # free when nothing raises (3.11+); turns a bare key list into a clear TypeError
+        for req in requests:
+            keys = req.keys
+            length = req.input_length
+            if streamed:
+                t0 = now()
+            hits, failed_calls, failed = step(keys)
+            if streamed:
+                manager_ns += now() - t0
+            fails += failed_calls
+            failed_blocks += failed
+            n = len(keys)
+            n_req += 1
+            refs += n
+            if length is None:
+                length = n * block_tokens
+            in_tok += length
+            if hits:
+                hit_blocks += hits
+                tok = hits * block_tokens
+                hit_tok += tok if tok < length else length
+            if progress is not None and not n_req & mask:
+                progress(_PROGRESS_EVERY)
+    except AttributeError as exc:
+        if exc.name not in ("keys", "input_length") or getattr(exc, "obj", req) is not req:
+            raise
+        raise TypeError(
+            f"request {n_req} ({req!r:.60}) has no .{exc.name}: replay() takes Request "
+            "objects (kvtier.trace.Request(keys, input_length, None, None)), not bare "
+            "key lists"
+        ) from None
     t0 = now()
     drain()
     end = now()

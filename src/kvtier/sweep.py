@@ -8,12 +8,13 @@ reads the trace once (in its initializer) and keeps it in memory for all the poi
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from kvtier.replay import ReplayResult, log_grid, replay
-from kvtier.trace import read_trace
+from kvtier.replay import ReplayOptions, ReplayResult, log_grid, replay
+from kvtier.trace import TraceOptions, TraceWarning
 
 __all__ = ["DEFAULT_POINTS", "default_grid", "plot_mrc", "run_grid"]
 
@@ -37,17 +38,17 @@ def default_grid(unique_blocks: int, points: int = DEFAULT_POINTS,
     return log_grid(lo, hi, points)
 
 
-def _init_worker(path: str, fmt: str, block_tokens: int, skip_bad_lines: bool) -> None:
+def _init_worker(path: str, trace: TraceOptions) -> None:
     global _worker_trace
-    _worker_trace = list(
-        read_trace(path, fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines)
-    )
+    with warnings.catch_warnings():  # the parent read the trace first and warned once
+        warnings.simplefilter("ignore", TraceWarning)
+        _worker_trace = list(trace.open(path))
 
 
-def _run_point(policy: str, capacity: int, kwargs: dict) -> ReplayResult:
+def _run_point(policy: str, capacity: int, options: ReplayOptions) -> ReplayResult:
     if _worker_trace is None:  # _init_worker did not run: a bug, not bad input
         raise RuntimeError("sweep worker has no trace loaded")
-    return replay(_worker_trace, policy, capacity, **kwargs)
+    return replay(_worker_trace, policy, capacity, options)
 
 
 def run_grid(
@@ -55,12 +56,8 @@ def run_grid(
     policies: Sequence[str],
     capacities: Sequence[int],
     *,
-    fmt: str = "auto",
-    block_tokens: int = 512,
-    skip_bad_lines: bool = False,
-    inflight: int = 0,
-    protocol: str = "prefix",
-    store_threshold: int = 1,
+    trace: TraceOptions | None = None,
+    options: ReplayOptions | None = None,
     workers: int | None = None,
     on_result: Callable[[ReplayResult], object] | None = None,
 ) -> list[ReplayResult]:
@@ -73,8 +70,8 @@ def run_grid(
         workers: worker processes (default: one per core, at most one per point). ``1``
             runs in this process.
         on_result: called with each result as it finishes (for a progress bar).
-        fmt, block_tokens, skip_bad_lines: passed to :func:`~kvtier.trace.read_trace`.
-        inflight, protocol, store_threshold: passed to :func:`~kvtier.replay.replay`.
+        trace: how to read the file (default ``TraceOptions()``).
+        options: how each point replays (default ``ReplayOptions()``).
 
     Returns:
         One :class:`~kvtier.replay.ReplayResult` per point, policy-major, capacities in
@@ -83,21 +80,20 @@ def run_grid(
     Raises:
         kvtier.trace.TraceFormatError: bad trace. ValueError: bad policy or argument.
     """
-    kwargs = dict(inflight=inflight, protocol=protocol, block_tokens=block_tokens,
-                  store_threshold=store_threshold)
+    trace = TraceOptions() if trace is None else trace
+    options = ReplayOptions() if options is None else options
     points = [(p, c) for p in policies for c in capacities]
     if not points:
         return []
     if workers is None:
         workers = os.cpu_count() or 1
     workers = max(1, min(workers, len(points)))
-    init_args = (str(path), fmt, block_tokens, skip_bad_lines)
+    init_args = (str(path), trace)
     results: dict[tuple[str, int], ReplayResult] = {}
     if workers == 1:
-        trace = list(read_trace(path, fmt=fmt, block_tokens=block_tokens,
-                                skip_bad_lines=skip_bad_lines))
+        requests = list(trace.open(path))
         for p, c in points:
-            res = replay(trace, p, c, **kwargs)
+            res = replay(requests, p, c, options)
             results[(p, c)] = res
             if on_result is not None:
                 on_result(res)
@@ -106,7 +102,7 @@ def run_grid(
                                  initargs=init_args) as pool:
             # biggest capacities first: they are the slowest, so the pool ends evenly
             order = sorted(points, key=lambda pc: -pc[1])
-            futures = {pool.submit(_run_point, p, c, kwargs): (p, c) for p, c in order}
+            futures = {pool.submit(_run_point, p, c, options): (p, c) for p, c in order}
             try:
                 for fut in as_completed(futures):
                     res = fut.result()

@@ -370,46 +370,41 @@ def results_table(results: Sequence[TiersReplayResult], title: str):
     return table
 
 
-def replay_tiers_cli(trace, policy, capacity, fmt, block_tokens, inflight, protocol,
-                     store_threshold, skip_bad_lines, limit, json_out, tiers, demotion,
-                     stream=False) -> None:
-    """``kvtier replay --tiers ...``: one simulation per ``--policy``; prints the per-tier
-    table and writes ``--json``. Raises the CLI's user errors (exit status 1)."""
-    import itertools
-
+def replay_tiers_cli(command, tiers: str, demotion: str, capacity_given: bool = False) -> None:
+    """``kvtier replay --tiers ...``: one simulation per ``--policy`` of ``command`` (a
+    :class:`kvtier.cli.ReplayCommand`); prints the per-tier table and writes ``--json``.
+    Raises the CLI's user errors (exit status 1)."""
     from kvtier import cli
-    from kvtier.trace import count_unique_blocks, embedded_sample_path, read_trace
+    from kvtier.trace import count_unique_blocks
 
-    if capacity:
+    opts = command.replay
+    if capacity_given:
         raise ValueError("--capacity sizes a single tier; with --tiers give each tier's "
-                            "size in the spec (host:4000,disk:64000)")
-    if inflight or protocol != "prefix":
+                         "size in the spec (host:4000,disk:64000)")
+    if opts.inflight or opts.protocol != "prefix":
         raise ValueError("--tiers simulates the engine protocol (prefix) with every load "
-                            "and store completed at once: leave --inflight and --protocol")
+                         "and store completed at once: leave --inflight and --protocol")
     if demotion not in DEMOTION_MODES:
         raise ValueError(f"--demotion {demotion!r}: choose {' or '.join(DEMOTION_MODES)}")
     spec = parse_tiers(tiers)
-    path = trace if trace is not None else embedded_sample_path()
-    policies = cli._split(policy, ["lru", "arc"], "--policy")
-    cli._check_common(policies, fmt, protocol, inflight)
+    cli._check_policies(command.policies)
+    json_out = command.output.json
     cli._check_writable(json_out, "--json")
-    def open_trace():
-        reader = read_trace(path, fmt=fmt, block_tokens=block_tokens,
-                            skip_bad_lines=skip_bad_lines)
-        return reader, (itertools.islice(reader, limit) if limit else reader)
-
-    reader, it = open_trace()
-    t0 = time.perf_counter()
-    requests = None if stream else list(it)
-    parse_s = time.perf_counter() - t0
-    n_req, n_refs, unique = count_unique_blocks(it if stream else requests)
-    if stream:
+    stream = command.stream
+    with cli._rereadable(command.source, needed=stream) as source:
+        reader, it = source.open()
+        t0 = time.perf_counter()
+        requests = None if stream else list(it)
         parse_s = time.perf_counter() - t0
-    info = cli._trace_info(path, reader, n_req, n_refs, unique, parse_s)
-    results = [replay_tiers(open_trace()[1] if stream else requests, spec, p,
-                            unique_blocks=unique, demotion=demotion, block_tokens=block_tokens,
-                            store_threshold=store_threshold)
-               for p in policies]
+        n_req, n_refs, unique = count_unique_blocks(it if stream else requests)
+        if stream:
+            parse_s = time.perf_counter() - t0
+        info = cli._trace_info(command.source.path, reader, n_req, n_refs, unique, parse_s)
+        results = [replay_tiers(source.open()[1] if stream else requests, spec, p,
+                                unique_blocks=unique, demotion=demotion,
+                                block_tokens=opts.block_tokens,
+                                store_threshold=opts.store_threshold)
+                   for p in command.policies]
     out = cli._out_console(json_out)
     names = ",".join(t.url if t.kind == "redis" else f"{t.kind}:{t.capacity}" for t in spec)
     out.print(results_table(results, f"kvtier replay --tiers {names} — demotion {demotion}"))

@@ -30,7 +30,19 @@ Formats (``fmt``):
 
 Blank lines are ignored in every format. Bad input raises :class:`TraceFormatError` naming
 the file, the line and the rule broken; with ``skip_bad_lines=True`` bad lines are skipped and
-counted in :attr:`TraceReader.bad_lines` instead. A trace with no request at all is an error.
+counted in :attr:`TraceReader.bad_lines` instead. A line that is not UTF-8 is a bad line like
+any other (reported at its own line number). A trace with no request at all is an error.
+
+Mooncake lines carry both ``input_length`` (tokens) and ``hash_ids`` (one per block, the last
+one possibly partial), so at ``block_tokens`` = B a line should have ``ceil(input_length / B)``
+hash ids (all 12,031 lines of the conversation trace do at B = 512). Lines that do not are
+counted (:attr:`TraceReader.length_mismatches`) and, once per pass over the file, a
+:class:`TraceWarning` says how many disagree and which block size fits most of them: token hit
+ratios are then not meaningful at this B, block hit ratios still are (some traces have blocks
+of varying token counts). With ``strict=True`` the first such line is an error.
+
+The path ``"-"`` reads standard input (as does ``/dev/stdin``), compressed or not; it can be
+read once.
 """
 
 from __future__ import annotations
@@ -42,8 +54,10 @@ import json
 import os
 import re
 import sys
+import warnings
 from array import array
 from collections.abc import Iterator
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import IO, NamedTuple
@@ -52,7 +66,9 @@ __all__ = [
     "FORMATS",
     "Request",
     "TraceFormatError",
+    "TraceOptions",
     "TraceReader",
+    "TraceWarning",
     "chain_block_hashes",
     "count_unique_blocks",
     "embedded_sample_path",
@@ -69,6 +85,14 @@ _JSON_SUFFIXES = {".jsonl", ".json", ".ndjson"}
 _TEXT_SUFFIXES = {".txt", ".csv", ".tsv"}
 _SPLIT = re.compile(r"[\s,]+")
 _ROOT_HASH = b"\x00" * 8
+_STDIN_NAMES = ("-",)
+# block sizes tried when a Mooncake trace's lengths disagree with block_tokens
+_CANDIDATE_BLOCK_TOKENS = tuple(2**k for k in range(17))
+
+
+class TraceWarning(UserWarning):
+    """A trace is readable but something in it makes some results questionable (see
+    :class:`TraceReader`); ``strict=True`` turns it into :class:`TraceFormatError`."""
 
 
 class Request(NamedTuple):
@@ -206,19 +230,51 @@ class _ZstdReader(io.RawIOBase):
         super().close()
 
 
-def _open_text(path: Path) -> IO[str]:
-    """Open ``path`` for text reading, decompressing gzip / zstd by magic bytes."""
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the returned wrapper
+class _Prefixed(io.RawIOBase):
+    """The bytes ``head`` then the rest of ``raw``: magic-byte sniffing on a stream that
+    cannot seek (a pipe)."""
+
+    def __init__(self, head: bytes, raw: IO[bytes]) -> None:
+        self._head = memoryview(head)
+        self._raw = raw
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        if self._head:
+            size = min(len(buffer), len(self._head))
+            buffer[:size] = self._head[:size]
+            self._head = self._head[size:]
+            return size
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    """Open ``path`` (``-``: standard input) for reading bytes, decompressing gzip / zstd by
+    magic bytes. Works on pipes: nothing is read twice."""
+    if str(path) in _STDIN_NAMES:
+        raw: IO[bytes] = open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115
+    else:
+        raw = open(path, "rb")  # noqa: SIM115 - closed by the returned stream
     try:
-        head = raw.read(4)
-        raw.seek(0)
-        if head[:2] == _GZIP_MAGIC:
-            stream: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb")
-        elif head == _ZSTD_MAGIC:
-            stream = io.BufferedReader(_ZstdReader(raw))
+        if raw.seekable():
+            head = raw.read(4)
+            raw.seek(0)
         else:
-            stream = raw
-        return io.TextIOWrapper(stream, encoding="utf-8-sig", newline=None)  # a BOM is skipped
+            head = raw.read(4)  # blocks until 4 bytes or the end
+            raw = io.BufferedReader(_Prefixed(head, raw))
+        if head[:2] == _GZIP_MAGIC:
+            stream = gzip.GzipFile(fileobj=raw, mode="rb")
+            stream.myfileobj = raw  # GzipFile.close() then closes the file too
+            return stream  # type: ignore[return-value]
+        if head == _ZSTD_MAGIC:
+            return io.BufferedReader(_ZstdReader(raw))
+        return raw
     except BaseException:
         raw.close()
         raise
@@ -238,7 +294,10 @@ def _bad_length(value: object) -> bool:
 class TraceReader:
     """A streaming iterator of :class:`Request` over one trace file (see module docstring).
 
-    Iterate it once; make a new one (``read_trace``) to read the file again.
+    ``next()`` continues the current pass over the file. ``iter()`` on a reader whose pass
+    has ended (all requests read, or an error) opens the file again and starts a new pass
+    from the first line (the counts restart), so a second ``replay(reader)`` replays the whole
+    trace again; standard input cannot be read twice and raises ``TraceFormatError`` instead.
 
     Attributes:
         path: the trace file.
@@ -249,6 +308,12 @@ class TraceReader:
         block_refs: block references (keys) yielded so far.
         bad_lines: bad lines skipped so far.
         lines: lines read so far.
+        length_mismatches: Mooncake lines whose ``input_length`` needs another number of
+            blocks of ``block_tokens`` than they have ``hash_ids`` (see the module docstring).
+        fitting_block_tokens: after a pass with mismatches, ``(B, lines)``: the block size
+            (a power of two up to 65,536) that fits the most of the lines that disagree, and
+            how many of them it fits; else ``None``.
+        strict: mismatches are errors instead of a warning.
     """
 
     def __init__(
@@ -258,6 +323,7 @@ class TraceReader:
         fmt: str = "auto",
         block_tokens: int = 512,
         skip_bad_lines: bool = False,
+        strict: bool = False,
     ) -> None:
         if fmt not in FORMATS:
             raise TraceFormatError(
@@ -269,19 +335,43 @@ class TraceReader:
         self.fmt = fmt
         self.block_tokens = block_tokens
         self.skip_bad_lines = skip_bad_lines
+        self.strict = strict
         self.requests = 0
         self.block_refs = 0
         self.bad_lines = 0
         self.lines = 0
+        self.length_mismatches = 0
+        self.fitting_block_tokens: tuple[int, int] | None = None
         self._gen: Iterator[Request] | None = None
+        self._passes = 0  # passes started
+        self._ended = False  # the current pass ended (exhausted or failed)
 
     def __iter__(self) -> TraceReader:
+        if self._ended:
+            self._restart()
         return self
 
     def __next__(self) -> Request:
         if self._gen is None:
-            self._gen = self._generate()
-        return next(self._gen)
+            self._restart()
+        try:
+            return next(self._gen)  # type: ignore[arg-type]
+        except BaseException:
+            self._ended = True
+            raise
+
+    def _restart(self) -> None:
+        if self._passes and str(self.path) in _STDIN_NAMES:
+            raise TraceFormatError(
+                "<stdin>", None, "standard input can be read only once; save the trace to a "
+                "file to read it again"
+            )
+        self._passes += 1
+        self._ended = False
+        self.requests = self.block_refs = self.bad_lines = self.lines = 0
+        self.length_mismatches = 0
+        self.fitting_block_tokens = None
+        self._gen = self._generate()
 
     # -- internals -----------------------------------------------------------------------
     def _resolve_format(self, first_line: str | None) -> str:
@@ -308,23 +398,35 @@ class TraceReader:
 
     def _generate(self) -> Iterator[Request]:
         path = self.path
+        shown = "<stdin>" if str(path) in _STDIN_NAMES else path
         try:
-            fh = _open_text(path)
+            fh = _open_binary(path)
         except FileNotFoundError:
             raise TraceFormatError(path, None, "no such file") from None
         except IsADirectoryError:
             raise TraceFormatError(path, None, "is a directory, not a trace file") from None
-        with fh:
-            lines = _numbered_lines(fh, path)
+        # Undecodable bytes become lone surrogates (surrogateescape) instead of failing the
+        # whole chunk being decoded at a wrong line; each non-ASCII line is checked on its
+        # own (str.isascii is O(1)), so a bad byte is one bad line at its own number.
+        text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape", newline=None)
+        with text:
+            lines = _numbered_lines(text, shown)
             first = None
             for lineno, line in lines:
                 if line.strip():
                     first = (lineno, line)
                     break
+            if first is not None and self.fmt == "auto" and not first[1].isascii():
+                problem = _undecodable(first[1])
+                if problem:
+                    raise TraceFormatError(
+                        shown, first[0], f"not UTF-8 text ({problem}): a binary file or an "
+                        "unsupported compression?"
+                    )
             fmt = self._resolve_format(None if first is None else first[1])
             self.fmt = fmt
             if first is None:
-                raise TraceFormatError(path, None, "empty trace: no request lines")
+                raise TraceFormatError(shown, None, "empty trace: no request lines")
             parse = self._parser(fmt)
             skip = self.skip_bad_lines
             pending = [first]
@@ -334,12 +436,16 @@ class TraceReader:
                     if not line or line.isspace():
                         continue
                     try:
+                        if not line.isascii():
+                            problem = _undecodable(line)
+                            if problem:
+                                raise _LineError(f"not UTF-8 text ({problem})")
                         req = parse(line)
                     except _LineError as exc:
                         if skip:
                             self.bad_lines += 1
                             continue
-                        raise TraceFormatError(path, lineno, str(exc)) from None
+                        raise TraceFormatError(shown, lineno, str(exc)) from None
                     if req is None:  # comment
                         continue
                     self.requests += 1
@@ -348,13 +454,45 @@ class TraceReader:
         if self.requests == 0:
             if self.bad_lines:
                 raise TraceFormatError(
-                    path, None, f"no valid request: all {self.bad_lines} request lines are bad"
+                    shown, None, f"no valid request: all {self.bad_lines} request lines are bad"
                 )
-            raise TraceFormatError(path, None, "empty trace: no request lines")
+            raise TraceFormatError(shown, None, "empty trace: no request lines")
+        self._report_lengths(shown)
+
+    def _report_lengths(self, shown: object) -> None:
+        """Warn once per pass about Mooncake lines whose length disagrees with block_tokens."""
+        pairs = self._mismatched
+        bad = sum(pairs.values())
+        self.length_mismatches = bad
+        if not bad:
+            return
+        bt = self.block_tokens
+
+        def fitting(b: int) -> int:
+            return sum(c for (length, n), c in pairs.items() if (length + b - 1) // b == n)
+
+        best = max(_CANDIDATE_BLOCK_TOKENS, key=fitting)  # ties: the smallest block size
+        fits = fitting(best)
+        self.fitting_block_tokens = (best, fits) if fits else None
+        hint = (f"; block size {best} fits {fits:,} of them (--block-tokens {best})" if fits
+                else "; no power-of-two block size up to 65,536 fits any of them")
+        warnings.warn(
+            f"{shown}: {bad:,} of {self.requests:,} requests have an input_length that needs "
+            f"another number of {bt}-token blocks than their hash_ids (first at line {self._first_mismatch})"
+            f"{hint}. Token hit ratios assume {bt} tokens per block; block hit ratios are "
+            "unaffected. strict=True / --strict makes this an error.",
+            TraceWarning, stacklevel=4,
+        )
 
     def _parser(self, fmt: str):
         loads = json.loads
         block_tokens = self.block_tokens
+        strict = self.strict
+        # (input_length, len(hash_ids)) -> lines, of the lines that disagree with block_tokens
+        mismatched: dict[tuple[int, int], int] = {}
+        self._mismatched = mismatched
+        self._first_mismatch: int | None = None
+        reader = self
         want_hash = fmt in ("mooncake", "jsonl")
         want_tokens = fmt in ("tokens", "jsonl")
 
@@ -375,6 +513,20 @@ class TraceReader:
                 input_length = obj.get("input_length")
                 if input_length is None:
                     raise _LineError("missing field 'input_length' (tokens)")
+                if (input_length + block_tokens - 1) // block_tokens != len(ids) and not (
+                    _bad_length(input_length)
+                ):
+                    if strict:
+                        need = (input_length + block_tokens - 1) // block_tokens
+                        raise _LineError(
+                            f"'input_length' {input_length} needs {need} blocks of "
+                            f"{block_tokens} tokens but 'hash_ids' has {len(ids)} "
+                            "(--block-tokens sets the block size)"
+                        )
+                    pair = (input_length, len(ids))
+                    mismatched[pair] = mismatched.get(pair, 0) + 1
+                    if reader._first_mismatch is None:
+                        reader._first_mismatch = reader.lines
                 keys = ids
             else:
                 tokens = obj.get("token_ids") if want_tokens else None
@@ -437,8 +589,8 @@ class TraceReader:
                     append(int(part))
                 elif part[0] in "{[\"'":
                     raise _LineError(
-                        f"{part[:20]!r} is not a block key (is this a JSON trace? "
-                        "use fmt='jsonl')"
+                        f"{part[:20]!r} is not a block key (is this a JSON trace? read it "
+                        "as jsonl: --format jsonl, or fmt='jsonl' in the API)"
                     )
                 else:
                     append(part)
@@ -453,18 +605,24 @@ class _LineError(Exception):
     """A rule broken by one line (internal; becomes TraceFormatError with the location)."""
 
 
-def _numbered_lines(fh: IO[str], path: Path) -> Iterator[tuple[int, str]]:
+def _numbered_lines(fh: IO[str], path: object) -> Iterator[tuple[int, str]]:
     lineno = 0
     try:
         for line in fh:
             lineno += 1
             yield lineno, line
-    except UnicodeDecodeError:
-        raise TraceFormatError(
-            path, lineno + 1, "not UTF-8 text (unknown format or unsupported compression)"
-        ) from None
     except (EOFError, OSError) as exc:  # truncated / corrupt gzip or zstd stream
         raise TraceFormatError(path, lineno + 1, f"cannot decompress: {exc}") from None
+
+
+def _undecodable(line: str) -> str | None:
+    """Where ``line`` (decoded with surrogateescape) held a byte that is not UTF-8, or None."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        byte = ord(line[exc.start]) - 0xDC00  # surrogateescape maps byte b to U+DC00 + b
+        return f"byte 0x{byte:02x} at column {exc.start + 1}"
+    return None
 
 
 def _looks_like_keys(line: str) -> bool:
@@ -477,6 +635,7 @@ def read_trace(
     fmt: str = "auto",
     block_tokens: int = 512,
     skip_bad_lines: bool = False,
+    strict: bool = False,
 ) -> TraceReader:
     """Stream the requests of a trace file (see the module docstring for the formats).
 
@@ -485,6 +644,7 @@ def read_trace(
         fmt: one of :data:`FORMATS`.
         block_tokens: tokens per block, used to chain keys of ``token_ids`` traces (>= 1).
         skip_bad_lines: skip bad lines (counted in ``.bad_lines``) instead of raising.
+        strict: make the warnings of :class:`TraceReader` errors.
 
     Returns:
         A :class:`TraceReader`: an iterator of :class:`Request` in file order, with running
@@ -495,7 +655,47 @@ def read_trace(
             file, unknown format, a bad line (unless skipped), or no request at all.
         ValueError: ``block_tokens`` is not a positive int.
     """
-    return TraceReader(path, fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines)
+    return TraceReader(path, fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines,
+                       strict=strict)
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """How to read a trace file (everything but its path), as :func:`read_trace` takes it.
+
+    Attributes:
+        fmt: one of :data:`FORMATS`.
+        block_tokens: tokens per block (>= 1): chains ``token_ids`` traces, checks Mooncake
+            ``input_length`` against ``hash_ids``.
+        skip_bad_lines: skip and count bad lines instead of raising.
+        strict: turn warnings about suspicious but readable input (see
+            :class:`TraceReader`) into :class:`TraceFormatError`.
+
+    Raises:
+        TraceFormatError: unknown ``fmt``. ValueError: ``block_tokens`` not a positive int.
+    """
+
+    fmt: str = "auto"
+    block_tokens: int = 512
+    skip_bad_lines: bool = False
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fmt not in FORMATS:
+            raise TraceFormatError(
+                "<options>", None,
+                f"unknown format {self.fmt!r}; expected one of {', '.join(FORMATS)}",
+            )
+        if (isinstance(self.block_tokens, bool) or not isinstance(self.block_tokens, int)
+                or self.block_tokens < 1):
+            raise ValueError(
+                f"block_tokens must be a positive int (tokens), got {self.block_tokens!r}"
+            )
+
+    def open(self, path: str | os.PathLike) -> TraceReader:
+        """``read_trace(path)`` with these options."""
+        return TraceReader(path, fmt=self.fmt, block_tokens=self.block_tokens,
+                           skip_bad_lines=self.skip_bad_lines, strict=self.strict)
 
 
 def count_unique_blocks(requests) -> tuple[int, int, int]:

@@ -7,8 +7,20 @@
 * :class:`KVOffloader` — the per-step glue an engine calls: offload blocks, restore a cached
   prefix; it keeps the manager's pins and pending stores balanced on every path.
 
-Importing :mod:`kvtier` does not import torch; importing this package does.
+Importing :mod:`kvtier` does not import torch; importing this package does (without torch
+it raises ``ModuleNotFoundError`` naming the install command).
 """
+
+try:
+    import torch  # noqa: F401
+except ModuleNotFoundError as _exc:
+    if _exc.name != "torch":
+        raise
+    raise ModuleNotFoundError(
+        "kvtier.dataplane needs torch, which is not installed: pip install 'kvtier[torch]' "
+        "(CPU build: pip install torch==2.13.0 -e '.[torch]' in a kvtier checkout)",
+        name="torch",
+    ) from None
 
 from kvtier.dataplane.offloader import KVOffloader, OffloadResult
 from kvtier.dataplane.pool import HostBlockPool, PoolAllocationError, available_host_memory

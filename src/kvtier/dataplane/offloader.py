@@ -64,15 +64,19 @@ class KVOffloader:
 
     The offloader owns the manager's load pins and pending stores it creates; do not call
     ``complete_store`` / ``complete_load`` on the manager for its jobs. Not thread-safe: call
-    it from one thread (the transfer engine's worker never touches the manager).
+    it from one thread (the transfer engine's worker never touches the manager). Use it as a
+    context manager (``with KVOffloader.create(...) as off:``): leaving the block, also by an
+    exception, waits for the copies in flight, applies them and stops the copy thread. A
+    program that exits without closing it keeps its exit status: the copy thread is stopped
+    at interpreter exit (see :meth:`TransferEngine.close`).
 
     Example::
 
-        off = KVOffloader.create(kv_caches, num_blocks=4096)     # per-layer device tensors
-        job = off.offload(block_hashes, device_block_ids)         # after a request's prefill
-        n, job = off.restore_prefix(new_hashes, free_device_ids)  # a new request
-        for r in off.wait():                                      # or off.poll() each step
-            ...                                                   # r.job_id, r.kind, r.ok
+        with KVOffloader.create(kv_caches, num_blocks=4096) as off:  # per-layer tensors
+            job = off.offload(block_hashes, device_block_ids)     # after a request's prefill
+            n, job = off.restore_prefix(new_hashes, free_ids)     # a new request
+            for r in off.wait():                                  # or off.poll() each step
+                ...                                               # r.job_id, r.kind, r.ok
     """
 
     def __init__(self, manager: OffloadingManager, engine: TransferEngine) -> None:
@@ -236,7 +240,8 @@ class KVOffloader:
         """Restore the longest restorable prefix of ``keys`` into the leading ``block_ids``.
 
         Args:
-            keys: the request's block keys, in order.
+            keys: the request's block keys, in order (any iterable; a generator is read
+                once, before the lookup).
             block_ids: device blocks to fill; at most ``len(block_ids)`` blocks are restored.
 
         Returns:
@@ -249,6 +254,15 @@ class KVOffloader:
         self._check_open()  # before the lookup, which counts in the manager's stats
         if isinstance(block_ids, (str, bytes)) or not isinstance(block_ids, Sequence):
             raise TypeError(f"block_ids must be a sequence of ints, got {type(block_ids).__name__}")
+        if isinstance(keys, (str, bytes)):
+            raise TypeError(f"keys must be an iterable of block keys, got {type(keys).__name__}")
+        if not isinstance(keys, Sequence):  # a generator: read it once, before the lookup
+            try:
+                keys = list(keys)
+            except TypeError:
+                raise TypeError(
+                    f"keys must be an iterable of block keys, got {type(keys).__name__}"
+                ) from None
         n = min(self.lookup(keys, req_context), len(block_ids))
         return n, self.restore(list(keys[:n]), list(block_ids[:n]), req_context)
 

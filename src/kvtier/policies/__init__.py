@@ -32,6 +32,8 @@ from kvtier.policies.prefix import (
 )
 from kvtier.policies.registry import (
     ENTRY_POINT_GROUP,
+    PolicyPluginError,
+    PolicyPluginWarning,
     available_policies,
     get_policy,
     register_policy,
@@ -60,6 +62,8 @@ __all__ = [
     "CachePolicy",
     "LFUPolicy",
     "LRUPolicy",
+    "PolicyPluginError",
+    "PolicyPluginWarning",
     "PrefixAwarePolicy",
     "S3FIFOPolicy",
     "SievePolicy",

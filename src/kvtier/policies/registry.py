@@ -4,10 +4,19 @@ Built-in policies register themselves when :mod:`kvtier.policies` is imported. T
 packages add theirs through the ``kvtier.policies`` entry-point group (the entry point's name is
 the policy name, its object a :class:`~kvtier.policies.base.CachePolicy` subclass), or at run
 time with :func:`register_policy`.
+
+A plugin that fails to load (its module is missing or raises on import, its object is not a
+``CachePolicy`` subclass) does not take the others down: it is skipped with a
+:class:`PolicyPluginWarning` naming the entry point, its distribution and the error; every other
+policy stays available, and asking for the broken one by name raises :class:`PolicyPluginError`
+with that error. Entry points are read once per process, on the first lookup of a name that is
+not built in (or the first :func:`available_policies`). The registry is meant to be filled at
+start-up; registering from several threads at once is not supported.
 """
 
 from __future__ import annotations
 
+import warnings
 from importlib.metadata import entry_points
 
 from kvtier.policies.base import CachePolicy
@@ -15,7 +24,31 @@ from kvtier.policies.base import CachePolicy
 ENTRY_POINT_GROUP = "kvtier.policies"
 
 _REGISTRY: dict[str, type[CachePolicy]] = {}
+_BROKEN: dict[str, PolicyPluginError] = {}  # entry-point name -> why it did not load
 _entry_points_loaded = False
+
+
+class PolicyPluginWarning(RuntimeWarning):
+    """A ``kvtier.policies`` entry point could not be loaded and was skipped."""
+
+
+class PolicyPluginError(ValueError):
+    """The policy asked for comes from a ``kvtier.policies`` entry point that failed to load.
+
+    Attributes:
+        name: the policy (entry point) name.
+        target: the entry point's ``module:object``.
+        dist: the distribution that declares it (``None`` when unknown).
+        error: the exception loading it raised.
+    """
+
+    def __init__(self, name: str, target: str, dist: str | None, error: BaseException) -> None:
+        self.name, self.target, self.dist, self.error = name, target, dist, error
+        origin = f" (from distribution {dist})" if dist else ""
+        super().__init__(
+            f"policy plugin {name!r} = {target}{origin} could not be loaded: "
+            f"{type(error).__name__}: {error}"
+        )
 
 
 def register_policy(name: str, cls: type[CachePolicy]) -> type[CachePolicy]:
@@ -41,13 +74,29 @@ def _load_entry_points() -> None:
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in _REGISTRY:
-            register_policy(ep.name, ep.load())
+    try:
+        found = list(entry_points(group=ENTRY_POINT_GROUP))
+    except Exception as exc:  # unreadable metadata of some installed distribution
+        warnings.warn(f"kvtier: cannot list the {ENTRY_POINT_GROUP!r} entry points "
+                      f"({type(exc).__name__}: {exc}); only built-in policies are available",
+                      PolicyPluginWarning, stacklevel=3)
+        return
+    for ep in found:
+        if ep.name in _REGISTRY:
+            continue
+        try:
+            cls = ep.load()
+            register_policy(ep.name, cls)
+        except Exception as exc:  # one broken plugin must not take the others down
+            dist = getattr(getattr(ep, "dist", None), "name", None)
+            error = PolicyPluginError(ep.name, ep.value, dist, exc)
+            _BROKEN[ep.name] = error
+            warnings.warn(f"kvtier: {error}; skipped, the other policies are available",
+                          PolicyPluginWarning, stacklevel=3)
 
 
 def available_policies() -> list[str]:
-    """Sorted names of every registered policy (built-in and entry points)."""
+    """Sorted names of every registered policy (built-in and entry points that loaded)."""
     _load_entry_points()
     return sorted(_REGISTRY)
 
@@ -56,12 +105,18 @@ def get_policy(name: str) -> type[CachePolicy]:
     """Return the policy class registered as ``name``.
 
     Raises:
+        PolicyPluginError: (a ``ValueError``) ``name`` is a plugin that failed to load; the
+            message and ``.error`` give its error.
         ValueError: no policy has that name (the message lists the known names).
     """
     cls = _REGISTRY.get(name)
     if cls is None:
         _load_entry_points()
         cls = _REGISTRY.get(name)
+    if cls is None and name in _BROKEN:
+        broken = _BROKEN[name]
+        raise PolicyPluginError(broken.name, broken.target, broken.dist, broken.error) \
+            from broken.error
     if cls is None:
         raise ValueError(
             f"unknown policy {name!r}; known policies: {', '.join(available_policies())}"

@@ -1,0 +1,110 @@
+"""Sharing one :class:`~kvtier.OffloadingManager` between threads.
+
+The manager itself is **not thread-safe**: it is written for one thread (an engine's
+scheduler loop), and two threads calling it at once can hand one slot to two keys or leave its
+counts wrong (issue #12 fault 2: four threads on ``OffloadingManager(64, "lru")`` ended with
+keys sharing a slot and internal ``KeyError``s). Either call it from one thread, or wrap it::
+
+    from kvtier.threadsafe import ThreadSafeManager
+
+    m = ThreadSafeManager(OffloadingManager(4096, "arc"))
+    n = m.lookup_prefix(keys)                   # each call runs under m.lock
+    with m.lock:                                # several calls that must see one state
+        n = m.lookup_prefix(keys)
+        slots = m.prepare_load(keys[:n])        # no other thread evicts keys[:n] in between
+
+:class:`ThreadSafeManager` runs every public method of the manager it wraps under one
+re-entrant lock (``threading.RLock``), the same design as vLLM's offloading manager, whose
+callers hold its ``lock``. It forwards whatever public methods the manager has (it is not a
+copy of their list), so it keeps working when the manager's methods change. It costs one lock
+round trip per call; ``benchmarks/bench_threadsafe.py`` measures it (figures in
+docs/manager.md, section "Threads"). It is opt-in: a plain ``OffloadingManager`` takes no lock.
+
+What it does not make safe: the policy object (``m.policy``) and any object the manager
+returns that is mutable are used outside the lock; a compound step (lookup, then load) is only
+atomic inside ``with m.lock``. Without that, another thread may evict a block between
+``lookup_prefix`` and ``prepare_load``, and ``prepare_load`` then raises ``BlockStateError``
+(a clean error; the manager stays consistent).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from kvtier.manager import OffloadingManager
+
+__all__ = ["ThreadSafeManager"]
+
+
+class ThreadSafeManager:
+    """Every public method of ``manager`` (an :class:`~kvtier.OffloadingManager` or anything
+    with its interface) called under one lock.
+
+    Args:
+        manager: the manager to share. Do not keep calling it directly: calls that bypass the
+            wrapper take no lock.
+        lock: the lock to use (default: a new ``threading.RLock``). It must be re-entrant when
+            callers hold it across several calls (``with m.lock: ...``).
+
+    Attributes:
+        lock: the lock every call takes; hold it to make several calls atomic.
+        manager: the wrapped manager.
+
+    Public attributes that are not methods (``num_blocks``, ``policy``, ...) are read through
+    as they are. Names starting with ``_`` are not forwarded (``AttributeError``): internal
+    state read without the lock is what this class exists to prevent.
+
+    Raises:
+        TypeError: ``lock`` does not have ``__enter__``/``__exit__``.
+    """
+
+    def __init__(self, manager: OffloadingManager, lock: Any = None) -> None:
+        if lock is None:
+            lock = threading.RLock()
+        elif not (hasattr(lock, "__enter__") and hasattr(lock, "__exit__")):
+            raise TypeError(f"lock must be a context manager (e.g. threading.RLock), got {lock!r}")
+        self.manager = manager
+        self.lock = lock
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names not set on the wrapper: the first use of each method.
+        if name.startswith("_"):
+            raise AttributeError(
+                f"{type(self).__name__} does not forward private attribute {name!r}"
+            )
+        attr = getattr(self.manager, name)
+        if not callable(attr):
+            return attr  # plain data (num_blocks, policy, ...): read through each time
+        locked = _locked(attr, self.lock)
+        # cached on the instance: later calls skip __getattr__ (one dict lookup, as a method)
+        self.__dict__[name] = locked
+        return locked
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__())
+                      | {n for n in dir(self.manager) if not n.startswith("_")})
+
+    def __len__(self) -> int:
+        with self.lock:
+            return len(self.manager)
+
+    def __contains__(self, key: Hashable) -> bool:
+        with self.lock:
+            return key in self.manager
+
+    def __repr__(self) -> str:
+        return f"ThreadSafeManager({self.manager!r})"
+
+
+def _locked(method: Callable[..., Any], lock: Any) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return method(*args, **kwargs)
+
+    call.__name__ = getattr(method, "__name__", "call")
+    call.__qualname__ = f"ThreadSafeManager.{call.__name__}"
+    call.__doc__ = getattr(method, "__doc__", None)
+    call.__wrapped__ = method  # type: ignore[attr-defined]
+    return call

@@ -1,0 +1,111 @@
+"""Issue #12 fault 3: one broken ``kvtier.policies`` plugin must not break the others, the
+API or the CLI. The plugins here are real installed distributions: a ``*.dist-info`` folder
+with an ``entry_points.txt`` on ``sys.path``, found by ``importlib.metadata``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+
+from kvtier import OffloadingManager
+from kvtier.policies import PolicyPluginError, PolicyPluginWarning, registry
+from kvtier.policies.lru import LRUPolicy
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def install_plugins(root: Path) -> Path:
+    """Two distributions: ``brokenplug`` (its entry point names a missing module) and
+    ``goodplug`` (a working policy). Sorted so that the broken one is listed first."""
+    (root / "goodplug_mod.py").write_text(textwrap.dedent("""
+        from kvtier.policies.lru import LRUPolicy
+
+        class GoodPolicy(LRUPolicy):
+            name = "good-lru"
+    """))
+    for dist, entry in (("aaa_brokenplug", "broken-pol = no_such_module_kvtier_xyz:Policy"),
+                        ("goodplug", "good-lru = goodplug_mod:GoodPolicy")):
+        info = root / f"{dist}-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+        (info / "entry_points.txt").write_text(f"[kvtier.policies]\n{entry}\n")
+    return root
+
+
+@pytest.fixture
+def plugins(tmp_path, monkeypatch):
+    root = install_plugins(tmp_path)
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_BROKEN", {})
+    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    return root
+
+
+def test_a_broken_plugin_is_skipped_with_a_warning_and_the_others_load(plugins):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        names = registry.available_policies()
+    assert "good-lru" in names and "lru" in names and "broken-pol" not in names
+    messages = [str(w.message) for w in caught if issubclass(w.category, PolicyPluginWarning)]
+    assert len(messages) == 1
+    assert "'broken-pol'" in messages[0] and "no_such_module_kvtier_xyz" in messages[0]
+    assert "ModuleNotFoundError" in messages[0] and "aaa_brokenplug" in messages[0]
+    # the second call gives the same list, without warning again
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        assert registry.available_policies() == names
+    assert not again
+    assert registry.get_policy("good-lru").__name__ == "GoodPolicy"
+    assert isinstance(OffloadingManager(4, "good-lru").policy, LRUPolicy)
+
+
+def test_asking_for_the_broken_plugin_by_name_gives_its_error(plugins):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(PolicyPluginError, match="'broken-pol'.*ModuleNotFoundError") as info:
+            registry.get_policy("broken-pol")
+        assert isinstance(info.value.error, ModuleNotFoundError)
+        with pytest.raises(PolicyPluginError, match="no_such_module_kvtier_xyz"):
+            OffloadingManager(4, "broken-pol")
+        with pytest.raises(ValueError, match="unknown policy 'nope'"):
+            registry.get_policy("nope")
+
+
+def test_a_plugin_object_that_is_not_a_policy_is_skipped(tmp_path, monkeypatch):
+    (tmp_path / "notapolicy_mod.py").write_text("Thing = dict\n")
+    info = tmp_path / "notapol-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: notapol\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[kvtier.policies]\nthing = notapolicy_mod:Thing\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_BROKEN", {})
+    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    with pytest.warns(PolicyPluginWarning, match="'thing'.*not a CachePolicy subclass"):
+        assert "thing" not in registry.available_policies()
+
+
+def test_cli_help_and_replay_survive_a_broken_plugin(tmp_path):
+    root = install_plugins(tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, str(root)])}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "kvtier.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    res = cli("--help")
+    assert res.returncode == 0 and "replay" in res.stdout
+    assert "broken-pol" in res.stderr and "ModuleNotFoundError" in res.stderr
+    res = cli("replay", "-p", "lru,good-lru", "-c", "500", "--json", "-")
+    assert res.returncode == 0, res.stderr
+    assert '"policy": "good-lru"' in res.stdout
+    res = cli("replay", "-p", "broken-pol", "-c", "500")
+    assert res.returncode == 1
+    assert "policy plugin 'broken-pol'" in res.stderr and "no_such_module_kvtier_xyz" in res.stderr

@@ -1,0 +1,189 @@
+"""Issue #12 fault 7: the small things a user trips on, each with its small input."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+import kvtier.cli
+import kvtier.sweep
+from kvtier.cli import _results_table, app
+from kvtier.replay import replay
+from kvtier.trace import embedded_sample_path, read_trace
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def interrupt_on_call(module, n):
+    """Replace ``module.replay`` by one that raises KeyboardInterrupt on call ``n``."""
+    real = module.replay
+    calls = []
+
+    def fake(*args, **kwargs):
+        calls.append(args[1:3])
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    return fake
+
+
+def test_ctrl_c_during_replay_prints_and_writes_the_finished_rows(tmp_path, monkeypatch):
+    monkeypatch.setattr(kvtier.cli, "replay", interrupt_on_call(kvtier.cli, 3))
+    out = tmp_path / "r.json"
+    res = run("replay", "-p", "lru,arc", "-c", "100,200", "--json", out)
+    assert res.exit_code == 130
+    assert "interrupted (Ctrl-C): 2 of 4 runs finished" in res.stderr
+    data = json.loads(out.read_text())
+    assert data["interrupted"] is True
+    assert [(r["policy"], r["capacity"]) for r in data["results"]] == [("lru", 100), ("lru", 200)]
+    table_rows = [line for line in res.stdout.splitlines() if line.startswith("lru ")]
+    assert len(table_rows) == 2
+
+
+def test_ctrl_c_during_sweep_prints_the_finished_points(tmp_path, monkeypatch):
+    monkeypatch.setattr(kvtier.sweep, "replay", interrupt_on_call(kvtier.sweep, 2))
+    out = tmp_path / "s.json"
+    res = run("sweep", "-p", "lru", "-c", "100,200,300", "--workers", "1", "--json", out,
+              "--plot", tmp_path / "m.png")
+    assert res.exit_code == 130
+    assert "1 of 3 grid points finished" in res.stderr
+    assert [r["capacity"] for r in json.loads(out.read_text())["results"]] == [100]
+    assert not (tmp_path / "m.png").exists()
+
+
+def test_a_capacity_above_the_distinct_blocks_warns():
+    res = run("replay", "-p", "lru", "-c", "150%", "--json", "-")
+    assert res.exit_code == 0
+    assert "capacity 150% = 17,818 blocks exceeds the trace's 11,879 distinct blocks" in res.stderr
+    assert json.loads(res.stdout)["results"][0]["evictions"] == 0
+
+
+def test_json_to_a_directory_or_an_unwritable_path_fails_before_the_run(tmp_path):
+    res = run("replay", "--json", tmp_path)
+    assert res.exit_code == 1 and f"--json {tmp_path}: is a directory" in res.stderr
+    # /proc refuses new files even to root: found before anything runs
+    res = run("replay", "--json", "/proc/kvtier-results.json")
+    assert res.exit_code == 1 and "cannot write there" in res.stderr
+    assert "lru" not in res.stdout
+    res = run("sweep", "-p", "lru", "-c", "100", "--plot", tmp_path)
+    assert res.exit_code == 1 and "is a directory" in res.stderr
+    existing = tmp_path / "keep.json"
+    existing.write_text("old")
+    assert run("replay", "-p", "lru", "-c", "100", "--limit", "5", "--json",
+               existing).exit_code == 0
+    assert json.loads(existing.read_text())["trace"]["requests"] == 5
+
+
+def test_an_80_column_table_keeps_every_column():
+    trace = list(read_trace(embedded_sample_path()))
+    rows = [replay(trace, p, c) for p in ("prefix-s3fifo", "arc") for c in (100, 11879)]
+    # figures as large as the full conversation trace's (12,031 requests, 288,500 refs)
+    rows = [dataclasses.replace(r, requests=12031, block_refs=288500,
+                                bookkeeping_ns=288500 * 1400) for r in rows]
+    console = Console(width=80, file=io.StringIO())
+    console.print(_results_table(rows, "kvtier replay", console))
+    text = console.file.getvalue()
+    lines = text.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    assert "…" not in text
+    for header in ("policy", "reqs", "refs", "hit %", "fails", "tions", "ms", "ref"):
+        assert header in text
+    first = next(line for line in lines if line.startswith("prefix-s3fifo"))
+    assert len(first.split()) == 11 and "12,031" in first and "288,500" in first
+
+
+def test_sweep_without_plot_leaves_mrc_png_alone(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mrc.png").write_bytes(b"mine")
+    res = run("sweep", "-p", "lru", "-c", "100", "--workers", "1")
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "mrc.png").read_bytes() == b"mine"
+    assert "no image written" in res.stdout
+
+
+def test_one_request_is_singular_in_the_caption_and_the_plot_title(tmp_path, monkeypatch):
+    trace = tmp_path / "one.txt"
+    trace.write_text("1 2 3\n")
+    titles = []
+    monkeypatch.setattr(kvtier.sweep, "plot_mrc",
+                        lambda results, out, **kw: titles.append(kw["title"]))
+    res = run("sweep", trace, "-p", "lru", "-c", "2", "--workers", "1", "--plot",
+              tmp_path / "m.png")
+    assert res.exit_code == 0, res.output
+    assert titles[0].startswith("one.txt: 1 request, 3 block refs, 3 distinct blocks")
+    assert "1 request, 3 block refs" in res.stdout
+
+
+def test_the_hint_for_a_json_trace_read_as_text_names_the_cli_flag(tmp_path):
+    trace = tmp_path / "t.txt"
+    trace.write_text('{"hash_ids": [1], "input_length": 5}\n')
+    res = run("replay", trace, "--format", "text")
+    assert res.exit_code == 1 and "--format jsonl" in res.stderr.replace("\n", "")
+
+
+def test_replay_of_bare_key_lists_is_a_clear_type_error():
+    with pytest.raises(TypeError, match=r"request 0 \(\[1, 2\]\) has no \.keys.*Request"):
+        replay([[1, 2]], "lru", 4)
+
+
+def test_length_mismatch_warns_on_the_cli_and_strict_makes_it_an_error(tmp_path):
+    trace = tmp_path / "m.jsonl"
+    trace.write_text('{"hash_ids": [1, 2, 3], "input_length": 1}\n'
+                     '{"hash_ids": [1, 2], "input_length": 600}\n')
+    res = run("replay", trace, "-p", "lru", "-c", "4", "--json", "-")
+    assert res.exit_code == 0
+    assert "warning:" in res.stderr and "1 of 2 requests have an input_length" in res.stderr
+    assert json.loads(res.stdout)["trace"]["length_mismatches"] == 1
+    res = run("replay", trace, "-p", "lru", "-c", "4", "--strict")
+    assert res.exit_code == 1 and "line 1: 'input_length' 1 needs 1 blocks" in res.stderr
+
+
+def test_a_real_sigint_during_replay_keeps_the_finished_rows(tmp_path):
+    """The same with a real SIGINT to a real process (timing-dependent only in how many rows
+    finished, which the test does not fix)."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    rng = random.Random(1)
+    trace = tmp_path / "big.txt"
+    with trace.open("w") as fh:
+        for _ in range(20_000):
+            root = rng.randrange(2_000)
+            fh.write(" ".join(f"{root}-{i}" for i in range(rng.randrange(10, 50))) + "\n")
+    out = tmp_path / "r.json"
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvtier.cli", "replay", str(trace), "-p", "lru,arc",
+         "-c", "1%,2%,5%,10%,20%,40%,60%,80%", "--json", str(out)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    time.sleep(6)
+    assert proc.poll() is None, "the replay finished before the interrupt; make it longer"
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    if "interrupted while reading the trace" in stderr:
+        return  # a very slow machine: nothing had run yet
+    data = json.loads(out.read_text())
+    assert data["interrupted"] is True and len(data["results"]) < 16
+    rows = [line for line in stdout.splitlines() if line.startswith(("lru ", "arc "))]
+    assert len(rows) == len(data["results"])
+    assert f"{len(rows)} of 16 runs finished" in stderr

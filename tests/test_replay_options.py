@@ -1,0 +1,61 @@
+"""Issue #10 goal 5: the typed options the CLI builds and replay / sweep take."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtier.cli import OutputOptions, ReplayCommand, TraceSource, run_replay
+from kvtier.replay import ReplayOptions, replay
+from kvtier.sweep import run_grid
+from kvtier.trace import TraceFormatError, TraceOptions, embedded_sample_path, read_trace
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return list(read_trace(embedded_sample_path()))
+
+
+def test_options_object_and_keywords_give_the_same_replay(trace):
+    opts = ReplayOptions(inflight=8, store_threshold=2)
+    by_object = replay(trace, "arc", 1000, opts)
+    by_keywords = replay(trace, "arc", 1000, inflight=8, store_threshold=2)
+    assert by_object.hit_blocks == by_keywords.hit_blocks
+    assert (by_object.inflight, by_object.store_threshold) == (8, 2)
+    # a keyword overrides one field of the object
+    assert replay(trace, "arc", 1000, opts, inflight=0).inflight == 0
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"protocol": "put"}, "unknown protocol 'put'"),
+    ({"inflight": -1}, "inflight must be an int >= 0"),
+    ({"inflight": 2, "protocol": "get"}, "needs protocol 'prefix'"),
+    ({"block_tokens": 0}, "block_tokens must be an int >= 1"),
+    ({"store_threshold": True}, "store_threshold must be an int >= 1"),
+])
+def test_replay_options_are_checked_when_made(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ReplayOptions(**kwargs)
+
+
+def test_trace_options_are_checked_when_made():
+    with pytest.raises(TraceFormatError, match="unknown format 'xml'"):
+        TraceOptions(fmt="xml")
+    with pytest.raises(ValueError, match="block_tokens"):
+        TraceOptions(block_tokens=0)
+    with pytest.raises(TypeError, match="options must be a ReplayOptions"):
+        replay([], "lru", 4, {"inflight": 1})  # type: ignore[arg-type]
+
+
+def test_run_grid_and_run_replay_take_the_options(trace, tmp_path):
+    opts = ReplayOptions(inflight=4)
+    rows = run_grid(embedded_sample_path(), ["lru"], [500, 1000], trace=TraceOptions(),
+                    options=opts, workers=1)
+    assert [r.hit_blocks for r in rows] == [replay(trace, "lru", c, opts).hit_blocks
+                                            for c in (500, 1000)]
+    cmd = ReplayCommand(TraceSource(embedded_sample_path(), TraceOptions(), limit=100),
+                        policies=("lru",), capacities=("1%",), replay=opts,
+                        output=OutputOptions(json=tmp_path / "r.json"))
+    (res,) = run_replay(cmd)
+    # 1% of the 2,935 distinct blocks of the first 100 requests
+    assert res.requests == 100 and res.capacity == 29 and res.inflight == 4
+    assert replay(trace[:100], "lru", 29, opts).hit_blocks == res.hit_blocks

@@ -1,0 +1,135 @@
+"""Issue #12 fault 2: one manager shared by many threads through ThreadSafeManager.
+
+Eight threads run the engine's protocol (lookup_prefix + prepare_load under the lock, touch,
+prepare_store, complete_store, complete_load) on overlapping keys with a 1 us switch
+interval, so threads switch inside the manager's methods. A checker thread takes snapshots
+under the lock meanwhile. Invariants: no two keys share a slot, no slot is both free and used,
+the counts agree with the key sets, and at the end nothing is pinned or pending.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+
+import pytest
+
+from kvtier import BlockStateError, OffloadingManager
+from kvtier.threadsafe import ThreadSafeManager
+
+THREADS = 8
+STEPS = 400
+
+
+def check_invariants(snap: dict, num_blocks: int) -> None:
+    slot_of = snap["slot_of"]
+    slots = list(slot_of.values())
+    assert len(set(slots)) == len(slots), "two keys share a slot"
+    assert all(0 <= s < num_blocks for s in slots)
+    assert not set(snap["free"]) & set(slots), "a used slot is also free"
+    assert len(set(snap["free"])) == len(snap["free"])
+    assert snap["pending_keys"] <= set(slot_of)
+    evictable, pending, pinned = snap["counts"]
+    assert pending == len(snap["pending_keys"])
+    assert evictable + pending + pinned == len(slot_of)
+    assert len(slot_of) + len(snap["free"]) == snap["next_fresh"]
+
+
+def worker(m: ThreadSafeManager, seed: int, errors: list) -> None:
+    rng = random.Random(seed)
+    try:
+        for _ in range(STEPS):
+            # requests share prefixes: a few roots, chains of up to 6 blocks
+            root = rng.randrange(6)
+            keys = [(root, i) for i in range(rng.randrange(1, 7))]
+            with m.lock:  # the lookup and the pins it leads to see one state
+                hits = m.lookup_prefix(keys)
+                loaded = keys[:hits]
+                if loaded:
+                    m.prepare_load(loaded)
+            m.touch(keys)
+            out = m.prepare_store(keys[hits:]) if hits < len(keys) else None
+            if out is not None and out.keys_to_store:
+                assert len(set(out.block_ids)) == len(out.block_ids)
+                m.complete_store(out.keys_to_store, success=rng.random() > 0.1)
+            if loaded:
+                m.complete_load(loaded)
+            if rng.random() < 0.05:
+                m.stats()
+                len(m)
+                (root, 0) in m
+    except BaseException as exc:  # noqa: BLE001 - reported by the test
+        errors.append(exc)
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo", "prefix-lru"])
+def test_many_threads_keep_the_manager_consistent(policy):
+    m = ThreadSafeManager(OffloadingManager(16, policy))
+    errors: list = []
+    stop = threading.Event()
+
+    def checker():
+        while not stop.is_set():
+            with m.lock:
+                snap = m.snapshot()
+            try:
+                check_invariants(snap, 16)
+            except AssertionError as exc:
+                errors.append(exc)
+                return
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        check = threading.Thread(target=checker)
+        check.start()
+        threads = [threading.Thread(target=worker, args=(m, seed, errors))
+                   for seed in range(THREADS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stop.set()
+        check.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors[:3]
+    snap = m.snapshot()
+    check_invariants(snap, 16)
+    s = m.stats()
+    assert s.pinned == 0 and s.pending == 0 and s.evictable == s.used == len(m)
+    assert s.free == 16 - s.used
+    assert s.hits + s.misses + s.pending_hits == s.lookups > 0
+
+
+def test_the_wrapper_forwards_the_public_api_and_hides_private_state():
+    m = ThreadSafeManager(OffloadingManager(4, "lru"))
+    out = m.prepare_store(["a", "b"])
+    assert m.num_blocks == 4 and m.ref_count("a") == -1
+    m.complete_store(out.keys_to_store)
+    assert "a" in m and len(m) == 2 and m.lookup_prefix(["a", "b", "c"]) == 2
+    assert m.prepare_store.__doc__ == OffloadingManager.prepare_store.__doc__
+    assert m.manager.stats() == m.stats()
+    with pytest.raises(AttributeError, match="private attribute '_slot_of'"):
+        m._slot_of  # noqa: B018
+    with pytest.raises(AttributeError):
+        m.no_such_method  # noqa: B018
+    with pytest.raises(BlockStateError):  # the manager's own errors pass through
+        m.complete_load(["a"])
+    with pytest.raises(TypeError, match="context manager"):
+        ThreadSafeManager(OffloadingManager(4), lock=object())
+
+
+def test_every_call_holds_the_lock():
+    """A method blocks while another thread holds the lock."""
+    m = ThreadSafeManager(OffloadingManager(4, "lru"))
+    done = threading.Event()
+    with m.lock:
+        t = threading.Thread(target=lambda: (m.prepare_store(["x"]), done.set()))
+        t.start()
+        assert not done.wait(0.2)  # waiting for the lock
+        assert len(m.manager) == 0
+    assert done.wait(10)
+    t.join()
+    assert "x" in m

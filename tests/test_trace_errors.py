@@ -1,0 +1,171 @@
+"""Issue #12 faults 5 and 6: trace errors at the right line, Mooncake lengths that disagree
+with the block size, re-iterating a reader, and traces piped on standard input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from kvtier.replay import replay
+from kvtier.trace import TraceFormatError, TraceWarning, embedded_sample_path, read_trace
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def mooncake_lines(n: int, block_tokens: int = 512, seed: int = 0) -> list[bytes]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        length = rng.randrange(1, 6 * block_tokens)
+        blocks = -(-length // block_tokens)
+        ids = [rng.randrange(50) for _ in range(blocks)]
+        out.append(json.dumps({"timestamp": i, "input_length": length, "output_length": 1,
+                               "hash_ids": ids}).encode() + b"\n")
+    return out
+
+
+@pytest.mark.parametrize("compress", [None, "gzip", "zstd"])
+def test_a_non_utf8_byte_is_reported_at_its_line_and_can_be_skipped(tmp_path, compress):
+    lines = mooncake_lines(6000)
+    lines[4999] = b'{"hash_ids": [1], "input_length": 10, "note": "caf\xe9"}\n'  # latin-1
+    raw = b"".join(lines)
+    if compress == "gzip":
+        raw = gzip.compress(raw)
+    elif compress == "zstd":
+        raw = zstandard.ZstdCompressor().compress(raw)
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(raw)
+    with pytest.raises(TraceFormatError) as info:
+        list(read_trace(path))
+    assert info.value.line == 5000
+    assert "not UTF-8 text (byte 0xe9 at column" in info.value.reason
+    reader = read_trace(path, skip_bad_lines=True)
+    assert sum(1 for _ in reader) == 5999
+    assert reader.bad_lines == 1 and reader.lines == 6000
+
+
+def test_a_binary_first_line_is_not_an_unknown_format(tmp_path):
+    path = tmp_path / "blob"
+    path.write_bytes(b"\xff\xfe\x00garbage\n1 2 3\n")
+    with pytest.raises(TraceFormatError, match=r"line 1: not UTF-8 text \(byte 0xff"):
+        list(read_trace(path))
+
+
+def test_mooncake_lengths_that_disagree_warn_once_and_replay_goes_on(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text(
+        '{"hash_ids": [1, 2, 3], "input_length": 1}\n'            # 1 token, 3 blocks: wrong
+        '{"hash_ids": [1, 2], "input_length": 1000}\n'            # ceil(1000/512) = 2: fine
+        '{"hash_ids": [1, 2, 3, 4], "input_length": 10}\n'        # wrong
+    )
+    with pytest.warns(TraceWarning) as record:
+        reader = read_trace(path)
+        reqs = list(reader)
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert "2 of 3 requests have an input_length" in message and "first at line 1" in message
+    # 1 token in 3 blocks, 10 tokens in 4: no power-of-two block size gives those counts
+    assert "no power-of-two block size up to 65,536 fits any of them" in message
+    assert reader.fitting_block_tokens is None
+    assert len(reqs) == 3 and reader.length_mismatches == 2
+    with pytest.raises(TraceFormatError, match=r"line 1: 'input_length' 1 needs 1 blocks of 512"):
+        list(read_trace(path, strict=True))
+
+
+def test_a_16_token_block_trace_at_512_names_block_size_16(tmp_path):
+    path = tmp_path / "b16.jsonl"
+    lines = mooncake_lines(300, block_tokens=16, seed=3)
+    path.write_bytes(b"".join(lines))
+    wrong_at_512 = sum(1 for line in lines if json.loads(line)["input_length"] > 16)
+    with pytest.warns(TraceWarning, match=rf"{wrong_at_512} of 300 requests .* block size 16 "
+                                          rf"fits {wrong_at_512} of them \(--block-tokens 16\)"):
+        reader = read_trace(path)
+        assert sum(1 for _ in reader) == 300
+    assert reader.fitting_block_tokens == (16, wrong_at_512)
+    assert reader.length_mismatches == wrong_at_512 > 200
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceWarning)  # the right block size: silent
+        reader = read_trace(path, block_tokens=16)
+        assert sum(1 for _ in reader) == 300 and reader.length_mismatches == 0
+
+
+def test_the_real_trace_sample_has_no_length_mismatch():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceWarning)
+        reader = read_trace(embedded_sample_path(), strict=True)
+        assert sum(1 for _ in reader) == 500 and reader.length_mismatches == 0
+
+
+def test_a_finished_reader_reopens_when_iterated_again():
+    reader = read_trace(embedded_sample_path())
+    first = replay(reader, "lru", 1000)
+    second = replay(reader, "lru", 1000)
+    assert first.requests == second.requests == 500
+    assert first.hit_blocks == second.hit_blocks
+    assert reader.requests == 500  # the counts restarted with the second pass
+
+
+def cli(args, stdin: bytes):
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-m", "kvtier.cli", *args], input=stdin, env=env,
+                          capture_output=True, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def sample_bytes():
+    gz = embedded_sample_path().read_bytes()
+    plain = gzip.decompress(gz)
+    return {"plain": plain, "gzip": gz, "zstd": zstandard.ZstdCompressor().compress(plain)}
+
+
+@pytest.fixture(scope="module")
+def expected_hits():
+    trace = list(read_trace(embedded_sample_path()))
+    return replay(trace, "lru", 1000).hit_blocks
+
+
+@pytest.mark.parametrize(("name", "kind", "extra"), [
+    ("-", "plain", []), ("-", "gzip", []), ("-", "zstd", []),
+    ("/dev/stdin", "gzip", []), ("-", "zstd", ["--stream"]),
+])
+def test_replay_reads_a_piped_trace(sample_bytes, expected_hits, name, kind, extra):
+    if name == "/dev/stdin" and not os.path.exists("/dev/stdin"):
+        pytest.skip("no /dev/stdin here")
+    res = cli(["replay", name, "-p", "lru", "-c", "1000", "--json", "-", *extra],
+              sample_bytes[kind])
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    data = json.loads(res.stdout)
+    assert data["trace"]["requests"] == 500
+    assert data["results"][0]["hit_blocks"] == expected_hits
+
+
+def test_sweep_reads_a_piped_trace_in_worker_processes(sample_bytes, expected_hits):
+    res = cli(["sweep", "-", "-p", "lru", "-c", "1000,2000", "--workers", "2", "--json", "-"],
+              sample_bytes["gzip"])
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    rows = json.loads(res.stdout)["results"]
+    assert rows[0]["hit_blocks"] == expected_hits and rows[1]["capacity"] == 2000
+
+
+def test_stdin_cannot_be_read_twice_by_one_reader(monkeypatch):
+    data = gzip.decompress(embedded_sample_path().read_bytes())
+    r, w = os.pipe()
+    os.write(w, data[:20000].rsplit(b"\n", 1)[0] + b"\n")
+    os.close(w)
+    monkeypatch.setattr(sys, "stdin", os.fdopen(r, "r"))
+    reader = read_trace("-")
+    assert sum(1 for _ in reader) > 0
+    with pytest.raises(TraceFormatError, match="standard input can be read only once"):
+        iter(reader)
