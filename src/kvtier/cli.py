@@ -26,7 +26,7 @@ from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kvtier.policies import available_policies
+from kvtier.policies import available_policies, get_policy
 from kvtier.replay import PROTOCOLS, ReplayResult, parse_capacity, replay
 from kvtier.trace import FORMATS, TraceFormatError, count_unique_blocks, embedded_sample_path, read_trace
 
@@ -251,13 +251,16 @@ def replay_cmd(
                                                  help="Replay only the first N requests.")] = None,
     stream: Annotated[bool, typer.Option(
         "--stream", help="Re-read the trace for each run instead of holding it in memory "
-                         "(for traces larger than memory).")] = False,
+                         "(for traces larger than memory). Not with --policy belady, which "
+                         "needs the whole trace up front.")] = False,
     json_out: JsonOpt = None,
     progress: ProgressOpt = None,
 ) -> None:
     """Replay a trace through the offloading manager: hit ratios and bookkeeping cost.
 
-    One run per --policy x --capacity, each on a fresh manager.
+    One run per --policy x --capacity, each on a fresh manager. --policy belady is the
+    offline optimum (Belady's MIN: furthest next use first); it reads the whole trace up
+    front, so it cannot run with --stream.
     """
     try:
         _replay(trace, policy, capacity, fmt, block_tokens, inflight, protocol,
@@ -273,6 +276,10 @@ def _replay(trace, policy, capacity, fmt, block_tokens, inflight, protocol, stor
     _check_common(policies, fmt, protocol, inflight)
     _check_writable(json_out, "--json")
     capacity_specs = _split(capacity, ["5%", "20%", "50%"], "--capacity")
+    offline = [p for p in policies if getattr(get_policy(p), "needs_future", False)]
+    if stream and offline:
+        raise _CliError(f"--policy {offline[0]} needs the whole trace up front (each block's "
+                        "next use), so it cannot run with --stream; drop --stream")
 
     def open_trace():
         reader = read_trace(path, fmt=fmt, block_tokens=block_tokens,
