@@ -206,3 +206,20 @@ def test_stream_is_refused():
         replay(iter(reqs), "belady", 1)
     with pytest.raises(TypeError, match="NextUseOracle"):
         BeladyPolicy(1).bind(object())  # type: ignore[arg-type]
+
+
+def test_sweep_draws_belady_and_it_leads(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    png, out = tmp_path / "mrc.png", tmp_path / "s.json"
+    res = CliRunner().invoke(app, ["sweep", "-p", "lru,arc,belady", "-c", "300,3000",
+                                   "--workers", "1", "--plot", str(png), "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(out.read_text())["results"]
+    best = {r["capacity"]: r["hit_blocks"] for r in rows if r["policy"] == "belady"}
+    assert all(r["hit_blocks"] <= best[r["capacity"]] for r in rows)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
