@@ -468,7 +468,7 @@ def _analysis_table(d: dict) -> Table:
     sd = d["sharing_depth_blocks"]
     rows.append(("prefix-sharing depth (blocks)", f"p50 {_fmt(sd['p50'])}",
                  f"p90 {_fmt(sd['p90'])}, p99 {_fmt(sd['p99'])}, max {_fmt(sd['max'])}; "
-                 f"{sd['requests_sharing_share']:.1%} of requests share a block"))
+                 f"{sd['requests_sharing_share']:.1%} of requests > 0"))
     rows.append(("  shared prefix blocks", f"{sd['shared_block_share']:.2%}",
                  f"{sd['shared_blocks']:,} refs (unbounded tier, prefix)"))
     rt = d["reuse_time_s"]
