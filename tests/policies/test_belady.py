@@ -223,3 +223,22 @@ def test_sweep_draws_belady_and_it_leads(tmp_path):
     best = {r["capacity"]: r["hit_blocks"] for r in rows if r["policy"] == "belady"}
     assert all(r["hit_blocks"] <= best[r["capacity"]] for r in rows)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_mrc_plot_draws_belady_dashed(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kvtier.sweep import plot_mrc
+
+    reqs = list(read_trace(embedded_sample_path()))[:100]
+    results = [replay(reqs, p, c) for p in ("lru", "belady") for c in (50, 500)]
+    figs = []
+    monkeypatch.setattr(plt, "close", figs.append)
+    plot_mrc(results, tmp_path / "m.png")
+    lines = {ln.get_label(): ln for ln in figs[0].axes[0].get_lines()}
+    assert lines["belady (offline)"].get_linestyle() == "--"
+    assert lines["belady (offline)"].get_color() == "black"
+    assert lines["lru"].get_linestyle() == "-"
