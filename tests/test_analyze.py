@@ -124,3 +124,16 @@ def test_analyze_command_json_and_plot(tmp_path):
     assert res.exit_code == 2  # typer's range check
     res = CliRunner().invoke(app, ["analyze", "--plot", str(tmp_path / "x.nope")])
     assert res.exit_code == 1 and "cannot write .nope" in res.output
+
+
+def test_analyze_command_with_progress_bar_and_limit(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    res = CliRunner().invoke(app, ["analyze", "--progress", "--limit", "50", "--json", "-"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["analysis"]["requests"] == 50
+    expect = analyze(list(read_trace(embedded_sample_path()))[:50]).to_dict()
+    assert data["analysis"]["block_refs"] == expect["block_refs"]
