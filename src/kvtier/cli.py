@@ -381,19 +381,22 @@ def _cost_table(results: list[ReplayResult], costs: list[dict]) -> Table:
     table = Table(title=f"cost model — {queue}", title_justify="left", box=box.SIMPLE_HEAD,
                   pad_edge=False, collapse_padding=True, show_edge=False)
     for name in ("policy", "tier\nblocks", "read\nGB", "written\nGB", "prefill s\nsaved",
-                 "saved\n%", "TTFT p50 s\nno tier → tier", "TTFT p99 s\nno tier → tier",
-                 "utilization\nno tier → tier"):
+                 "saved\n%", "TTFT p50 s\nno tier→tier", "TTFT p99 s\nno tier→tier",
+                 "utilization\nno tier→tier"):
         table.add_column(name, justify="left" if name == "policy" else "right", no_wrap=True)
 
     def pair(a, b, fmt):
-        return "-" if a is None else f"{a:{fmt}} → {b:{fmt}}"
+        return "-" if a is None else f"{a:{fmt}}→{b:{fmt}}"
+
+    def num(v):  # one decimal below 100, none above: the full trace's TB fit the width
+        return f"{v:,.1f}" if abs(v) < 100 else f"{v:,.0f}"
 
     for r, c in zip(results, costs):
         base = c["prefill_s_no_tier"]
         t0, t1 = c["ttft_no_tier_s"], c["ttft_with_tier_s"]
         table.add_row(
-            r.policy, f"{r.capacity:,}", f"{c['read_bytes'] / 1e9:,.1f}",
-            f"{c['write_bytes'] / 1e9:,.1f}", f"{c['prefill_s_saved']:,.1f}",
+            r.policy, f"{r.capacity:,}", num(c["read_bytes"] / 1e9),
+            num(c["write_bytes"] / 1e9), num(c["prefill_s_saved"]),
             f"{c['prefill_s_saved'] / base * 100:.1f}" if base else "-",
             pair(t0["median"], t1["median"], ",.3f"), pair(t0["p99"], t1["p99"], ",.3f"),
             pair(c["utilization_no_tier"], c["utilization_with_tier"], ".2f"),
