@@ -19,6 +19,14 @@ evictable blocks and chooses victims, like every policy:
   again (next use :data:`~kvtier.oracle.NEVER`) first, the least recently used of them first.
   Cost per victim O(log n) amortized (each stale entry was paid for by the push that made it).
 
+A block's heap key is read from the oracle when it becomes evictable and when it is touched,
+so the caller must touch every referenced key after advancing the oracle (both replay
+protocols touch all of a request's keys); a referenced key that is not touched keeps its old
+key until it is touched or becomes evictable again.
+
+Porting note: the policy uses slots only to return them from :meth:`evict` (the 4th item of a
+heap entry); a keys-only contract drops that item and nothing else changes.
+
 Without a bound oracle every next use is unknown (``NEVER``) and the recency tie-break alone
 decides: the policy then evicts exactly like ``lru`` (tested), which is what the manager tests
 that run every registered policy see.
