@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -137,3 +138,33 @@ def test_analyze_command_with_progress_bar_and_limit(tmp_path):
     assert data["analysis"]["requests"] == 50
     expect = analyze(list(read_trace(embedded_sample_path()))[:50]).to_dict()
     assert data["analysis"]["block_refs"] == expect["block_refs"]
+
+
+def test_readme_capacity_examples_match_the_code():
+    import re
+
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+    def block(command):
+        m = re.search(r"```console\n\$ " + re.escape(command) + r"\n(.*?)```", text, re.S)
+        assert m, command
+        return m.group(1).rstrip("\n").splitlines()
+
+    def clean(lines):
+        return [ln.rstrip() for ln in lines]
+
+    shown = block("kvtier analyze")
+    got = CliRunner().invoke(app, ["analyze", "--no-progress"]).stdout.splitlines()
+    assert clean(shown[:-1]) == clean(got[:-1])  # the last line is the elapsed time
+    shown = block("kvtier replay -p lru,belady -c 5%,50% --cost")
+    got = CliRunner().invoke(app, ["replay", "-p", "lru,belady", "-c", "5%,50%", "--cost",
+                                   "--no-progress"]).stdout.splitlines()
+    start = next(i for i, ln in enumerate(shown) if ln.startswith("cost model —"))
+    assert clean(shown[start:]) == clean(got[got.index(next(
+        ln for ln in got if ln.startswith("cost model —"))):])
+    # hit columns of the replay table (timings differ from run to run)
+    assert [ln.split()[:9] for ln in shown[4:8]] == [ln.split()[:9] for ln in got[4:8]]

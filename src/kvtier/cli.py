@@ -388,15 +388,19 @@ def _cost_table(results: list[ReplayResult], costs: list[dict]) -> Table:
     def pair(a, b, fmt):
         return "-" if a is None else f"{a:{fmt}}→{b:{fmt}}"
 
-    def num(v):  # one decimal below 100, none above: the full trace's TB fit the width
-        return f"{v:,.1f}" if abs(v) < 100 else f"{v:,.0f}"
+    def fmt_for(values):  # one decimal while a column stays below 100: the full trace fits
+        return ",.1f" if max((abs(v) for v in values), default=0) < 100 else ",.0f"
+
+    read_f = fmt_for([c["read_bytes"] / 1e9 for c in costs])
+    write_f = fmt_for([c["write_bytes"] / 1e9 for c in costs])
+    saved_f = fmt_for([c["prefill_s_saved"] for c in costs])
 
     for r, c in zip(results, costs):
         base = c["prefill_s_no_tier"]
         t0, t1 = c["ttft_no_tier_s"], c["ttft_with_tier_s"]
         table.add_row(
-            r.policy, f"{r.capacity:,}", num(c["read_bytes"] / 1e9),
-            num(c["write_bytes"] / 1e9), num(c["prefill_s_saved"]),
+            r.policy, f"{r.capacity:,}", f"{c['read_bytes'] / 1e9:{read_f}}",
+            f"{c['write_bytes'] / 1e9:{write_f}}", f"{c['prefill_s_saved']:{saved_f}}",
             f"{c['prefill_s_saved'] / base * 100:.1f}" if base else "-",
             pair(t0["median"], t1["median"], ",.3f"), pair(t0["p99"], t1["p99"], ",.3f"),
             pair(c["utilization_no_tier"], c["utilization_with_tier"], ".2f"),
