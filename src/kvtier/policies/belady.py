@@ -107,9 +107,26 @@ class BeladyPolicy(CachePolicy):
         self._seq += 1
         entry = (-self._next_use.get(key, _NEVER), self._seq, key, slot)
         self._entry[key] = entry
+        heappush(self._heap, entry)
+        self._compact()
+
+    def _push_many(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
+        # one loop, one compaction check: block_evictable per key was 1/3 of the replay time
+        get = self._next_use.get
+        entries = self._entry
         heap = self._heap
-        heappush(heap, entry)
-        if len(heap) > 2 * len(self._entry) + 64:
+        seq = self._seq
+        for key, slot in zip(keys, slots):
+            seq += 1
+            entry = (-get(key, _NEVER), seq, key, slot)
+            entries[key] = entry
+            heappush(heap, entry)
+        self._seq = seq
+        self._compact()
+
+    def _compact(self) -> None:
+        heap = self._heap
+        if len(heap) > 2 * len(self._entry) + 64:  # mostly stale: rebuild from live entries
             heap[:] = self._entry.values()
             heapify(heap)
 
@@ -129,15 +146,17 @@ class BeladyPolicy(CachePolicy):
     def block_evictable(self, key: Key, slot: int) -> None:
         self._push(key, slot)
 
+    def blocks_evictable(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
+        self._push_many(keys, slots)
+
     def block_unevictable(self, key: Key) -> None:
         del self._entry[key]  # its heap entry goes stale
 
     def touch(self, keys: Sequence[Key]) -> None:
         entry = self._entry
-        for key in reversed(keys):
-            old = entry.get(key)
-            if old is not None:
-                self._push(key, old[3])
+        live = [(key, old[3]) for key in reversed(keys) if (old := entry.get(key)) is not None]
+        if live:
+            self._push_many([k for k, _ in live], [s for _, s in live])
 
     def evict(self, n: int, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
         entry = self._entry
