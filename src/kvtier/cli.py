@@ -282,8 +282,9 @@ def replay_cmd(
     """Replay a trace through the offloading manager: hit ratios and bookkeeping cost.
 
     One run per --policy x --capacity, each on a fresh manager. --policy belady is the
-    offline optimum (Belady's MIN: furthest next use first); it reads the whole trace up
-    front, so it cannot run with --stream.
+    offline reference (Belady's MIN: furthest next use first; optimal under --protocol get,
+    near-optimal under prefix); it reads the whole trace up front, so it cannot run with
+    --stream. --cost adds bytes moved, prefill seconds saved and TTFT (assumptions printed).
     """
     try:
         cost_model = None
