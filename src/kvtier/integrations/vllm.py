@@ -206,6 +206,7 @@ class KVTierCachePolicy(CachePolicy):
         self._inserted: list[OffloadKey] = []  # the current run of inserts
         self._released: list[OffloadKey] = []  # buffered mark_evictable keys
         self._released_stores = False  # kind of the buffered releases
+        self._offer: list[OffloadKey] | None = None  # last on_request_access keys
 
     @property
     def kvtier(self) -> kvtier.CachePolicy:
@@ -215,7 +216,13 @@ class KVTierCachePolicy(CachePolicy):
     def _flush(self) -> None:
         if self._inserted:
             inserted, self._inserted = self._inserted, []
+            offer, self._offer = self._offer, None
+            # the store call's keys as vLLM reported them to on_request_access just before
+            # (inserted + already ready, head first) when they cover the inserted ones
+            if offer is not None and len(offer) > len(inserted) and set(offer).issuperset(inserted):
+                inserted = offer
             self._hooks.stored(inserted)
+        self._offer = None
         if self._released:
             released, self._released = self._released, []
             released.reverse()  # the call's first key ends most recent
@@ -268,6 +275,7 @@ class KVTierCachePolicy(CachePolicy):
 
     def on_request_access(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
         self._flush()
+        self._offer = list(keys)  # a prepare_store's offer, if inserts follow
 
     def on_request_finished(
         self,
@@ -286,7 +294,9 @@ class KVTierCachePolicy(CachePolicy):
     def evict(
         self, n: int, protected: set[OffloadKey]
     ) -> list[tuple[OffloadKey, ChunkStatus]] | None:
+        offer = self._offer  # vLLM evicts between on_request_access and the inserts
         self._flush()
+        self._offer = offer
         if n <= 0:
             return []
         victims = self._hooks.evict(n, protected)
@@ -300,6 +310,7 @@ class KVTierCachePolicy(CachePolicy):
         self._pending.clear()
         self._inserted.clear()
         self._released.clear()
+        self._offer = None
         self._hooks.clear()
 
 
@@ -534,6 +545,8 @@ class KVTierOffloadingManager(OffloadingManager):
                 misses = [k for k in misses if k not in refused]
                 keys = [k for k in keys if k not in refused]
         if misses:
+            # vLLM's histogram counts the chunks each call asks for, granted or not
+            self._allocation_sizes.append(len(misses) if len(misses) < 2 else len(set(misses)))
             missed = state.missed
             new = list(filterfalse(missed.__contains__, misses)) if missed else misses
             if new:  # one use per request: ARC-style policies learn ghost hits here
@@ -544,7 +557,6 @@ class KVTierOffloadingManager(OffloadingManager):
             return None
         stored = out.keys_to_store
         if stored:
-            self._allocation_sizes.append(len(stored))
             state.inserted.update(stored)
         return PrepareStoreOutput(
             keys_to_store=stored,
