@@ -387,13 +387,14 @@ _LOOKUP = {
 
 @dataclass(slots=True)
 class _RequestAccess:
-    """What one request did to this manager: the input of its end-of-request use."""
+    """What one request did to this manager: the input of its end-of-request use. Plain lists
+    (a set is built only when a request calls a method twice): one list extend per call."""
 
     owner: object
     generation: int
     reused: list = field(default_factory=list)  # loaded or found ready, call order
-    inserted: set = field(default_factory=set)  # stored by this request
-    missed: set = field(default_factory=set)  # store misses already used once
+    inserted: list = field(default_factory=list)  # stored by this request
+    missed: list = field(default_factory=list)  # store misses already used once
     finished: bool = False
 
 
@@ -478,15 +479,19 @@ class KVTierOffloadingManager(OffloadingManager):
         ):
             return
         state.finished = True
-        if not state.reused:
+        reused = state.reused
+        if not reused:
             return
-        keys = list(dict.fromkeys(state.reused))
+        if len(reused) > 1:
+            reused = list(dict.fromkeys(reused))
         if state.inserted:
-            keys = list(filterfalse(state.inserted.__contains__, keys))
-        if len(keys) > 1:
-            keys = order_request_keys((keys,), req_context)  # by token position when known
-        if keys:
-            self.manager.touch(keys)
+            reused = list(filterfalse(set(state.inserted).__contains__, reused))
+        # by token position when the scheduler recorded them (vLLM's order_request_keys sorts
+        # only when every key has one; the first key tells)
+        if len(reused) > 1 and req_context.get_offload_key_position(reused[0]) is not None:
+            reused = order_request_keys((reused,), req_context)
+        if reused:
+            self.manager.touch(reused)
 
     # -- lookups and loads -------------------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
@@ -528,14 +533,13 @@ class KVTierOffloadingManager(OffloadingManager):
         misses = list(filterfalse(self._contains, keys))
         if len(misses) != len(keys):
             # keys already in the tier: the ready ones count as reused by this request
-            m = self.manager
-            state.reused.extend(
-                [
-                    k
-                    for k in keys
-                    if k not in state.inserted and (r := m.ref_count(k)) is not None and r >= 0
-                ]
-            )
+            ref_count = self.manager.ref_count
+            inserted = set(state.inserted)
+            state.reused += [
+                k
+                for k in keys
+                if k not in inserted and (r := ref_count(k)) is not None and r >= 0
+            ]
         if self._counts is not None:
             self._record_offer(keys)
             counts, threshold = self._counts, self.store_threshold
@@ -547,17 +551,17 @@ class KVTierOffloadingManager(OffloadingManager):
         if misses:
             # vLLM's histogram counts the chunks each call asks for, granted or not
             self._allocation_sizes.append(len(misses) if len(misses) < 2 else len(set(misses)))
-            missed = state.missed
-            new = list(filterfalse(missed.__contains__, misses)) if missed else misses
-            if new:  # one use per request: ARC-style policies learn ghost hits here
-                missed.update(new)
-                self.manager.touch(new)
+            if state.missed:  # a second store call of this request: each miss used once
+                misses = list(filterfalse(set(state.missed).__contains__, misses))
+            if misses:  # one use before the store: ARC-style policies learn ghost hits here
+                state.missed += misses
+                self.manager.touch(misses)
         out = self.manager.prepare_store(keys)
         if out is None:
             return None
         stored = out.keys_to_store
         if stored:
-            state.inserted.update(stored)
+            state.inserted += stored
         return PrepareStoreOutput(
             keys_to_store=stored,
             store_spec=CPULoadStoreSpec(out.block_ids),
