@@ -511,3 +511,135 @@ def test_kvtier_complete_store_is_called_with_success_by_keyword():
     m.complete_store(out.keys_to_store, ctx)
     m.complete_store(keys(1), ctx, False)
     assert calls == [((), {"success": True}), ((), {"success": False})]
+
+
+# -- vLLM's scheduler-side offloading connector, driven with kvtier -----------------------------
+@pytest.mark.parametrize("option", ["kvtier-spec", "vllm-manager+KVTierARC"])
+def test_offloading_connector_scheduler_steps_with_kvtier(option):
+    """vLLM's real OffloadingConnectorScheduler (built on CPU as vLLM's own unit tests do)
+    over kvtier, through several steps with transfers completed by worker metadata: request A
+    stores its 4 prompt blocks; B shares A's prompt, loads those 4 (pinned while the load is
+    in flight), stores 2 more; C (6 new blocks, tier of 8) evicts 4: B's unreused tail and
+    A's tail, keeping the shared head that B reused (ARC T2)."""
+    import torch
+    from vllm.config import CacheConfig, DeviceConfig, VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+        OffloadingWorkerMetadata,
+    )
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
+        OffloadingConnectorScheduler,
+    )
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request, RequestStatus
+
+    if option == "kvtier-spec":
+        extra = {"spec_name": "KVTierOffloadingSpec", "spec_module_path": kv.MODULE_PATH,
+                 "kvtier_policy": "arc"}
+    else:
+        extra = {"eviction_policy": "KVTierARC", "cache_policy_module_path": kv.MODULE_PATH}
+    spec = OffloadingSpecFactory.create_spec(
+        offloading_config({"cpu_bytes_to_use": 8 * 4096, **extra}, events=True)
+    )
+    vllm_config = VllmConfig(device_config=DeviceConfig(device="cpu"),
+                             cache_config=CacheConfig(block_size=16, enable_prefix_caching=True))
+    kv_cache_config = KVCacheConfig(num_blocks=100, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["l0"], FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64,
+                                                   dtype=torch.float16))])
+    sched = OffloadingConnectorScheduler(spec, vllm_config, kv_cache_config)
+    if option == "kvtier-spec":
+        assert isinstance(sched.manager, kv.KVTierOffloadingManager)
+        policy = sched.manager.manager.policy
+    else:
+        assert isinstance(sched.manager, CPUOffloadingManager)
+        policy = sched.manager._policy.kvtier
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(16, sha256)
+
+    def request(rid, tokens):
+        return Request(rid, tokens, SamplingParams(max_tokens=1), None, block_hasher=hasher)
+
+    def gpu_blocks(ids):
+        return KVCacheBlocks(blocks=([KVCacheBlock(block_id=i) for i in ids],))
+
+    def step(new=(), finished=()):
+        out = SchedulerOutput(
+            scheduled_new_reqs=[SimpleNamespace(req_id=r.request_id, block_ids=(list(b),))
+                                for r, b in new],
+            scheduled_cached_reqs=CachedRequestData.make_empty(),
+            num_scheduled_tokens={r.request_id: r.num_tokens - r.num_computed_tokens
+                                  for r, _ in new},
+            total_num_scheduled_tokens=sum(r.num_tokens for r, _ in new),
+            scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+            finished_req_ids=set(finished), free_encoder_mm_hashes=[])
+        return sched.build_connector_meta(out)
+
+    def worker_done(jobs):
+        meta = OffloadingWorkerMetadata()
+        for job in jobs:
+            meta.mark_completed(job)
+        sched.update_connector_output(KVConnectorOutput(kv_connector_worker_meta=meta))
+
+    def finish(r):
+        r.status = RequestStatus.FINISHED_STOPPED
+        sched.request_finished(r)
+        worker_done(step(finished=[r.request_id]).store_jobs)
+
+    def chunk_ids(jobs, side):
+        return [list(getattr(job, side).block_ids) for job in jobs.values()]
+
+    # step 1: A computes its 64-token prompt; its 4 blocks are offloaded
+    a = request("A", list(range(64)))
+    sched.on_new_request(a)
+    assert sched.get_num_new_matched_tokens(a, 0) == (0, False)
+    sched.update_state_after_alloc(a, gpu_blocks([1, 2, 3, 4]), 0)
+    meta = step(new=[(a, [1, 2, 3, 4])])
+    assert meta.load_jobs == {} and chunk_ids(meta.store_jobs, "dst_spec") == [[0, 1, 2, 3]]
+    a.num_computed_tokens = 64
+    worker_done(meta.store_jobs)
+    finish(a)
+    a_keys = [make_offload_key(bytes(h), 0) for h in a.block_hashes]  # head first
+    assert len(a_keys) == 4 and set(policy.snapshot()["t1_all"]) == set(a_keys)
+
+    # steps 2-3: B = A's prompt + 32 tokens: 64 tokens load asynchronously, then 2 blocks store
+    b = request("B", list(range(96)))
+    sched.on_new_request(b)
+    assert sched.get_num_new_matched_tokens(b, 0) == (64, True)
+    sched.update_state_after_alloc(b, gpu_blocks([5, 6, 7, 8, 9, 10]), 64)
+    meta = step()
+    assert chunk_ids(meta.load_jobs, "src_spec") == [[0, 1, 2, 3]] and meta.store_jobs == {}
+    assert all(sched.manager.lookup(k, ReqContext("x")) is VLookup.HIT for k in a_keys)
+    # 4 blocks pinned by the load, 4 free: a 5-block store cannot evict -> None
+    assert sched.manager.prepare_store(keys(90, 91, 92, 93, 94), ReqContext("x")) is None
+    worker_done(meta.load_jobs)
+    b.num_computed_tokens = 64
+    meta = step(new=[(b, [5, 6, 7, 8, 9, 10])])
+    assert meta.load_jobs == {} and chunk_ids(meta.store_jobs, "dst_spec") == [[4, 5]]
+    worker_done(meta.store_jobs)
+    finish(b)
+    snap = policy.snapshot()
+    assert set(snap["t2_all"]) == set(a_keys)  # B reused A's blocks: ARC's T2
+    b_tail = set(snap["t1_all"])
+    assert len(b_tail) == 2
+
+    # step 4: C, 6 new blocks in a tier of 8 with 2 free: 4 evicted, B's tail first
+    c = request("C", list(range(1000, 1096)))
+    sched.on_new_request(c)
+    assert sched.get_num_new_matched_tokens(c, 0) == (0, False)
+    sched.update_state_after_alloc(c, gpu_blocks([11, 12, 13, 14, 15, 16]), 0)
+    meta = step(new=[(c, [11, 12, 13, 14, 15, 16])])
+    # 2 fresh chunks, then the chunks of A's tail (2, 3) and B's blocks (4, 5)
+    assert sorted(chunk_ids(meta.store_jobs, "dst_spec")[0]) == [2, 3, 4, 5, 6, 7]
+    worker_done(meta.store_jobs)
+    finish(c)
+    events = list(sched.manager.take_events())
+    removed = [k for e in events if e.removed for k in e.keys]
+    assert all(e.medium is Medium.CPU for e in events)
+    assert set(removed) == b_tail | set(a_keys[2:])  # the head A and B share survives
+    assert len(removed) == 4
+    assert all(sched.manager.lookup(k, ReqContext("x")) is VLookup.HIT for k in a_keys[:2])
