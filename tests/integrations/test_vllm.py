@@ -643,3 +643,33 @@ def test_offloading_connector_scheduler_steps_with_kvtier(option):
     assert set(removed) == b_tail | set(a_keys[2:])  # the head A and B share survives
     assert len(removed) == 4
     assert all(sched.manager.lookup(k, ReqContext("x")) is VLookup.HIT for k in a_keys[:2])
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/vllm.md"])
+def test_documented_vllm_serve_lines_build_kvtier(page):
+    """Each `vllm serve ... --kv-transfer-config '{...}'` line of the docs names vLLM's
+    registered OffloadingConnector and builds a kvtier manager or policy through vLLM's own
+    factories."""
+    import json
+    import re
+
+    from vllm.config.kv_transfer import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    from conftest import REPO_ROOT
+
+    lines = re.findall(r"^vllm serve .*--kv-transfer-config '(\{.*\})'$",
+                       (REPO_ROOT / page).read_text(), flags=re.M)
+    assert len(lines) == 2
+    built = set()
+    for line in lines:
+        cfg = KVTransferConfig(**json.loads(line))
+        assert cfg.kv_connector == "OffloadingConnector" and cfg.kv_role == "kv_both"
+        assert "OffloadingConnector" in KVConnectorFactory._registry
+        spec = OffloadingSpecFactory.create_spec(offloading_config(cfg.kv_connector_extra_config))
+        manager = spec.get_manager()
+        if isinstance(manager, kv.KVTierOffloadingManager):
+            built.add(("spec", manager.manager.policy.name))
+        else:
+            built.add(("policy", manager._policy.kvtier.name))
+    assert built == {("spec", "arc"), ("policy", "arc")}
