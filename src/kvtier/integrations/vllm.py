@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import filterfalse
 from typing import Any, ClassVar
@@ -121,9 +121,11 @@ class _KVTierHooks:
         """One successful store call's new keys, head first (prefix policies learn links)."""
         self.policy.on_store(keys)
 
-    def evictable(self, keys: Sequence[Any], slots: Sequence[int]) -> None:
-        """Blocks that became evictable, in the order given (the last ends most recent)."""
-        self.policy.blocks_evictable(keys, slots)
+    def evictable(self, keys: list[Any], slot_of: Callable[[Any], int]) -> None:
+        """Blocks that became evictable in one call, head first: ``keys[0]`` ends most recent
+        (the current contract takes them the other way round, with their slots)."""
+        keys = keys[::-1]
+        self.policy.blocks_evictable(keys, [slot_of(key) for key in keys])
 
     def unevictable(self, key: Any) -> None:
         """A block pinned by a load (ref count 0 -> 1)."""
@@ -225,9 +227,8 @@ class KVTierCachePolicy(CachePolicy):
         self._offer = None
         if self._released:
             released, self._released = self._released, []
-            released.reverse()  # the call's first key ends most recent
             chunks = self._chunks
-            self._hooks.evictable(released, [chunks[key].chunk_id for key in released])
+            self._hooks.evictable(released, lambda key: chunks[key].chunk_id)
 
     def get(self, key: OffloadKey) -> ChunkStatus | None:
         return self._chunks.get(key)
