@@ -44,12 +44,12 @@ def test_eviction_visits_victims_and_protected_keys_only(policy, pinned_share):
     if pinned:
         m.prepare_load(list(range(pinned)))
     protected = list(range(pinned, pinned + 5))  # named in the call: must be skipped
-    m.policy.visited = 0
+    m.policy.examined = 0
     out = m.prepare_store(protected + list(range(n, n + 20)))
     assert out is not None and len(out.evicted_keys) == 20
     assert not set(out.evicted_keys) & set(protected)
     assert all(k >= pinned for k in out.evicted_keys)
-    assert m.policy.visited <= 20 + len(protected)
+    assert m.policy.examined <= 20 + len(protected)
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=_name)
@@ -75,18 +75,22 @@ def test_pending_and_pinned_blocks_are_not_candidates(policy):
     m.complete_store([4, 5])
     victims = m.policy.evict(2, protected=())
     assert victims is not None
-    assert {k for k, _ in victims} <= {3, 4, 5}
+    assert len(victims) == 2 and set(victims) <= {3, 4, 5}
     assert m.policy.evict(4, protected=()) is None
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=_name)
-def test_victims_carry_their_slots(policy):
+def test_evict_returns_n_distinct_keys_and_their_slots_are_reused(policy):
     m = full(policy, 8)
-    slots = {k: m.snapshot()["slot_of"][k] for k in range(8)}
-    victims = m.policy.evict(3, protected=())
-    assert victims is not None
-    for key, slot in victims:
-        assert slots[key] == slot
+    slot_of = m.snapshot()["slot_of"]
+    m.touch([1, 2])
+    out = m.prepare_store([10, 11, 12])
+    assert len(out.evicted_keys) == 3 == len(set(out.evicted_keys))
+    assert sorted(out.block_ids) == sorted(slot_of[k] for k in out.evicted_keys)
+    assert m.policy.count_eligible() == 5
+    survivors = [k for k in range(8) if k not in out.evicted_keys]
+    # 10 is pending: not eligible anyway
+    assert m.policy.count_eligible({survivors[0], survivors[1], 10}) == 3
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=_name)
@@ -94,7 +98,7 @@ def test_clear_forgets_everything(policy):
     m = full(policy, 8)
     m.touch([1, 2])
     m.reset_cache()
-    assert len(m.policy) == 0
+    assert m.policy.count_eligible() == 0 and m.policy.examined == 0
     fresh = OffloadingManager(8, policy)
     assert m.snapshot() == fresh.snapshot()
 
