@@ -9,6 +9,8 @@ unprotected victims, exactly the shortfall evicted, and all counts consistent.
 from __future__ import annotations
 
 import itertools
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +19,9 @@ from hypothesis import strategies as st
 from kvtier import BlockStateError, LookupResult, OffloadingManager, available_policies
 from kvtier.policies import ARCPolicy, LFUPolicy, LRUPolicy, S3FIFOPolicy, SievePolicy
 from kvtier.policies.prefix import prefix_aware
+
+sys.path.insert(0, str(Path(__file__).parent / "policies"))
+from example_policy import FIFOPolicy  # noqa: E402  the docs/manager.md example
 
 # None and a tuple are valid block keys too (a policy must not use None as a marker)
 KEYS = st.sampled_from([0, 1, 2, 3, None, ("t", 1)])
@@ -208,7 +213,9 @@ def run(policy: str, capacity: int, ops) -> None:
         check_invariants(m, model)
 
 
-@pytest.mark.parametrize("policy", available_policies())
+@pytest.mark.parametrize(
+    "policy", available_policies() + [FIFOPolicy], ids=lambda p: getattr(p, "name", p)
+)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(capacity=st.integers(min_value=1, max_value=4), ops=OPS)
 def test_random_operations_match_reference_model(policy, capacity, ops):

@@ -1,9 +1,12 @@
 """The offloading manager: block bookkeeping of one offloaded KV-cache tier.
 
 Modelled on vLLM's ``CPUOffloadingManager`` (``vllm/v1/kv_offload``): same method names and
-meaning, so an engine can switch. The manager owns the shared logic — the key -> slot map, ref
-counts, the free-slot list, admission, events and statistics — and delegates only the *order*
-of evictable blocks and the choice of victims to a :class:`~kvtier.policies.CachePolicy`.
+meaning, so an engine can switch. The manager alone owns slots, residency, pending stores and
+pins — the key -> slot map, ref counts, events and statistics, with the free slots in a
+:class:`~kvtier.slots.SlotAllocator` and admission in an
+:class:`~kvtier.admission.AdmissionTracker` — and delegates only the *order* of evictable
+blocks and the choice of victims to a :class:`~kvtier.policies.CachePolicy`, which deals in
+keys only and whose answers it checks (:class:`~kvtier.errors.PolicyError`).
 
 Per-block state is one dict (key -> slot) plus, for the few blocks in flight, the set of
 pending keys and a dict of pin counts (key -> pins, pinned blocks only), so nothing is
@@ -21,7 +24,7 @@ in neither, so storing, loading and releasing blocks touch small collections onl
 
 Every public method accepts an optional ``req_context`` (ignored here) so vLLM-style callers
 fit. Every method validates all its keys before it changes anything: a bad call raises and
-leaves the manager exactly as it was.
+leaves the manager exactly as it was. Not thread-safe: one thread at a time.
 """
 
 from __future__ import annotations
@@ -289,7 +292,7 @@ class OffloadingManager:
                 count = pins.get(key, 0)
                 if count == 0:
                     self._evictable -= 1
-                    self.policy.mark_non_evictable((key,))
+                    self.policy.mark_non_evictable(keys)
                 pins[key] = count + 1
                 self._loads += 1
                 return [slot]
@@ -349,7 +352,7 @@ class OffloadingManager:
             if count == 1:
                 del pins[key]
                 self._evictable += 1
-                self.policy.mark_evictable((key,))
+                self.policy.mark_evictable(keys)
                 return
         self._slots_of(keys, "complete_load")  # every key stored and hashable
         # the usual release names each pinned block once: take each count out, put back the
@@ -466,10 +469,16 @@ class OffloadingManager:
             else:
                 if not self._evictable:
                     return None  # fast fail: the policy is not asked
-                victims = self.policy.evict(1, ())
-                if victims is None:
-                    return None
-                slot = self._victim_slots(victims, 1, ())[0]
+                # the manager's evictable count is exact and nothing is protected, so the
+                # policy's recount (CachePolicy.evict) is skipped (docs/performance.md)
+                victims = self.policy._evict(1, ())
+                victim = victims[0] if type(victims) is list and len(victims) == 1 else None
+                slot = slot_of.pop(victim, None) if type(victim) in _PLAIN_KEY_TYPES else None
+                if slot is None or victim in self._pending_keys or victim in self._pins:
+                    if slot is not None:
+                        slot_of[victim] = slot
+                    # any other key type, or a broken policy (which raises here)
+                    slot = self._victim_slots(victims, 1, ())[0]
                 evicted_keys = victims
                 self._evictable -= 1
                 self._evictions += 1
@@ -516,9 +525,12 @@ class OffloadingManager:
                 protected = [key for key in keys if key in slot_of]
             else:
                 protected = {key for key in keys if key in slot_of}
-            victims = self.policy.evict(shortfall, protected)
-            if victims is None:
-                return None
+            if protected:
+                victims = self.policy.evict(shortfall, protected)
+                if victims is None:
+                    return None
+            else:  # the manager's count is exact: no recount (see the one-key path)
+                victims = self.policy._evict(shortfall, ())
             self._slots.release(self._victim_slots(victims, shortfall, protected))
             evicted_keys = victims
             self._evictable -= shortfall

@@ -14,13 +14,32 @@ from kvtier.policies.lru import LRUPolicy
 from kvtier.policies.prefix import prefix_aware
 from kvtier.policies.s3fifo import S3FIFOPolicy
 
+from example_policy import FIFOPolicy  # tests/policies/example_policy.py
+
 # the prefix wrappers demote dead leaves only on traffic that has them; these variants always
 # do, so the contract is checked on that eviction path too (passed as classes, not registered)
 ALWAYS_DEMOTING = [
     prefix_aware(inner, f"prefix-{inner.name}-always", leaf_mode="always")
     for inner in (LRUPolicy, ARCPolicy, S3FIFOPolicy)
 ]
-POLICIES = available_policies() + ALWAYS_DEMOTING
+# plus the ~40-line example policy of docs/manager.md, taken from the document
+POLICIES = available_policies() + ALWAYS_DEMOTING + [FIFOPolicy]
+
+
+def test_the_docs_example_policy_is_short_and_evicts_first_in_first_out():
+    lines = FIFOPolicy.__doc__ and len(
+        [line for line in open(FIFOPolicy.__init__.__code__.co_filename).read()
+         .split("## How to write a policy")[1].split("```python")[1].split("```")[0]
+         .splitlines() if line.strip()]
+    )
+    assert lines <= 45
+    m = OffloadingManager(3, FIFOPolicy)
+    m.complete_store(m.prepare_store(["a", "b", "c"]).keys_to_store)  # a ends newest
+    m.touch(["c"])  # ignored
+    assert m.prepare_store(["d"]).evicted_keys == ["c"]
+    m.prepare_load(["b"])
+    m.complete_load(["b"])  # re-enters as the newest
+    assert m.prepare_store(["e", "f"]).evicted_keys == ["a", "b"]
 
 
 def _name(policy) -> str:
