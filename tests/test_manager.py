@@ -268,12 +268,12 @@ def test_events_one_per_evicting_store_and_per_completing_store():
     m.prepare_store(["a", "b"])
     assert m.take_events() == []
     m.complete_store(["a", "b"])
-    assert m.take_events() == [OffloadingEvent(["a", "b"], False)]
+    assert m.take_events() == [OffloadingEvent(("a", "b"), False)]
     m.prepare_store(["c"])
     m.complete_store(["c", "zz"])
     assert m.take_events() == [
-        OffloadingEvent(["b"], True),
-        OffloadingEvent(["c"], False),
+        OffloadingEvent(("b",), True),
+        OffloadingEvent(("c",), False),
     ]
     m.complete_store(["c"])  # nothing became ready
     assert m.take_events() == []

@@ -483,7 +483,7 @@ class OffloadingManager:
                 self._evictable -= 1
                 self._evictions += 1
                 if self.enable_events:
-                    self._events.append(OffloadingEvent(list(victims), True))
+                    self._events.append(OffloadingEvent(tuple(victims), True))
             slot_of[key] = slot
             self._pending_keys.add(key)
             if self._insert is not None:
@@ -536,7 +536,7 @@ class OffloadingManager:
             self._evictable -= shortfall
             self._evictions += shortfall
             if self.enable_events:
-                self._events.append(OffloadingEvent(list(victims), True))
+                self._events.append(OffloadingEvent(tuple(victims), True))
 
         block_ids = self._slots.take(num_new)
         if num_new == 1:
@@ -591,7 +591,7 @@ class OffloadingManager:
                 self._evictable += 1
                 self._completed_stores += 1
                 if self.enable_events:
-                    self._events.append(OffloadingEvent([key], False))
+                    self._events.append(OffloadingEvent((key,), False))
             return
         if type(success) is not bool:
             raise TypeError(f"complete_store: success must be a bool, got {success!r}")
@@ -619,7 +619,7 @@ class OffloadingManager:
             self._evictable += len(done)
             self._completed_stores += len(done)
             if self.enable_events:
-                self._events.append(OffloadingEvent(list(done), False))
+                self._events.append(OffloadingEvent(tuple(done), False))
         else:
             self.policy.remove(done)
             slot_of = self._slot_of
