@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/regen_golden.py [--trace PATH] [--check]
+    python scripts/regen_golden.py [--trace PATH] [--check] [--policy NAME ...]
 
 For every registered policy x 3 tier sizes x in-flight window {0, 8} (protocol ``prefix``),
 plus protocol ``get`` at the same sizes on the sample only (one call per key, 1.6x the cost
@@ -16,7 +16,8 @@ tokens, stores, store failures (calls and blocks), evictions. Two files:
 
 A change that moves any of these numbers must say why in its commit (issue #10, goal 1).
 ``--check`` compares instead of writing and exits 1 on any difference (what
-``tests/test_golden.py`` does too).
+``tests/test_golden.py`` does too). ``--policy`` limits the run to the named policies and
+rewrites only their rows.
 """
 
 from __future__ import annotations
@@ -67,9 +68,11 @@ def compute(requests: list, policy: str, protocol: str, capacity: int, inflight:
     return {field: getattr(res, field) for field in FIELDS}
 
 
-def generate(name: str, requests: list) -> dict:
+def generate(name: str, requests: list, policies: list[str] | None = None) -> dict:
     return {
-        row_key(*case): compute(requests, *case) for case in cases(name)
+        row_key(*case): compute(requests, *case)
+        for case in cases(name)
+        if policies is None or case[0] in policies
     }
 
 
@@ -77,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", type=Path, default=SHARED, help="the full conversation trace")
     ap.add_argument("--check", action="store_true", help="compare, do not write")
+    ap.add_argument("--policy", action="append", help="only these policies' rows")
     args = ap.parse_args(argv)
     traces = {"sample": embedded_sample_path()}
     if args.trace.is_file():
@@ -87,18 +91,26 @@ def main(argv: list[str] | None = None) -> int:
     for name, path in traces.items():
         requests = list(read_trace(path))
         t0 = time.perf_counter()
-        values = generate(name, requests)
+        values = generate(name, requests, args.policy)
         took = time.perf_counter() - t0
         out = GOLDEN / f"{name}.json"
+        old = json.loads(out.read_text()) if out.exists() else {}
+        if args.policy:  # only the named policies' rows are compared or rewritten
+            old_rest = {k: v for k, v in old.items() if k.split("/")[0] not in args.policy}
+            old = {k: v for k, v in old.items() if k not in old_rest}
+        else:
+            old_rest = {}
         if args.check:
-            old = json.loads(out.read_text())
             diff = [k for k in sorted(set(old) | set(values)) if old.get(k) != values.get(k)]
             for k in diff:
                 print(f"{name} {k}: golden {old.get(k)} now {values.get(k)}")
             status |= bool(diff)
             print(f"{name}: {len(values)} rows, {len(diff)} differ ({took:.1f} s)")
         else:
-            out.write_text(json.dumps(values, indent=1, sort_keys=True) + "\n")
+            changed = sorted(k for k in values if old.get(k) != values[k])
+            for k in changed:
+                print(f"{name} {k}: {old.get(k)} -> {values[k]}")
+            out.write_text(json.dumps({**old_rest, **values}, indent=1, sort_keys=True) + "\n")
             print(f"{name}: {len(values)} rows written to {out} ({took:.1f} s)")
     return status
 

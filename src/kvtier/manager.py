@@ -472,13 +472,18 @@ class OffloadingManager:
                 # the manager's evictable count is exact and nothing is protected, so the
                 # policy's recount (CachePolicy.evict) is skipped (docs/performance.md)
                 victims = self.policy._evict(1, ())
-                victim = victims[0] if type(victims) is list and len(victims) == 1 else None
-                slot = slot_of.pop(victim, None) if type(victim) in _PLAIN_KEY_TYPES else None
-                if slot is None or victim in self._pending_keys or victim in self._pins:
-                    if slot is not None:
-                        slot_of[victim] = slot
-                    # any other key type, or a broken policy (which raises here)
-                    slot = self._victim_slots(victims, 1, ())[0]
+                # the check of what the policy returned, in its cheap form for one victim
+                # (try costs nothing when nothing is raised; docs/performance.md)
+                try:
+                    if victims.__class__ is not list:
+                        raise TypeError
+                    (victim,) = victims
+                    slot = slot_of.pop(victim)
+                except (TypeError, ValueError, KeyError):
+                    slot = self._victim_slots(victims, 1, ())[0]  # raises PolicyError
+                if victim in self._pending_keys or victim in self._pins:
+                    slot_of[victim] = slot
+                    self._victim_slots(victims, 1, ())  # raises PolicyError
                 evicted_keys = victims
                 self._evictable -= 1
                 self._evictions += 1

@@ -172,3 +172,39 @@ def test_entry_point_plugins_are_found_by_name(monkeypatch):
     assert "ext-lru" in registry.available_policies()
     assert seen_groups == ["kvtier.policies"]
     assert isinstance(OffloadingManager(4, "ext-lru").policy, LRUPolicy)
+
+
+def _check_prefixes(m: OffloadingManager, requests) -> None:
+    for keys in requests:
+        cached = [key in m for key in keys]
+        assert cached == sorted(cached, reverse=True), f"{keys}: tail kept, head gone {cached}"
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=_name)
+@pytest.mark.parametrize("capacity,length", [(10, 10), (10, 3), (16, 5), (40, 7), (100, 30)])
+def test_a_request_loses_its_tail_before_its_head_from_the_first_fill(policy, capacity, length):
+    # issue #11 section 3: requests stored head first, one call each (the first ones fill the
+    # tier), then one-key stores; after every call each request's cached blocks are a prefix
+    m = OffloadingManager(capacity, policy)
+    requests = [[f"r{r}.{i}" for i in range(length)] for r in range(capacity // length + 3)]
+    for keys in requests:
+        out = m.prepare_store(keys)
+        assert out is not None
+        m.complete_store(out.keys_to_store)
+        _check_prefixes(m, requests)
+    for i in range(capacity + 1):  # pending one-key stores until nothing is evictable
+        if m.prepare_store([f"x{i}"]) is None:
+            break
+        _check_prefixes(m, requests)
+    assert m.stats().evictable == 0
+
+
+def test_s3fifo_first_fill_evicts_the_tail_first():
+    # issue #11 section 3's small input: before the fix the first victim was 1 (S held the
+    # head) and the lookup found nothing
+    m = OffloadingManager(10, "s3fifo")
+    keys = list(range(1, 11))
+    m.complete_store(m.prepare_store(keys).keys_to_store)
+    assert m.prepare_store([11]).evicted_keys == [10]
+    assert m.prepare_store([12]).evicted_keys == [9]
+    assert m.lookup_prefix(keys) == 8

@@ -93,9 +93,11 @@ def test_ghost_is_bounded():
 def test_touch_of_a_pinned_block_counts_and_it_reenters_its_queue_tail():
     m = OffloadingManager(10, policy="s3fifo")
     m.complete_store(m.prepare_store(["a", "b", "c"]).keys_to_store)
-    # a is in S (stored first), b and c in M (S was full during the first fill)
-    m.prepare_load(["a"])
-    m.touch(["a", "a"])
-    m.complete_load(["a"])
-    assert state(m.policy) == (["a"], ["c", "b"], [])
-    assert m.policy.snapshot()["freq"]["a"] == 2
+    # c is in S (a call takes S's room tail first), a and b in M (S was full during the
+    # first fill); M's order, oldest first: b, a (the call's head ends newest)
+    assert state(m.policy) == (["c"], ["b", "a"], [])
+    m.prepare_load(["c"])
+    m.touch(["c", "c"])
+    m.complete_load(["c"])
+    assert state(m.policy) == (["c"], ["b", "a"], [])
+    assert m.policy.snapshot()["freq"]["c"] == 2

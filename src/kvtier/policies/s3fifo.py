@@ -10,7 +10,9 @@ The algorithm, in blocks (every block has size 1):
   queue G, in which case it enters the main queue M (the rest of the capacity) directly.
   While the tier is filling up (no eviction yet), a block that finds S full enters M: this is
   libCacheSim's refinement of the paper's algorithm (the paper's version would let S grow past
-  its share and then drain it); it only changes the first fill.
+  its share and then drain it); it only changes the first fill. A call's keys take S's room
+  tail first, so a request's head goes to M and its tail to S, which is evicted first: the
+  tail leaves before the head from the first fill on, as in every built-in policy.
 * A hit adds 1 to the block's frequency, capped at 3 (2 bits). Nothing moves.
 * To evict one block: if M holds more than its share, or S is empty, evict from M, else from S.
 
@@ -122,7 +124,7 @@ class S3FIFOPolicy(CachePolicy):
     # -- state changes -------------------------------------------------------------------
     def insert(self, keys: Sequence[Key]) -> None:
         in_small, in_main, freq, ghost = self._in_small, self._in_main, self._freq, self._ghost
-        for key in keys:
+        for key in reversed(keys):  # tail first: while S is filling, the tail takes its room
             if ghost.pop(key, 0) is None or (
                 not self._has_evicted and len(in_small) >= self.small_capacity
             ):
