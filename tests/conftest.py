@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,13 @@ import pytest
 from kvtier.trace import embedded_sample_path, read_trace
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_TRACE = REPO_ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+# KVTIER_SHARED_TRACE points elsewhere (e.g. from a git worktree, whose ../shared is absent)
+SHARED_TRACE = Path(
+    os.environ.get(
+        "KVTIER_SHARED_TRACE",
+        REPO_ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl",
+    )
+)
 
 
 @pytest.fixture

@@ -268,12 +268,12 @@ def test_events_one_per_evicting_store_and_per_completing_store():
     m.prepare_store(["a", "b"])
     assert m.take_events() == []
     m.complete_store(["a", "b"])
-    assert m.take_events() == [OffloadingEvent(["a", "b"], False)]
+    assert m.take_events() == [OffloadingEvent(("a", "b"), False)]
     m.prepare_store(["c"])
     m.complete_store(["c", "zz"])
     assert m.take_events() == [
-        OffloadingEvent(["b"], True),
-        OffloadingEvent(["c"], False),
+        OffloadingEvent(("b",), True),
+        OffloadingEvent(("c",), False),
     ]
     m.complete_store(["c"])  # nothing became ready
     assert m.take_events() == []
@@ -336,7 +336,7 @@ def test_req_context_accepted_everywhere():
     m = OffloadingManager(2)
     ctx = object()
     out = m.prepare_store(["a"], req_context=ctx)
-    m.complete_store(out.keys_to_store, True, req_context=ctx)
+    m.complete_store(out.keys_to_store, ctx, True)  # vLLM's positional order
     assert m.lookup("a", req_context=ctx) is LookupResult.HIT
     assert m.lookup_prefix(["a"], req_context=ctx) == 1
     m.touch(["a"], req_context=ctx)
@@ -422,6 +422,26 @@ def test_complete_store_success_must_be_a_bool():
     with pytest.raises(TypeError, match="success must be a bool"):
         m.complete_store(["a"], success=1)
     assert m.snapshot() == snap
+
+
+def test_complete_store_takes_vllms_positional_order_and_refuses_a_bool_context():
+    m = OffloadingManager(4)
+    m.prepare_store(["a", "b", "c"])
+    snap = m.snapshot()
+    # the old kvtier order, complete_store(keys, success): a bool where req_context goes
+    for flag in (False, True):
+        with pytest.raises(TypeError, match=f"req_context is {flag}.*pass success={flag}"):
+            m.complete_store(["a", "b"], flag)
+        with pytest.raises(TypeError, match="pass success="):
+            m.complete_store(["a"], flag)  # the one-key fast path checks it too
+    assert m.snapshot() == snap
+    ctx = {"request": 7}
+    m.complete_store(["a"], ctx, False)  # vLLM's order: (keys, req_context, success)
+    assert m.ref_count("a") is None  # dropped, not stored
+    m.complete_store(["b"], ctx)
+    assert m.ref_count("b") == 0
+    m.complete_store(["c"], None, success=True)
+    assert m.ref_count("c") == 0
 
 
 def test_lookup_with_admission_names_an_unhashable_key():

@@ -4,7 +4,7 @@ Block bookkeeping (:class:`OffloadingManager`), pluggable eviction policies
 (:mod:`kvtier.policies`), trace replay and the data path around them.
 """
 
-from kvtier.errors import BlockStateError, KVTierError
+from kvtier.errors import BlockStateError, KVTierError, PolicyError
 from kvtier.manager import OffloadingManager
 from kvtier.policies import CachePolicy, available_policies, get_policy, register_policy
 from kvtier.types import LookupResult, ManagerStats, OffloadingEvent, PrepareStoreOutput
@@ -15,6 +15,7 @@ __all__ = [
     "BlockStateError",
     "CachePolicy",
     "KVTierError",
+    "PolicyError",
     "LookupResult",
     "ManagerStats",
     "OffloadingEvent",

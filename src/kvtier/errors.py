@@ -23,3 +23,22 @@ class BlockStateError(KVTierError, ValueError):
         self.key = key
         self.rule = rule
         super().__init__(f"block {key!r}: {rule}")
+
+
+class PolicyError(KVTierError, RuntimeError):
+    """A policy broke its contract (e.g. :meth:`~kvtier.policies.CachePolicy.evict` returned
+    the wrong number of victims, a repeated key, or a block that was not evictable).
+
+    The manager's own state (slots, ref counts, counters, events) is left exactly as it was
+    before the call; the policy's own state may not be, so the manager should be reset or
+    discarded.
+
+    Attributes:
+        policy: the policy's registry name (or class name).
+        rule: what the policy did wrong.
+    """
+
+    def __init__(self, policy: str, rule: str) -> None:
+        self.policy = policy
+        self.rule = rule
+        super().__init__(f"policy {policy!r}: {rule}")

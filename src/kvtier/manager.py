@@ -1,9 +1,12 @@
 """The offloading manager: block bookkeeping of one offloaded KV-cache tier.
 
 Modelled on vLLM's ``CPUOffloadingManager`` (``vllm/v1/kv_offload``): same method names and
-meaning, so an engine can switch. The manager owns the shared logic — the key -> slot map, ref
-counts, the free-slot list, admission, events and statistics — and delegates only the *order*
-of evictable blocks and the choice of victims to a :class:`~kvtier.policies.CachePolicy`.
+meaning, so an engine can switch. The manager alone owns slots, residency, pending stores and
+pins — the key -> slot map, ref counts, events and statistics, with the free slots in a
+:class:`~kvtier.slots.SlotAllocator` and admission in an
+:class:`~kvtier.admission.AdmissionTracker` — and delegates only the *order* of evictable
+blocks and the choice of victims to a :class:`~kvtier.policies.CachePolicy`, which deals in
+keys only and whose answers it checks (:class:`~kvtier.errors.PolicyError`).
 
 Per-block state is one dict (key -> slot) plus, for the few blocks in flight, the set of
 pending keys and a dict of pin counts (key -> pins, pinned blocks only), so nothing is
@@ -21,19 +24,21 @@ in neither, so storing, loading and releasing blocks touch small collections onl
 
 Every public method accepts an optional ``req_context`` (ignored here) so vLLM-style callers
 fit. Every method validates all its keys before it changes anything: a bad call raises and
-leaves the manager exactly as it was.
+leaves the manager exactly as it was. Not thread-safe: one thread at a time.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Collection, Hashable, Sequence
 from functools import partial
-from itertools import filterfalse
+from itertools import filterfalse, repeat
 from typing import Any
 
-from kvtier.errors import BlockStateError
+from kvtier.admission import AdmissionTracker
+from kvtier.checks import check_positive_int, key_list, unhashable_error
+from kvtier.errors import BlockStateError, PolicyError
 from kvtier.policies import CachePolicy, get_policy
+from kvtier.slots import SlotAllocator
 from kvtier.types import LookupResult, ManagerStats, OffloadingEvent, PrepareStoreOutput
 
 _MISS = LookupResult.MISS
@@ -49,41 +54,13 @@ _PLAIN_KEY_TYPES = frozenset({int, str, bytes})
 _output = partial(tuple.__new__, PrepareStoreOutput)
 
 
-def _check_positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 MAX_BLOCKS = 2**31 - 1
 """Largest ``num_blocks``: slot ids and ref counts are stored as 32-bit ints."""
 
 
-def _key_list(keys: Any, method: str) -> list[Hashable]:
-    """``keys`` as a list (the methods take lists or tuples directly; anything else is copied).
-
-    Raises:
-        TypeError: ``keys`` is a single str/bytes (almost always a forgotten list) or is not
-            iterable.
-    """
-    if isinstance(keys, (str, bytes)):
-        raise TypeError(
-            f"{method}: keys must be a list of block keys, not a single "
-            f"{type(keys).__name__} {keys!r} (wrap it in a list)"
-        )
-    try:
-        return list(keys)
-    except TypeError:
-        raise TypeError(f"{method}: keys must be an iterable of block keys, got {keys!r}") from None
-
-
-def _unhashable(keys: Sequence[Hashable], method: str) -> TypeError:
-    for key in keys:
-        try:
-            hash(key)
-        except TypeError:
-            return TypeError(f"{method}: block key {key!r} is not hashable")
-    return TypeError(f"{method}: keys must be a sequence of hashable block keys")
+def _overrides(policy: CachePolicy, hook: str) -> bool:
+    """Whether ``policy``'s class overrides the optional hook ``hook`` of the base class."""
+    return getattr(type(policy), hook) is not getattr(CachePolicy, hook)
 
 
 class OffloadingManager:
@@ -125,11 +102,11 @@ class OffloadingManager:
         store_threshold: int = 1,
         max_tracker_size: int = 64_000,
     ) -> None:
-        _check_positive_int("num_blocks", num_blocks)
+        check_positive_int("num_blocks", num_blocks, "blocks")
         if num_blocks > MAX_BLOCKS:
             raise ValueError(f"num_blocks must be at most {MAX_BLOCKS}, got {num_blocks}")
-        _check_positive_int("store_threshold", store_threshold)
-        _check_positive_int("max_tracker_size", max_tracker_size)
+        check_positive_int("store_threshold", store_threshold, "lookups")
+        check_positive_int("max_tracker_size", max_tracker_size, "keys")
         if isinstance(policy, str):
             policy_cls = get_policy(policy)
         elif isinstance(policy, type) and issubclass(policy, CachePolicy):
@@ -140,23 +117,14 @@ class OffloadingManager:
             )
         self.num_blocks = num_blocks
         self.policy: CachePolicy = policy_cls(num_blocks)
-        # skip the per-store hook call for policies that do not use it
-        self._on_store = (
-            None if type(self.policy).on_store is CachePolicy.on_store else self.policy.on_store
-        )
+        self._policy_name = policy_cls.name or policy_cls.__name__
+        # optional hooks the policy does not override are not called at all
+        self._insert = self.policy.insert if _overrides(self.policy, "insert") else None
+        self._on_store = self.policy.on_store if _overrides(self.policy, "on_store") else None
         self.enable_events = enable_events
         self.store_threshold = store_threshold
         self.max_tracker_size = max_tracker_size
         self._init_state()
-
-    def _take_unused_slot(self) -> int:
-        """Hand out one unused slot (the tier must have one): a fresh slot first, then the
-        most recently freed."""
-        slot = self._next_fresh
-        if slot < self.num_blocks:
-            self._next_fresh = slot + 1
-            return slot
-        return self._free.pop()
 
     def _init_state(self) -> None:
         self._slot_of: dict[Hashable, int] = {}
@@ -164,12 +132,8 @@ class OffloadingManager:
         # releasing the last pin deletes it
         self._pins: dict[Hashable, int] = {}
         self._pending_keys: set[Hashable] = set()
-        # new map and set: reset_cache shares them again
-        self.policy.share_state(self._slot_of, self._pending_keys)
-        self._free: list[int] = []
-        self._next_fresh = 0
+        self._slots = SlotAllocator(self.num_blocks)
         self._evictable = 0
-        self._pending = 0
         self._hits = 0
         self._pending_hits = 0
         self._misses = 0
@@ -180,8 +144,58 @@ class OffloadingManager:
         self._evictions = 0
         self._loads = 0
         self._events: list[OffloadingEvent] = []
-        self._tracker: OrderedDict[Hashable, int] | None = (
-            OrderedDict() if self.store_threshold >= 2 else None
+        self._tracker: AdmissionTracker | None = (
+            AdmissionTracker(self.store_threshold, self.max_tracker_size)
+            if self.store_threshold >= 2
+            else None
+        )
+
+    def _victim_slots(
+        self, victims: Any, n: int, protected: Collection[Hashable]
+    ) -> list[int]:
+        """Check what the policy's ``evict(n, protected)`` returned and take the victims out
+        of the key -> slot map; return their slots. O(n).
+
+        Raises:
+            PolicyError: not a list of ``n`` distinct resident keys that are evictable
+                (neither pending nor pinned) and not protected. The manager is unchanged.
+        """
+        if type(victims) is not list or len(victims) != n:
+            count = len(victims) if isinstance(victims, list) else type(victims).__name__
+            raise self._policy_error(f"evict({n}) returned {count} victims, not a list of {n}")
+        pending, pins, slot_of = self._pending_keys, self._pins, self._slot_of
+        try:
+            if pending and not pending.isdisjoint(victims):
+                key = next(k for k in victims if k in pending)
+                raise self._policy_error(f"evict({n}) chose block {key!r}, whose store is pending")
+            if pins and not pins.keys().isdisjoint(victims):
+                key = next(k for k in victims if k in pins)
+                raise self._policy_error(f"evict({n}) chose block {key!r}, which is pinned")
+            if protected and any(map(protected.__contains__, victims)):
+                key = next(k for k in victims if k in protected)
+                raise self._policy_error(f"evict({n}) chose block {key!r}, which is protected")
+            before = len(slot_of)
+            slots = list(map(slot_of.pop, victims, repeat(None)))  # C-level, no KeyError
+        except TypeError:
+            raise self._policy_error(f"evict({n}) returned an unhashable key") from None
+        if len(slot_of) != before - n:  # a victim was not resident, or named twice
+            for key, slot in zip(victims, slots):
+                if slot is not None:
+                    slot_of[key] = slot
+            seen: set[Hashable] = set()
+            for key in victims:
+                if key in seen:
+                    raise self._policy_error(f"evict({n}) returned block {key!r} twice")
+                seen.add(key)
+                if key not in slot_of:
+                    raise self._policy_error(f"evict({n}) chose block {key!r}, not stored")
+        return slots
+
+    def _policy_error(self, rule: str) -> PolicyError:
+        return PolicyError(
+            self._policy_name,
+            f"{type(self.policy).__name__}.{rule}; the manager is unchanged, the policy's "
+            "state may not be (reset_cache() or a new manager)",
         )
 
     # -- lookups -------------------------------------------------------------------------
@@ -196,10 +210,10 @@ class OffloadingManager:
         """
         try:
             if self._tracker is not None:
-                self._track((key,))  # hashes the key before counting it
+                self._tracker.record((key,))  # hashes the key before counting it
             stored = key in self._slot_of
         except TypeError:
-            raise _unhashable((key,), "lookup") from None
+            raise unhashable_error((key,), "lookup") from None
         if not stored:
             self._misses += 1
             return _MISS
@@ -222,13 +236,13 @@ class OffloadingManager:
                 hashed first).
         """
         if type(keys) is not list and type(keys) is not tuple:
-            keys = _key_list(keys, "lookup_prefix")
+            keys = key_list(keys, "lookup_prefix")
         slot_of = self._slot_of
         pending = self._pending_keys
         hits = 0
         try:
             if self._tracker is not None:
-                self._track(keys)  # validates every key before counting anything
+                self._tracker.record(keys)  # validates every key before counting anything
             for key in keys:
                 if key not in slot_of:
                     self._misses += 1
@@ -238,21 +252,9 @@ class OffloadingManager:
                     break
                 hits += 1
         except TypeError:
-            raise _unhashable(keys, "lookup_prefix") from None
+            raise unhashable_error(keys, "lookup_prefix") from None
         self._hits += hits
         return hits
-
-    def _track(self, keys: Sequence[Hashable]) -> None:
-        tracker = self._tracker
-        if tracker is None:
-            return
-        for key in keys:
-            hash(key)  # validate every key before counting any
-        for key in keys:
-            count = tracker.pop(key, 0)
-            tracker[key] = count + 1
-        while len(tracker) > self.max_tracker_size:
-            tracker.popitem(last=False)
 
     # -- loads ---------------------------------------------------------------------------
     def _slots_of(self, keys: Sequence[Hashable], method: str) -> list[int]:
@@ -264,7 +266,7 @@ class OffloadingManager:
             key = next(k for k in keys if k not in slot_of)
             raise BlockStateError(key, f"{method}: block is not stored in the tier") from None
         except TypeError:
-            raise _unhashable(keys, method) from None
+            raise unhashable_error(keys, method) from None
 
     def prepare_load(self, keys: Sequence[Hashable], req_context: Any = None) -> list[int]:
         """Pin ready blocks for reading: ref count +1 each. O(len(keys)).
@@ -281,7 +283,7 @@ class OffloadingManager:
             TypeError: a key is not hashable.
         """
         if type(keys) is not list and type(keys) is not tuple:
-            keys = _key_list(keys, "prepare_load")
+            keys = key_list(keys, "prepare_load")
         pins = self._pins
         if len(keys) == 1:  # fast path; anything unusual falls through to the checks below
             key = keys[0]
@@ -290,7 +292,7 @@ class OffloadingManager:
                 count = pins.get(key, 0)
                 if count == 0:
                     self._evictable -= 1
-                    self.policy.block_unevictable(key)
+                    self.policy.mark_non_evictable(keys)
                 pins[key] = count + 1
                 self._loads += 1
                 return [slot]
@@ -323,14 +325,15 @@ class OffloadingManager:
                 pins[key] = count + 1
         if newly_pinned:
             self._evictable -= len(newly_pinned)
-            self.policy.blocks_unevictable(newly_pinned)
+            self.policy.mark_non_evictable(newly_pinned)
         self._loads += len(slots)
         return slots
 
     def complete_load(self, keys: Sequence[Hashable], req_context: Any = None) -> None:
         """Release one pin per key (ref count -1); a block at 0 becomes evictable again.
 
-        Keys are applied in reverse, so ``keys[0]`` ends most recently used.
+        Blocks that become evictable reach the policy in the call's order (``keys[0]`` ends
+        most recently used, the key-order rule of :mod:`kvtier.policies.base`).
 
         Raises:
             BlockStateError: a key is not stored, is pending, or is released more times than
@@ -338,7 +341,7 @@ class OffloadingManager:
             TypeError: a key is not hashable.
         """
         if type(keys) is not list and type(keys) is not tuple:
-            keys = _key_list(keys, "complete_load")
+            keys = key_list(keys, "complete_load")
         pins = self._pins
         if len(keys) == 1:  # fast path; anything unusual falls through to the checks below
             key = keys[0]
@@ -349,9 +352,9 @@ class OffloadingManager:
             if count == 1:
                 del pins[key]
                 self._evictable += 1
-                self.policy.block_evictable(key, self._slot_of[key])
+                self.policy.mark_evictable(keys)
                 return
-        slots = self._slots_of(keys, "complete_load")  # every key stored and hashable
+        self._slots_of(keys, "complete_load")  # every key stored and hashable
         # the usual release names each pinned block once: take each count out, put back the
         # blocks other loads still pin; anything else (a key not pinned, or named twice) puts
         # everything back and is checked key by key
@@ -360,18 +363,14 @@ class OffloadingManager:
         counts = [pop(key, 0) for key in keys]
         if before - len(pins) == len(keys):
             if counts.count(1) == len(keys):  # every pin released was its block's last
-                freed_keys = list(reversed(keys))  # reverse: keys[0] ends most recent
-                freed_slots = slots[::-1]
+                freed_keys = keys
             else:
                 freed_keys = []
-                freed_slots = []
-                for i in range(len(keys) - 1, -1, -1):  # reverse: keys[0] ends most recent
-                    count = counts[i]
+                for key, count in zip(keys, counts):
                     if count > 1:
-                        pins[keys[i]] = count - 1
+                        pins[key] = count - 1
                     else:
-                        freed_keys.append(keys[i])
-                        freed_slots.append(slots[i])
+                        freed_keys.append(key)
         else:
             pins.update(item for item in zip(keys, counts) if item[1])
             for key in keys:
@@ -392,19 +391,17 @@ class OffloadingManager:
                         f"pinned only {pins[key]} times",
                     )
             freed_keys = []
-            freed_slots = []
-            for i in range(len(keys) - 1, -1, -1):  # reverse: keys[0] ends most recent
-                key = keys[i]
+            for key in reversed(keys):  # a key named several times is freed at its first
                 count = pins[key] - 1
                 if count:
                     pins[key] = count
                 else:
                     del pins[key]
                     freed_keys.append(key)
-                    freed_slots.append(slots[i])
+            freed_keys.reverse()
         if freed_keys:
             self._evictable += len(freed_keys)
-            self.policy.blocks_evictable(freed_keys, freed_slots)
+            self.policy.mark_evictable(freed_keys)
 
     # -- use -----------------------------------------------------------------------------
     def touch(self, keys: Sequence[Hashable], req_context: Any = None) -> None:
@@ -416,16 +413,16 @@ class OffloadingManager:
             TypeError: a key is not hashable (nothing is recorded).
         """
         if type(keys) is not list and type(keys) is not tuple:
-            keys = _key_list(keys, "touch")
+            keys = key_list(keys, "touch")
         if len(keys) > 1:  # a single key fails on its first (hashing) use: nothing changes
             try:
                 hash(tuple(keys))  # hashes every key: validates them all before any change
             except TypeError:
-                raise _unhashable(keys, "touch") from None
+                raise unhashable_error(keys, "touch") from None
         try:
             self.policy.touch(keys)
         except TypeError:
-            raise _unhashable(keys, "touch") from None
+            raise unhashable_error(keys, "touch") from None
 
     # -- stores --------------------------------------------------------------------------
     def prepare_store(
@@ -446,9 +443,11 @@ class OffloadingManager:
 
         Raises:
             TypeError: a key is not hashable (nothing changed).
+            PolicyError: the policy's ``evict`` broke its contract (wrong count, a repeated,
+                unknown, pending, pinned or protected key); nothing in the manager changed.
         """
         if type(keys) is not list and type(keys) is not tuple:
-            keys = _key_list(keys, "prepare_store")
+            keys = key_list(keys, "prepare_store")
         slot_of = self._slot_of
         if len(keys) == 1 and self._tracker is None:
             # one key, no admission: the same steps with fewer checks. In a full tier every
@@ -459,31 +458,41 @@ class OffloadingManager:
             try:
                 stored = key in slot_of
             except TypeError:
-                raise _unhashable(keys, "prepare_store") from None
+                raise unhashable_error(keys, "prepare_store") from None
             if stored:
                 if self._on_store is not None:
                     self._on_store(keys)
                 return _output(([], [], []))
             evicted_keys: list[Hashable] = []
             if len(slot_of) < self.num_blocks:
-                slot = self._take_unused_slot()
+                slot = self._slots.take_one()
             else:
                 if not self._evictable:
                     return None  # fast fail: the policy is not asked
-                victims = self.policy.evict(1, ())
-                if victims is None:
-                    return None
-                victim, slot = victims[0]
-                del slot_of[victim]
-                evicted_keys.append(victim)
+                # the manager's evictable count is exact and nothing is protected, so the
+                # policy's recount (CachePolicy.evict) is skipped (docs/performance.md)
+                victims = self.policy._evict(1, ())
+                # the check of what the policy returned, in its cheap form for one victim
+                # (try costs nothing when nothing is raised; docs/performance.md)
+                try:
+                    if victims.__class__ is not list:
+                        raise TypeError
+                    (victim,) = victims
+                    slot = slot_of.pop(victim)
+                except (TypeError, ValueError, KeyError):
+                    slot = self._victim_slots(victims, 1, ())[0]  # raises PolicyError
+                if victim in self._pending_keys or victim in self._pins:
+                    slot_of[victim] = slot
+                    self._victim_slots(victims, 1, ())  # raises PolicyError
+                evicted_keys = victims
                 self._evictable -= 1
                 self._evictions += 1
                 if self.enable_events:
-                    self._events.append(OffloadingEvent(evicted_keys, True))
+                    self._events.append(OffloadingEvent(tuple(victims), True))
             slot_of[key] = slot
             self._pending_keys.add(key)
-            self.policy.insert(key, slot)
-            self._pending += 1
+            if self._insert is not None:
+                self._insert(keys)
             self._stores += 1
             if self._on_store is not None:
                 self._on_store(keys)
@@ -491,15 +500,14 @@ class OffloadingManager:
         try:
             new_keys = list(filterfalse(slot_of.__contains__, keys))  # not stored yet, in order
         except TypeError:
-            raise _unhashable(keys, "prepare_store") from None
+            raise unhashable_error(keys, "prepare_store") from None
         num_resident = len(keys) - len(new_keys)  # occurrences of keys already stored
         if len(new_keys) > 1 and len(set(new_keys)) != len(new_keys):
             new_keys = list(dict.fromkeys(new_keys))  # a key named twice is stored once
         skipped = 0
         tracker = self._tracker
         if tracker is not None and new_keys:
-            threshold = self.store_threshold
-            admitted = [key for key in new_keys if tracker.get(key, 0) >= threshold]
+            admitted = tracker.admit(new_keys)
             skipped = len(new_keys) - len(admitted)
             new_keys = admitted
         if not new_keys:
@@ -522,49 +530,28 @@ class OffloadingManager:
                 protected = [key for key in keys if key in slot_of]
             else:
                 protected = {key for key in keys if key in slot_of}
-            victims = self.policy.evict(shortfall, protected)
-            if victims is None:
-                return None
-            if shortfall == 1:
-                key, slot = victims[0]
-                evicted_keys = [key]
-                del slot_of[key]
-                self._free.append(slot)
-            else:
-                # one pass (not zip(*victims): that allocates one iterator object per victim,
-                # and the garbage collector's passes over them grow with the tier)
-                free = self._free
-                for key, slot in victims:
-                    del slot_of[key]
-                    evicted_keys.append(key)
-                    free.append(slot)
+            if protected:
+                victims = self.policy.evict(shortfall, protected)
+                if victims is None:
+                    return None
+            else:  # the manager's count is exact: no recount (see the one-key path)
+                victims = self.policy._evict(shortfall, ())
+            self._slots.release(self._victim_slots(victims, shortfall, protected))
+            evicted_keys = victims
             self._evictable -= shortfall
             self._evictions += shortfall
             if self.enable_events:
-                self._events.append(OffloadingEvent(evicted_keys, True))
+                self._events.append(OffloadingEvent(tuple(victims), True))
 
+        block_ids = self._slots.take(num_new)
         if num_new == 1:
-            slot = self._take_unused_slot()
-            block_ids = [slot]
-            key = new_keys[0]
-            slot_of[key] = slot
-            self._pending_keys.add(key)
-            self.policy.insert(key, slot)
+            slot_of[new_keys[0]] = block_ids[0]
+            self._pending_keys.add(new_keys[0])
         else:
-            fresh = self.num_blocks - self._next_fresh  # never-used slots left
-            if fresh > num_new:
-                fresh = num_new
-            block_ids = list(range(self._next_fresh, self._next_fresh + fresh))
-            self._next_fresh += fresh
-            if fresh < num_new:
-                free = self._free
-                reused = num_new - fresh
-                block_ids.extend(reversed(free[-reused:]))
-                del free[-reused:]
             slot_of.update(zip(new_keys, block_ids))
             self._pending_keys.update(new_keys)
-            self.policy.insert_many(new_keys, block_ids)
-        self._pending += num_new
+        if self._insert is not None:
+            self._insert(new_keys)
         self._stores += num_new
         self._skipped_stores += skipped
         if self._on_store is not None:
@@ -572,22 +559,32 @@ class OffloadingManager:
         return _output((new_keys, block_ids, evicted_keys))
 
     def complete_store(
-        self, keys: Sequence[Hashable], success: bool = True, req_context: Any = None
+        self, keys: Sequence[Hashable], req_context: Any = None, success: bool = True
     ) -> None:
         """Finish the stores of ``keys``.
 
-        With ``success=True`` pending blocks become ready and evictable (applied in reverse,
-        so ``keys[0]`` ends most recently used; a key named twice counts at its first
-        occurrence, as in :meth:`touch`); with ``success=False`` they are dropped and their
-        slots freed. Keys that are not pending are ignored (a store may be completed by
-        whichever caller finishes first).
+        The parameters are in vLLM's order, ``complete_store(keys, req_context, success)``;
+        a bool where ``req_context`` goes is refused (``complete_store(keys, False)`` would
+        otherwise read as a context and store the blocks), so pass ``success=`` by keyword.
+
+        With ``success=True`` pending blocks become ready and evictable (``keys[0]`` ends
+        most recently used; a key named twice counts at its first occurrence, as in
+        :meth:`touch`); with ``success=False`` they are dropped and their slots freed. Keys
+        that are not pending are ignored (a store may be completed by whichever caller
+        finishes first).
 
         Raises:
-            TypeError: a key is not hashable, or ``success`` is not a bool (nothing changed).
+            TypeError: a key is not hashable, ``success`` is not a bool, or ``req_context``
+                is a bool (nothing changed).
         """
+        if req_context is True or req_context is False:
+            raise TypeError(
+                f"complete_store: req_context is {req_context!r}; the order is "
+                "complete_store(keys, req_context=None, success=True) as in vLLM: pass "
+                f"success={req_context!r} by keyword"
+            )
         if type(keys) is not list and type(keys) is not tuple:
-            keys = _key_list(keys, "complete_store")
-        slot_of = self._slot_of
+            keys = key_list(keys, "complete_store")
         pending = self._pending_keys
         # fast path for one key of a type whose hashing cannot fail (a set's membership test
         # would quietly take a mutable set key for the equal frozenset)
@@ -595,12 +592,11 @@ class OffloadingManager:
             key = keys[0]
             if key in pending:
                 pending.remove(key)
-                self.policy.block_evictable(key, slot_of[key])
+                self.policy.mark_evictable(keys)
                 self._evictable += 1
                 self._completed_stores += 1
-                self._pending -= 1
                 if self.enable_events:
-                    self._events.append(OffloadingEvent([key], False))
+                    self._events.append(OffloadingEvent((key,), False))
             return
         if type(success) is not bool:
             raise TypeError(f"complete_store: success must be a bool, got {success!r}")
@@ -609,36 +605,31 @@ class OffloadingManager:
             if not all_pending:  # issuperset stopped at the first key not pending
                 hash(tuple(keys))  # hashes every key: validates them all before any change
         except TypeError:
-            raise _unhashable(keys, "complete_store") from None
-        done: list[Hashable] = []
+            raise unhashable_error(keys, "complete_store") from None
+        done: Sequence[Hashable]
         if all_pending:  # the usual call: each key is pending, and named once
             before = len(pending)
             pending.difference_update(keys)
             if before - len(pending) == len(keys):
-                done = list(reversed(keys))  # reverse: keys[0] ends most recent
+                done = keys
             else:  # a key named several times counts at its first occurrence
                 done = list(dict.fromkeys(keys))
-                done.reverse()
         else:
             done = [key for key in dict.fromkeys(keys) if key in pending]
             pending.difference_update(done)
-            done.reverse()  # reverse: keys[0] ends most recent
+        if not done:
+            return
         if success:
-            if done:
-                self.policy.blocks_evictable(done, list(map(slot_of.__getitem__, done)))
+            self.policy.mark_evictable(done)
             self._evictable += len(done)
             self._completed_stores += len(done)
-            if done and self.enable_events:
-                done.reverse()
-                self._events.append(OffloadingEvent(done, False))
+            if self.enable_events:
+                self._events.append(OffloadingEvent(tuple(done), False))
         else:
-            remove = self.policy.remove
-            free = self._free
-            for key in done:
-                free.append(slot_of.pop(key))
-                remove(key)
+            self.policy.remove(done)
+            slot_of = self._slot_of
+            self._slots.release([slot_of.pop(key) for key in done])
             self._failed_stores += len(done)
-        self._pending -= len(done)
 
     # -- whole-tier operations -----------------------------------------------------------
     def reset_cache(self) -> None:
@@ -673,7 +664,7 @@ class OffloadingManager:
             evictions=self._evictions,
             loads=self._loads,
             used=used,
-            pending=self._pending,
+            pending=len(self._pending_keys),
             pinned=len(self._pins),
             evictable=self._evictable,
             free=self.num_blocks - used,
@@ -700,7 +691,8 @@ class OffloadingManager:
 
         Costs O(slots ever used); two snapshots are ``==`` exactly when nothing changed.
         """
-        ref = [0] * self._next_fresh  # per slot; later slots were never used
+        slots = self._slots
+        ref = [0] * slots.next_fresh  # per slot; later slots were never used
         for key, count in self._pins.items():
             ref[self._slot_of[key]] = count
         for key in self._pending_keys:
@@ -708,16 +700,16 @@ class OffloadingManager:
         return {
             "slot_of": dict(self._slot_of),
             "ref": ref,
-            "free": list(self._free),
+            "free": list(slots.free),
             "pending_keys": set(self._pending_keys),
-            "next_fresh": self._next_fresh,
-            "counts": (self._evictable, self._pending, len(self._pins)),
+            "next_fresh": slots.next_fresh,
+            "counts": (self._evictable, len(self._pending_keys), len(self._pins)),
             "counters": (
                 self._hits, self._pending_hits, self._misses, self._stores,
                 self._completed_stores, self._failed_stores, self._skipped_stores,
                 self._evictions, self._loads,
             ),
-            "tracker": None if self._tracker is None else list(self._tracker.items()),
+            "tracker": None if self._tracker is None else self._tracker.items(),
             "events": list(self._events),
             "policy": self.policy.snapshot(),
         }

@@ -28,6 +28,9 @@ class PrepareStoreOutput(NamedTuple):
         block_ids: the slot id (0 <= id < num_blocks) of each key in ``keys_to_store``; the
             caller writes the block's bytes there, then calls ``complete_store``.
         evicted_keys: keys evicted to make room, in eviction order.
+
+    The three lists are fresh objects, the caller's to change: nothing in the manager or its
+    events refers to them.
     """
 
     keys_to_store: list[Hashable]
@@ -39,11 +42,13 @@ class OffloadingEvent(NamedTuple):
     """A change in which blocks the tier holds, for an engine's KV-cache event stream.
 
     Attributes:
-        keys: the blocks concerned, in the order of the call that produced the event.
+        keys: the blocks concerned, in the order of the call that produced the event: a
+            tuple of the event's own, so nothing a caller does to a returned list (e.g.
+            :attr:`PrepareStoreOutput.evicted_keys`) changes it.
         removed: ``True`` when the blocks were evicted, ``False`` when they became readable.
     """
 
-    keys: list[Hashable]
+    keys: tuple[Hashable, ...]
     removed: bool
 
 

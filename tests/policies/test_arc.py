@@ -27,8 +27,8 @@ def arc_state() -> OffloadingManager:
     for _ in range(3):
         m.touch([1])
     snap = m.policy.snapshot()
-    assert snap["t1"] == [(3, 2), (4, 3)]
-    assert [k for k, _ in snap["t2"]] == [6, 5]
+    assert snap["t1"] == [3, 4]
+    assert snap["t2"] == [6, 5]
     assert snap["b1"] == [2, 1]
     assert snap["target"] == 3.0
     return m
@@ -121,7 +121,7 @@ def test_pinned_t1_block_touched_moves_to_t2_and_reenters_t2_mru_on_unpin():
     snap = m.policy.snapshot()
     assert 1 in snap["t2_all"] and snap["t2"] == []
     m.complete_load([1])
-    assert [k for k, _ in m.policy.snapshot()["t2"]] == [1]
+    assert m.policy.snapshot()["t2"] == [1]
 
 
 def test_target_zero_one_eligible_t1_block_then_t2_each_list_walked_once():
@@ -133,11 +133,11 @@ def test_target_zero_one_eligible_t1_block_then_t2_each_list_walked_once():
     assert m.policy.target == 0
     m.prepare_load([1, 2])  # pinned in T1
     # T1 evictable order: 3, 4, 5; protect 3 and 5 by naming them in the call
-    m.policy.visited = 0
+    m.policy.examined = 0
     out = m.prepare_store([3, 5, 11, 12, 13])
     assert out.evicted_keys == [4, 10, 9]
     # T1 walked once: 3 (skipped), 4 (victim), 5 (skipped) -> exhausted; T2: 10, 9.
-    assert m.policy.visited == 5
+    assert m.policy.examined == 5
 
 
 def test_each_list_walked_once_in_a_large_batch():
@@ -146,16 +146,15 @@ def test_each_list_walked_once_in_a_large_batch():
     store(m, list(range(n)))
     m.touch(list(range(n // 2)))  # half in T2
     m.prepare_load(list(range(n // 2, n - 10)))  # T1 nearly all pinned
-    m.policy.visited = 0
+    m.policy.examined = 0
     out = m.prepare_store(list(range(n, n + 500)))
     assert len(out.evicted_keys) == 500
     # 10 eligible T1 blocks + 490 from T2: exactly one visit per victim
-    assert m.policy.visited == 500
+    assert m.policy.examined == 500
 
 
 def test_pending_blocks_stay_in_t1_after_reset_cache():
-    # ARC reads the manager's pending set (share_state); reset_cache makes a new set, which
-    # must be shared again, or a touched pending block would wrongly move to T2
+    # reset_cache clears ARC's own pending set; a touched pending block must still stay in T1
     m = OffloadingManager(4, "arc")
     m.prepare_store(["a"])
     m.reset_cache()
@@ -169,9 +168,9 @@ def test_pending_blocks_stay_in_t1_after_reset_cache():
 
 def test_standalone_arc_keeps_its_own_pending_set():
     arc = ARCPolicy(4)
-    arc.insert("k", 0)  # pending until block_evictable
+    arc.insert(["k"])  # pending until mark_evictable
     arc.touch(["k"])
     assert (arc.t1_size, arc.t2_size) == (1, 0)
-    arc.block_evictable("k", 0)
+    arc.mark_evictable(["k"])
     arc.touch(["k"])
     assert (arc.t1_size, arc.t2_size) == (0, 1)

@@ -14,13 +14,32 @@ from kvtier.policies.lru import LRUPolicy
 from kvtier.policies.prefix import prefix_aware
 from kvtier.policies.s3fifo import S3FIFOPolicy
 
+from example_policy import FIFOPolicy  # tests/policies/example_policy.py
+
 # the prefix wrappers demote dead leaves only on traffic that has them; these variants always
 # do, so the contract is checked on that eviction path too (passed as classes, not registered)
 ALWAYS_DEMOTING = [
     prefix_aware(inner, f"prefix-{inner.name}-always", leaf_mode="always")
     for inner in (LRUPolicy, ARCPolicy, S3FIFOPolicy)
 ]
-POLICIES = available_policies() + ALWAYS_DEMOTING
+# plus the ~40-line example policy of docs/manager.md, taken from the document
+POLICIES = available_policies() + ALWAYS_DEMOTING + [FIFOPolicy]
+
+
+def test_the_docs_example_policy_is_short_and_evicts_first_in_first_out():
+    lines = FIFOPolicy.__doc__ and len(
+        [line for line in open(FIFOPolicy.__init__.__code__.co_filename).read()
+         .split("## How to write a policy")[1].split("```python")[1].split("```")[0]
+         .splitlines() if line.strip()]
+    )
+    assert lines <= 45
+    m = OffloadingManager(3, FIFOPolicy)
+    m.complete_store(m.prepare_store(["a", "b", "c"]).keys_to_store)  # a ends newest
+    m.touch(["c"])  # ignored
+    assert m.prepare_store(["d"]).evicted_keys == ["c"]
+    m.prepare_load(["b"])
+    m.complete_load(["b"])  # re-enters as the newest
+    assert m.prepare_store(["e", "f"]).evicted_keys == ["a", "b"]
 
 
 def _name(policy) -> str:
@@ -44,12 +63,12 @@ def test_eviction_visits_victims_and_protected_keys_only(policy, pinned_share):
     if pinned:
         m.prepare_load(list(range(pinned)))
     protected = list(range(pinned, pinned + 5))  # named in the call: must be skipped
-    m.policy.visited = 0
+    m.policy.examined = 0
     out = m.prepare_store(protected + list(range(n, n + 20)))
     assert out is not None and len(out.evicted_keys) == 20
     assert not set(out.evicted_keys) & set(protected)
     assert all(k >= pinned for k in out.evicted_keys)
-    assert m.policy.visited <= 20 + len(protected)
+    assert m.policy.examined <= 20 + len(protected)
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=_name)
@@ -75,18 +94,22 @@ def test_pending_and_pinned_blocks_are_not_candidates(policy):
     m.complete_store([4, 5])
     victims = m.policy.evict(2, protected=())
     assert victims is not None
-    assert {k for k, _ in victims} <= {3, 4, 5}
+    assert len(victims) == 2 and set(victims) <= {3, 4, 5}
     assert m.policy.evict(4, protected=()) is None
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=_name)
-def test_victims_carry_their_slots(policy):
+def test_evict_returns_n_distinct_keys_and_their_slots_are_reused(policy):
     m = full(policy, 8)
-    slots = {k: m.snapshot()["slot_of"][k] for k in range(8)}
-    victims = m.policy.evict(3, protected=())
-    assert victims is not None
-    for key, slot in victims:
-        assert slots[key] == slot
+    slot_of = m.snapshot()["slot_of"]
+    m.touch([1, 2])
+    out = m.prepare_store([10, 11, 12])
+    assert len(out.evicted_keys) == 3 == len(set(out.evicted_keys))
+    assert sorted(out.block_ids) == sorted(slot_of[k] for k in out.evicted_keys)
+    assert m.policy.count_eligible() == 5
+    survivors = [k for k in range(8) if k not in out.evicted_keys]
+    # 10 is pending: not eligible anyway
+    assert m.policy.count_eligible({survivors[0], survivors[1], 10}) == 3
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=_name)
@@ -94,7 +117,7 @@ def test_clear_forgets_everything(policy):
     m = full(policy, 8)
     m.touch([1, 2])
     m.reset_cache()
-    assert len(m.policy) == 0
+    assert m.policy.count_eligible() == 0 and m.policy.examined == 0
     fresh = OffloadingManager(8, policy)
     assert m.snapshot() == fresh.snapshot()
 
@@ -149,3 +172,39 @@ def test_entry_point_plugins_are_found_by_name(monkeypatch):
     assert "ext-lru" in registry.available_policies()
     assert seen_groups == ["kvtier.policies"]
     assert isinstance(OffloadingManager(4, "ext-lru").policy, LRUPolicy)
+
+
+def _check_prefixes(m: OffloadingManager, requests) -> None:
+    for keys in requests:
+        cached = [key in m for key in keys]
+        assert cached == sorted(cached, reverse=True), f"{keys}: tail kept, head gone {cached}"
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=_name)
+@pytest.mark.parametrize("capacity,length", [(10, 10), (10, 3), (16, 5), (40, 7), (100, 30)])
+def test_a_request_loses_its_tail_before_its_head_from_the_first_fill(policy, capacity, length):
+    # issue #11 section 3: requests stored head first, one call each (the first ones fill the
+    # tier), then one-key stores; after every call each request's cached blocks are a prefix
+    m = OffloadingManager(capacity, policy)
+    requests = [[f"r{r}.{i}" for i in range(length)] for r in range(capacity // length + 3)]
+    for keys in requests:
+        out = m.prepare_store(keys)
+        assert out is not None
+        m.complete_store(out.keys_to_store)
+        _check_prefixes(m, requests)
+    for i in range(capacity + 1):  # pending one-key stores until nothing is evictable
+        if m.prepare_store([f"x{i}"]) is None:
+            break
+        _check_prefixes(m, requests)
+    assert m.stats().evictable == 0
+
+
+def test_s3fifo_first_fill_evicts_the_tail_first():
+    # issue #11 section 3's small input: before the fix the first victim was 1 (S held the
+    # head) and the lookup found nothing
+    m = OffloadingManager(10, "s3fifo")
+    keys = list(range(1, 11))
+    m.complete_store(m.prepare_store(keys).keys_to_store)
+    assert m.prepare_store([11]).evicted_keys == [10]
+    assert m.prepare_store([12]).evicted_keys == [9]
+    assert m.lookup_prefix(keys) == 8

@@ -7,12 +7,12 @@ from kvtier.policies.lfu import WINDOW, LFUPolicy
 
 
 def add(policy, key, slot=0):
-    policy.insert(key, slot)
-    policy.block_evictable(key, slot)
+    policy.insert([key])
+    policy.mark_evictable([key])
 
 
 def keys_of(victims):
-    return [key for key, _ in victims]
+    return victims
 
 
 def test_lowest_count_first_ties_by_recency_and_floor_rises():
@@ -21,7 +21,7 @@ def test_lowest_count_first_ties_by_recency_and_floor_rises():
         add(p, key)  # K = floor + 1 = 1
     p.touch(["c"])  # c: 2
     p.touch(["b", "a"])  # applied a then b: bucket 2 = c, a, b (b most recent)
-    assert p.snapshot()["buckets"] == [(2, [("c", 0), ("a", 0), ("b", 0)])]
+    assert p.snapshot()["buckets"] == [(2, ["c", "a", "b"])]
     assert keys_of(p.evict(1, ())) == ["c"]
     assert p.floor == 2
     add(p, "d")  # enters at floor + 1 = 3
@@ -48,9 +48,9 @@ def test_protected_skipped_and_floor_stays_below_it():
     for key in "abc":
         add(p, key)
     p.touch(["c"])
-    before = p.visited
+    before = p.examined
     assert keys_of(p.evict(2, {"a"})) == ["b", "c"]
-    assert p.visited - before == 3  # a skipped, b, c
+    assert p.examined - before == 3  # a skipped, b, c
     assert p.floor == 1  # a (K = 1) is still evictable
     assert keys_of(p.evict(1, ())) == ["a"]
 
@@ -59,18 +59,18 @@ def test_pinned_block_keeps_counting_and_is_aged_on_reentry():
     p = LFUPolicy(8)
     add(p, "a")
     add(p, "b")
-    p.block_unevictable("a")
+    p.mark_non_evictable(["a"])
     p.touch(["a"])  # counted while pinned: K = 2
     assert p.priority("a") == 2
     for i in range(5):
         add(p, i)
         p.touch([i] * 5)
     p.touch(["b"] * 8)  # b: 9
-    p.block_unevictable("b")
+    p.mark_non_evictable(["b"])
     assert keys_of(p.evict(5, ())) == [0, 1, 2, 3, 4]  # K = 6 each, floor 6
-    p.block_evictable("a", 0)  # K 2 < floor: re-enters at the floor
+    p.mark_evictable(["a"])  # K 2 < floor: re-enters at the floor
     assert p.priority("a") == 6
-    p.block_evictable("b", 0)
+    p.mark_evictable(["b"])
     assert keys_of(p.evict(2, ())) == ["a", "b"]
 
 
@@ -87,7 +87,7 @@ def test_evict_is_atomic():
     p = LFUPolicy(8)
     for key in "abc":
         add(p, key)
-    p.insert("x", 3)
+    p.insert(["x"])
     snap = p.snapshot()
     assert p.evict(2, ["a", "b"]) is None
     assert p.evict(4, ()) is None

@@ -21,17 +21,17 @@ from kvtier.trace import Request
 
 
 def keys_of(victims):
-    return [key for key, _ in victims]
+    return victims
 
 
 def chain(p, keys, first_slot=0):
     """Store ``keys`` as one request: insert, on_store, then evictable in reverse."""
     slots = list(range(first_slot, first_slot + len(keys)))
     for key, slot in zip(keys, slots):
-        p.insert(key, slot)
+        p.insert([key])
     p.on_store(keys)
     for key, slot in reversed(list(zip(keys, slots))):
-        p.block_evictable(key, slot)
+        p.mark_evictable([key])
 
 
 def test_descendants_of_a_victim_are_evicted_first_tail_first():
@@ -54,10 +54,10 @@ def test_a_returning_parent_reconnects_its_descendants():
     chain(p, list("abc"))
     p.touch(list("bc"))  # LRU: x a c b
     assert keys_of(p.evict(1, {"x"})) == ["a"]
-    p.insert("a", 0)  # stored again: b and c are reachable again
+    p.insert(["a"])  # stored again: b and c are reachable again
     assert not p.is_orphan("b") and not p.is_orphan("c")
     p.on_store(["a"])
-    p.block_evictable("a", 0)
+    p.mark_evictable(["a"])
     assert keys_of(p.evict(1, ())) == ["x"]
 
 
@@ -160,11 +160,11 @@ def test_protected_and_pinned_leaves_are_skipped_and_evict_stays_atomic():
     before = m.snapshot()
     assert pol.evict(5, ("f",)) is None  # 4 eligible: a, c, d, e
     assert m.snapshot() == before
-    pol.visited = 0
+    pol.examined = 0
     # d is protected (named in the call); f is the only free leaf; then LRU: a (b pinned)
     out = m.prepare_store(["d", "x", "y"])
     assert out.evicted_keys == ["f", "a"]
-    assert pol.visited <= 2 + 1
+    assert pol.examined <= 2 + 1
 
 
 def test_leaf_memory_is_bounded_and_freed():
@@ -185,9 +185,9 @@ def test_leaf_memory_is_bounded_and_freed():
 
 def test_a_store_call_without_keys_or_pair_samples_nothing():
     p = PrefixLRUPolicy(8)
-    p.insert("a", 0)
+    p.insert(["a"])
     p.on_store([])  # no keys: nothing to sample, the inserted block is classified anyway
-    p.insert("b", 1)
+    p.insert(["b"])
     p.on_store(["b"])  # a single stored key has no parent in the call: no pair
     assert p.leaf_stats()["stored"] == {"parent": 0, "leaf": 0}
     chain(p, ["c", "d"], 2)

@@ -10,17 +10,17 @@ from kvtier.policies.s3fifo import S3FIFOPolicy
 
 
 def add(policy, key, slot=0):
-    policy.insert(key, slot)
-    policy.block_evictable(key, slot)
+    policy.insert([key])
+    policy.mark_evictable([key])
 
 
 def keys_of(victims):
-    return [key for key, _ in victims]
+    return victims
 
 
 def state(policy):
     snap = policy.snapshot()
-    return [k for k, _ in snap["small"]], [k for k, _ in snap["main"]], snap["ghost"]
+    return snap["small"], snap["main"], snap["ghost"]
 
 
 def test_promotion_reinsertion_ghost_and_protected():
@@ -52,16 +52,16 @@ def test_frequency_is_capped_at_three():
     add(p, "a")
     add(p, "b")  # M: a b
     p.touch(["a"] * 10)
-    p.block_unevictable("s")
+    p.mark_non_evictable(["s"])
     # a has 3 laps of credit: reinserted with 2, b evicted
     assert keys_of(p.evict(1, ())) == ["b"]
     assert p.snapshot()["freq"]["a"] == 2
     add(p, "c")  # enters S (an eviction happened) and is pinned: S has no candidate
-    p.block_unevictable("c")
-    before = p.visited
+    p.mark_non_evictable(["c"])
+    before = p.examined
     # M is only a: reinserted twice (2 -> 1 -> 0), then evicted: 3 examinations
     assert keys_of(p.evict(1, ())) == ["a"]
-    assert p.visited - before == 3
+    assert p.examined - before == 3
 
 
 def test_evict_is_atomic_and_skips_pinned_and_pending():
@@ -69,12 +69,12 @@ def test_evict_is_atomic_and_skips_pinned_and_pending():
     for key in "abc":
         add(p, key)
     p.touch(["b", "b", "c"])
-    p.insert("x", 9)  # pending
-    p.block_unevictable("a")  # pinned
-    snap, visited = p.snapshot(), p.visited
+    p.insert(["x"])  # pending
+    p.mark_non_evictable(["a"])  # pinned
+    snap, visited = p.snapshot(), p.examined
     assert p.evict(2, ["b"]) is None
     assert p.evict(3, ()) is None
-    assert p.snapshot() == snap and p.visited == visited
+    assert p.snapshot() == snap and p.examined == visited
     # S has no evictable block (a pinned): M b(2) c(1) -> b(1) c(0) -> b(0) c evicted -> b
     assert keys_of(p.evict(2, ())) == ["c", "b"]
 
@@ -83,19 +83,21 @@ def test_ghost_is_bounded():
     p = S3FIFOPolicy(10)
     for i in range(100):
         add(p, i)
-        if len(p) > 10:
+        if p.small_size + p.main_size > 10:
             p.evict(1, ())
     p.on_store([])
     assert len(p.snapshot()["ghost"]) <= p.ghost_capacity
-    assert len(p) == 10
+    assert p.small_size + p.main_size == 10
 
 
 def test_touch_of_a_pinned_block_counts_and_it_reenters_its_queue_tail():
     m = OffloadingManager(10, policy="s3fifo")
     m.complete_store(m.prepare_store(["a", "b", "c"]).keys_to_store)
-    # a is in S (stored first), b and c in M (S was full during the first fill)
-    m.prepare_load(["a"])
-    m.touch(["a", "a"])
-    m.complete_load(["a"])
-    assert state(m.policy) == (["a"], ["c", "b"], [])
-    assert m.policy.snapshot()["freq"]["a"] == 2
+    # c is in S (a call takes S's room tail first), a and b in M (S was full during the
+    # first fill); M's order, oldest first: b, a (the call's head ends newest)
+    assert state(m.policy) == (["c"], ["b", "a"], [])
+    m.prepare_load(["c"])
+    m.touch(["c", "c"])
+    m.complete_load(["c"])
+    assert state(m.policy) == (["c"], ["b", "a"], [])
+    assert m.policy.snapshot()["freq"]["c"] == 2

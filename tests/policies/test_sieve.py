@@ -9,12 +9,12 @@ from kvtier.policies.sieve import SievePolicy
 def fill(policy, keys):
     """Insert ``keys`` in order and make each evictable: queue (tail -> head) = keys."""
     for i, key in enumerate(keys):
-        policy.insert(key, i)
-        policy.block_evictable(key, i)
+        policy.insert([key])
+        policy.mark_evictable([key])
 
 
 def keys_of(victims):
-    return [key for key, _ in victims]
+    return victims
 
 
 def test_hand_clears_visited_bits_and_stays_where_it_evicted():
@@ -23,25 +23,25 @@ def test_hand_clears_visited_bits_and_stays_where_it_evicted():
     p.touch(["a", "c"])
     # hand at a (visited: cleared, passed), b unvisited: victim; hand now at c
     assert keys_of(p.evict(1, ())) == ["b"]
-    assert p.visited == 2
-    p.insert("e", 4)
-    p.block_evictable("e", 4)  # enters at the head: queue a c d e, hand at c
+    assert p.examined == 2
+    p.insert(["e"])
+    p.mark_evictable(["e"])  # enters at the head: queue a c d e, hand at c
     # c visited: cleared; d is the victim; hand at e
     assert keys_of(p.evict(1, ())) == ["d"]
     # e unvisited: victim; the hand wraps to the tail: a (bit cleared earlier) is next
     assert keys_of(p.evict(2, ())) == ["e", "a"]
     assert keys_of(p.evict(1, ())) == ["c"]
-    assert len(p) == 0
+    assert p.count_eligible() == 0 and not p.snapshot()["held"]
 
 
 def test_all_visited_takes_one_lap_then_evicts_where_the_hand_started():
     p = SievePolicy(8)
     fill(p, "abcd")
     p.touch(list("abcd"))
-    before = p.visited
+    before = p.examined
     assert keys_of(p.evict(3, ())) == ["a", "b", "c"]
     # one full lap clearing 4 bits, then 3 victims: each entry examined at most twice
-    assert p.visited - before == 7
+    assert p.examined - before == 7
 
 
 def test_protected_is_passed_without_clearing_and_not_evicted():
@@ -56,10 +56,10 @@ def test_protected_is_passed_without_clearing_and_not_evicted():
 def test_pinned_block_leaves_the_queue_keeps_its_touch_and_reenters_at_the_head():
     p = SievePolicy(8)
     fill(p, "abc")
-    p.block_unevictable("a")
+    p.mark_non_evictable(["a"])
     p.touch(["a"])  # touch while pinned sets the bit
     assert keys_of(p.evict(1, ())) == ["b"]
-    p.block_evictable("a", 0)  # re-enters at the head, bit still set: queue c a
+    p.mark_evictable(["a"])  # re-enters at the head, bit still set: queue c a
     assert keys_of(p.evict(2, ())) == ["c", "a"]
 
 
@@ -67,11 +67,11 @@ def test_evict_is_atomic_when_protected_blocks_leave_too_few():
     p = SievePolicy(8)
     fill(p, "abcd")
     p.touch(["a", "b"])
-    p.insert("x", 9)  # pending: not a candidate
-    snap, visited = p.snapshot(), p.visited
+    p.insert(["x"])  # pending: not a candidate
+    snap, visited = p.snapshot(), p.examined
     assert p.evict(3, ["c", "d", "x"]) is None
     assert p.snapshot() == snap
-    assert p.visited == visited
+    assert p.examined == visited
     assert p.evict(5, ()) is None
     assert p.snapshot() == snap
 
@@ -81,9 +81,10 @@ def test_remove_of_the_hands_block_moves_the_hand_on():
     fill(p, "abcd")
     p.touch(["a"])
     assert keys_of(p.evict(1, ())) == ["b"]  # hand at c
-    p.block_unevictable("c")
-    p.remove("c")
-    assert p.get("c") is None
+    p.mark_non_evictable(["c"])
+    p.remove(["c"])
+    snap = p.snapshot()
+    assert "c" not in snap["held"] and "c" not in snap["queue"]
     assert keys_of(p.evict(1, ())) == ["d"]
 
 

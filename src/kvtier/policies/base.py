@@ -1,39 +1,53 @@
 """The cache-policy contract every eviction policy implements.
 
-A policy only *orders* blocks and *chooses victims*. The :class:`~kvtier.OffloadingManager`
-owns everything else: the key -> slot map, ref counts, the free-slot list, admission, events
-and statistics. The manager tells the policy about every state change of a block through the
-methods below, so a policy never has to scan the cache to find out what may be evicted.
+A policy orders **keys** and picks victims; nothing else. The
+:class:`~kvtier.OffloadingManager` owns slots, residency, pending stores, pins, admission,
+events and statistics, and tells the policy about every state change of a block through the
+hooks below, so a policy never scans the cache to find out what may be evicted.
 
-Block life cycle, as the policy sees it::
+The hooks (vLLM 0.33's ``CachePolicy`` names where it has one; 8 in all)::
 
-    insert(key, slot)            -> resident, pending (store in flight), NOT evictable
-    block_evictable(key, slot)   -> store completed, or last pin released: evictable,
-                                    re-enters its list at the most-recently-used (MRU) end
-    block_unevictable(key)       -> pinned by a load (ref count 0 -> 1): leaves the eviction
-                                    order but keeps its list membership (T1/T2, queue, ...)
-    remove(key)                  -> dropped without eviction (failed store); no ghost entry
-    evict(n, protected)          -> n evictable, unprotected blocks leave, chosen by the policy
+    insert(keys)              new blocks, store in flight: resident, NOT evictable
+    mark_evictable(keys)      store completed, or last pin released: evictable
+    mark_non_evictable(keys)  pinned by a load (ref count 0 -> 1): leaves the eviction order,
+                              keeps its other state (list membership, frequency, ...)
+    remove(keys)              non-evictable blocks dropped without eviction (failed store):
+                              no ghost entry, the block was never readable
+    touch(keys)               a use; keys may be absent (ghost lists may learn from them),
+                              pending or pinned
+    on_store(keys)            after each successful ``prepare_store``, its full key list
+    evict(n, protected)       n evictable blocks not in ``protected`` leave; returns their keys
+    clear()                   forget everything (``reset_cache``)
+
+**Key order, the one rule.** Every hook receives its keys in the caller's order, head of the
+request first, each key once (``touch`` excepted: it may repeat keys and name absent ones).
+A hook that orders blocks (``mark_evictable``, ``touch``) leaves ``keys[0]`` the most recent:
+a request names its blocks head first, and a prefix's head should outlive its tail.
+
+**One eviction shape.** :meth:`CachePolicy.evict` belongs to this base class: it counts the
+eligible blocks (evictable and not protected, O(|protected|)) and returns ``None``, with
+nothing changed, when there are fewer than ``n``; otherwise it calls the policy's
+:meth:`CachePolicy._evict`, which selects exactly ``n`` victims over its order(s) and commits
+them (it never fails). The count comes from :attr:`CachePolicy._orders`, the collections
+that together hold exactly the policy's evictable keys (a policy whose evictable keys are
+not a few collections overrides :meth:`CachePolicy.count_eligible`).
 
 Rules every policy keeps (tested on every registered policy by ``tests/policies``):
 
-* The eviction order is kept over **evictable blocks only**. Evicting k blocks therefore costs
-  O(k + protected keys skipped), whatever the cache size and however many blocks are pinned or
-  pending. Each internal list is walked at most once per :meth:`evict` call; the number of
-  entries examined is added to :attr:`CachePolicy.visited` so tests can prove it.
-* :meth:`evict` is atomic: it returns ``None`` and changes nothing (order, ghost lists,
-  adaptive target) when it cannot find ``n`` victims.
-* A call that names several keys (:meth:`touch`, and the manager's ``complete_load`` /
-  ``complete_store`` which call :meth:`block_evictable` per key) applies them in reverse, so the
-  call's first key ends up most recently used: a request names its blocks head first, and a
-  prefix's head should outlive its tail.
+* The eviction order holds **evictable blocks only**, so evicting k blocks costs
+  O(k + protected keys skipped), whatever the cache size and however many blocks are pinned
+  or pending. The entries :meth:`CachePolicy._evict` examines are added to
+  :attr:`CachePolicy.examined` so tests can prove the bound.
+* Thread safety: none. A policy is driven by one manager, which serialises the calls.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Hashable, Mapping, Sequence
-from typing import ClassVar
+from collections.abc import Collection, Hashable, Sequence
+from typing import Any, ClassVar
+
+from kvtier.checks import check_positive_int
 
 Key = Hashable
 
@@ -47,11 +61,9 @@ def protected_set(protected: Collection[Key]) -> Collection[Key]:
 
 
 def count_eligible(protected: Collection[Key], *orders: Collection[Key]) -> int:
-    """Blocks in the disjoint evictable ``orders`` that are not protected: what an
-    :meth:`CachePolicy.evict` may take. O(len(protected)), whatever the orders' sizes.
-
-    ``protected`` must name each key once (see :func:`protected_set`).
-    """
+    """Keys in the disjoint ``orders`` that are not in ``protected``. O(len(protected)),
+    whatever the orders' sizes. ``protected`` must name each key once (see
+    :func:`protected_set`)."""
     eligible = sum(map(len, orders))
     for key in protected:
         for order in orders:
@@ -61,8 +73,22 @@ def count_eligible(protected: Collection[Key], *orders: Collection[Key]) -> int:
     return eligible
 
 
+def _frozen(value: Any) -> Any:
+    """A comparable copy of ``value`` for :meth:`CachePolicy.snapshot` (dict order kept)."""
+    if isinstance(value, CachePolicy):
+        return value.snapshot()
+    if isinstance(value, dict):  # OrderedDict included: order matters for an eviction order
+        return [(key, _frozen(item)) for key, item in value.items()]
+    if isinstance(value, (set, frozenset)):
+        return frozenset(value)
+    if isinstance(value, (list, tuple)):
+        return [_frozen(item) for item in value]
+    return value
+
+
 class CachePolicy(ABC):
-    """Abstract eviction policy over the blocks of one offloaded tier.
+    """Abstract eviction policy over the blocks of one offloaded tier (see the module
+    docstring for the hooks and their rules).
 
     Args:
         capacity: the tier's size in blocks (>= 1). Policies that keep ghost lists or
@@ -74,129 +100,103 @@ class CachePolicy(ABC):
     Attributes:
         name: the registry name (``"lru"``, ``"arc"``, ...), set by each subclass.
         capacity: the tier's size in blocks.
-        visited: running count of entries examined by :meth:`evict` (victims and skipped
-            protected keys). Tests use it to check the O(k) bound; it is never reset except by
-            :meth:`clear`.
+        examined: running count of entries :meth:`_evict` examined (victims, skipped
+            protected keys, and whatever else the policy walks past). Tests use it to check
+            the O(k) bound; only :meth:`clear` resets it.
+        _orders: the collections (each with ``len`` and ``in``) that together hold exactly
+            the evictable keys, each once; set by the subclass, read by
+            :meth:`count_eligible`.
     """
 
     name: ClassVar[str] = ""
+    _orders: tuple[Collection[Key], ...] = ()
 
     def __init__(self, capacity: int) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ValueError(f"capacity must be a positive int (blocks), got {capacity!r}")
+        check_positive_int("capacity", capacity, "blocks")
         self.capacity = capacity
-        self.visited = 0
+        self.examined = 0
 
-    # -- queries -------------------------------------------------------------------------
-    @abstractmethod
-    def get(self, key: Key) -> int | None:
-        """Return the slot of ``key`` if it is resident (any state), else ``None``."""
-
-    @abstractmethod
-    def __len__(self) -> int:
-        """Number of resident blocks (pending, pinned and evictable)."""
-
-    # -- state changes the manager reports -----------------------------------------------
-    @abstractmethod
-    def insert(self, key: Key, slot: int) -> None:
-        """A new block was allocated ``slot``; its store is in flight (pending, not evictable).
-
-        The manager never inserts a key that is already resident.
-        """
-
-    def insert_many(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
-        """Batch form of :meth:`insert`, in order (the manager calls this one).
-
-        The default calls :meth:`insert` per key; policies override it when a batch is cheaper.
-        """
-        insert = self.insert
-        for key, slot in zip(keys, slots):
-            insert(key, slot)
-
-    def blocks_evictable(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
-        """Batch form of :meth:`block_evictable`, applied in the given order (the last key
-        ends most recent). The manager passes a call's keys already reversed."""
-        evictable = self.block_evictable
-        for key, slot in zip(keys, slots):
-            evictable(key, slot)
-
-    def blocks_unevictable(self, keys: Sequence[Key]) -> None:
-        """Batch form of :meth:`block_unevictable` (keys distinct)."""
-        unevictable = self.block_unevictable
-        for key in keys:
-            unevictable(key)
+    # -- hooks the manager calls ------------------------------------------------------------
+    def insert(self, keys: Sequence[Key]) -> None:  # noqa: B027 - optional hook
+        """New blocks, not resident before; their stores are in flight (not evictable).
+        Default: nothing (a policy that orders evictable blocks only may not need it)."""
 
     @abstractmethod
-    def remove(self, key: Key) -> None:
-        """Drop a resident, non-evictable block without evicting it (its store failed).
-
-        No ghost entry is recorded: the block was never readable.
-        """
+    def mark_evictable(self, keys: Sequence[Key]) -> None:
+        """Resident blocks became evictable (store completed, or last pin released): they
+        enter the eviction order, ``keys[0]`` the most recent."""
 
     @abstractmethod
-    def block_evictable(self, key: Key, slot: int) -> None:
-        """``key`` became ready with ref count 0: it enters its list's MRU end."""
+    def mark_non_evictable(self, keys: Sequence[Key]) -> None:
+        """Evictable blocks were pinned: they leave the eviction order and keep the rest of
+        their state."""
 
-    @abstractmethod
-    def block_unevictable(self, key: Key) -> None:
-        """``key`` was pinned (ref count 0 -> 1): it leaves the eviction order."""
+    def remove(self, keys: Sequence[Key]) -> None:  # noqa: B027 - optional hook
+        """Resident, non-evictable blocks leave without eviction (a failed store): no ghost
+        entry. Default: nothing."""
 
-    @abstractmethod
-    def touch(self, keys: Sequence[Key]) -> None:
-        """Record a use of ``keys``, applied in reverse so ``keys[0]`` ends most recent.
+    def touch(self, keys: Sequence[Key]) -> None:  # noqa: B027 - optional hook
+        """A use of ``keys`` (``keys[0]`` ends most recent). Absent keys are allowed and
+        ignored unless the policy learns from them; pending and pinned blocks may be touched.
+        Default: nothing (an order that ignores uses, e.g. FIFO)."""
 
-        Keys that are not resident are ignored (policies with ghost lists may learn from
-        them). Pending and pinned blocks may be touched.
-        """
+    def on_store(self, keys: Sequence[Key]) -> None:  # noqa: B027 - optional hook
+        """After each successful ``prepare_store``, with the call's full key list in the
+        caller's order, including keys already resident. Default: nothing."""
 
-    def share_state(self, resident: Mapping[Key, int], pending: Collection[Key]) -> None:
-        """The manager hands over its live key -> slot map of resident blocks and its live
-        collection of pending keys, both read-only for the policy.
+    def evict(self, n: int, protected: Collection[Key] = ()) -> list[Key] | None:
+        """Evict ``n`` evictable blocks not in ``protected``, chosen by the policy.
 
-        Called by :class:`~kvtier.OffloadingManager` after it builds the policy and after each
-        ``reset_cache``. The manager adds a key to both before :meth:`insert` /
-        :meth:`insert_many`; discards it from ``pending`` before :meth:`block_evictable` /
-        :meth:`blocks_evictable` / :meth:`remove` (and from ``resident`` before
-        :meth:`remove`); and deletes :meth:`evict`'s victims from ``resident`` after the call
-        returns. A policy may read them instead of keeping its own copies (one dict insert and
-        delete per stored block saved). The default ignores them; a policy used without a
-        manager is never called and keeps its own bookkeeping.
-        """
-
-    def on_store(self, keys: Sequence[Key]) -> None:
-        """Called after each *successful* ``prepare_store`` with the call's full key list.
-
-        ``keys`` is in the caller's order (head of the request first) and includes keys that
-        were already resident. Order-agnostic policies ignore it (this default); prefix-aware
-        policies learn parent -> child links from it.
-        """
-
-    @abstractmethod
-    def evict(
-        self, n: int, protected: Collection[Key]
-    ) -> list[tuple[Key, int]] | None:
-        """Choose and remove ``n`` evictable blocks not in ``protected``.
+        Not overridden by policies (they implement :meth:`_evict`).
 
         Args:
             n: number of victims wanted (>= 1).
-            protected: keys that must not be evicted: the keys named in the current
-                ``prepare_store`` call that are already resident (the others cannot be victims
-                anyway, so the manager leaves them out; usually it passes an empty
-                collection). Pinned and pending blocks are never candidates.
+            protected: keys that must not be evicted (the manager passes the keys of the
+                current ``prepare_store`` that are already resident, usually none).
+                Pinned and pending blocks are never candidates.
 
         Returns:
-            ``[(key, slot), ...]`` in eviction order, or ``None`` (and no state changed) if
-            fewer than ``n`` eligible blocks exist.
+            The ``n`` victims' keys in eviction order, or ``None`` (and no state changed)
+            when fewer than ``n`` eligible blocks exist.
         """
+        if protected:
+            protected = protected_set(protected)
+        if self.count_eligible(protected) < n:
+            return None
+        return self._evict(n, protected)
 
     @abstractmethod
-    def snapshot(self) -> dict:
-        """A comparable copy of the whole policy state (orders, ghost lists, targets).
+    def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
+        """Select exactly ``n`` evictable keys not in ``protected`` over the policy's
+        order(s) and commit their eviction; return them in eviction order.
 
-        For tests and debugging: two snapshots are ``==`` exactly when the policy would behave
-        the same from here on. Costs O(resident + ghost entries).
+        Called by :meth:`evict` only when ``n`` such keys exist, with ``protected`` empty or
+        a collection with O(1) membership. Adds the entries examined to :attr:`examined`.
         """
 
     @abstractmethod
     def clear(self) -> None:
-        """Forget every block, ghost entry and adaptive state (``reset_cache``)."""
+        """Forget every block, ghost entry and adaptive state, and reset :attr:`examined`
+        (``reset_cache``)."""
+
+    # -- queries ----------------------------------------------------------------------------
+    def count_eligible(self, protected: Collection[Key] = ()) -> int:
+        """Evictable keys not in ``protected`` (a set, frozenset or dict when not empty):
+        what :meth:`evict` may take. O(len(protected))."""
+        return count_eligible(protected, *self._orders)
+
+    def snapshot(self) -> dict:
+        """A comparable copy of the whole policy state, for tests and debugging: two
+        snapshots are ``==`` exactly when the policy would behave the same from here on.
+
+        The default copies every instance attribute but :attr:`examined` (dicts as lists of
+        items, order kept); policies override it with readable names. O(state).
+        """
+        return {
+            name: _frozen(value)
+            for name, value in vars(self).items()
+            if name not in ("examined", "_orders")
+        }
+
+
+__all__ = ["CachePolicy", "Key", "count_eligible", "protected_set"]

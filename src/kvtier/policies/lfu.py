@@ -30,14 +30,14 @@ lowest-set-bit on a 256-bit int, O(1).
 How it maps to the offloading contract:
 
 * Buckets hold **evictable blocks only**. A pending or pinned block keeps its ``K`` outside
-  them; a touch still adds one. When it becomes evictable (:meth:`block_evictable`) it enters
-  the most recent end of bucket ``max(K, L)`` -- a block that sat pinned while the floor rose is
+  them; a touch still adds one. When it becomes evictable (:meth:`mark_evictable`) it enters
+  the most recent end of bucket ``max(K, L)`` (a call's keys in reverse, so ``keys[0]`` ends
+  most recent) -- a block that sat pinned while the floor rose is
   aged like the others.
-* :meth:`evict` walks buckets from the lowest, skipping protected keys, and plans the victims
-  before changing anything: when fewer than ``n`` eligible blocks exist it returns ``None``
-  with no change. The floor becomes the lowest of the last victim's ``K`` and the first skipped
+* :meth:`evict` walks buckets from the lowest, skipping protected keys, then commits the
+  victims (the base class has checked that ``n`` eligible blocks exist). The floor becomes the lowest of the last victim's ``K`` and the first skipped
   protected block's ``K``, so no evictable block is ever below it. Entries examined (added to
-  :attr:`visited`) are the victims plus the protected keys skipped: O(k + protected), worst
+  :attr:`examined`) are the victims plus the protected keys skipped: O(k + protected), worst
   case.
 """
 
@@ -60,8 +60,8 @@ class LFUPolicy(CachePolicy):
     Attributes:
         floor: the aging floor ``L`` (priority of the last victim, in uses; starts at 0).
 
-    State: ``_prio`` (every resident key -> priority ``K``), ``_held`` (pending or pinned key ->
-    slot), ``_buckets`` (ring of ``WINDOW`` LRU lists of evictable key -> slot, oldest first)
+    State: ``_prio`` (every resident key -> priority ``K``), ``_held`` (pending or pinned
+    keys), ``_buckets`` (ring of ``WINDOW`` LRU lists of evictable keys, oldest first)
     and ``_mask`` (bit ``i`` set when bucket ``i`` is non-empty). O(1) per touched key;
     :meth:`evict` is O(k + protected keys skipped).
     """
@@ -71,25 +71,23 @@ class LFUPolicy(CachePolicy):
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self._prio: dict[Key, int] = {}
-        self._held: dict[Key, int] = {}
-        self._buckets: list[OrderedDict[Key, int]] = [OrderedDict() for _ in range(WINDOW)]
+        self._held: set[Key] = set()
+        self._buckets: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(WINDOW)]
         self._mask = 0
         self.floor = 0
-
-    # -- queries -------------------------------------------------------------------------
-    def get(self, key: Key) -> int | None:
-        k = self._prio.get(key)
-        if k is None:
-            return None
-        slot = self._held.get(key)
-        return self._buckets[k & _MOD][key] if slot is None else slot
-
-    def __len__(self) -> int:
-        return len(self._prio)
 
     def priority(self, key: Key) -> int | None:
         """The block's priority ``K`` (uses counted from the floor), or None if not resident."""
         return self._prio.get(key)
+
+    def count_eligible(self, protected: Collection[Key] = ()) -> int:
+        # evictable = resident and not held: no need to look through 256 buckets
+        prio, held = self._prio, self._held
+        eligible = len(prio) - len(held)
+        for key in protected:
+            if key in prio and key not in held:
+                eligible -= 1
+        return eligible
 
     def _lowest_from(self, k: int) -> int | None:
         """Lowest priority >= ``k`` whose bucket is non-empty (``k >= floor``), or None."""
@@ -104,35 +102,39 @@ class LFUPolicy(CachePolicy):
         return k + (rot & -rot).bit_length() - 1
 
     # -- state changes -------------------------------------------------------------------
-    def insert(self, key: Key, slot: int) -> None:
-        self._held[key] = slot
-        self._prio[key] = self.floor + 1
+    def insert(self, keys: Sequence[Key]) -> None:
+        self._held.update(keys)
+        self._prio.update(dict.fromkeys(keys, self.floor + 1))
 
-    def remove(self, key: Key) -> None:
-        k = self._prio.pop(key, None)
-        if k is None:
-            return
-        if self._held.pop(key, None) is None:
-            bucket = self._buckets[k & _MOD]
+    def remove(self, keys: Sequence[Key]) -> None:
+        self._held.difference_update(keys)
+        for key in keys:
+            del self._prio[key]
+
+    def mark_evictable(self, keys: Sequence[Key]) -> None:
+        self._held.difference_update(keys)
+        prio, buckets, floor = self._prio, self._buckets, self.floor
+        mask = self._mask
+        for key in reversed(keys):
+            k = prio[key]
+            if k < floor:
+                k = prio[key] = floor
+            i = k & _MOD
+            buckets[i][key] = None
+            mask |= 1 << i
+        self._mask = mask
+
+    def mark_non_evictable(self, keys: Sequence[Key]) -> None:
+        prio, buckets = self._prio, self._buckets
+        mask = self._mask
+        for key in keys:
+            i = prio[key] & _MOD
+            bucket = buckets[i]
             del bucket[key]
             if not bucket:
-                self._mask &= ~(1 << (k & _MOD))
-
-    def block_evictable(self, key: Key, slot: int) -> None:
-        self._held.pop(key, None)
-        k = self._prio[key]
-        if k < self.floor:
-            k = self._prio[key] = self.floor
-        i = k & _MOD
-        self._buckets[i][key] = slot
-        self._mask |= 1 << i
-
-    def block_unevictable(self, key: Key) -> None:
-        i = self._prio[key] & _MOD
-        bucket = self._buckets[i]
-        self._held[key] = bucket.pop(key)
-        if not bucket:
-            self._mask &= ~(1 << i)
+                mask &= ~(1 << i)
+        self._mask = mask
+        self._held.update(keys)
 
     def touch(self, keys: Sequence[Key]) -> None:
         prio, held, buckets = self._prio, self._held, self._buckets
@@ -151,41 +153,39 @@ class LFUPolicy(CachePolicy):
                 continue
             i = k & _MOD
             bucket = buckets[i]
-            slot = bucket.pop(key)
+            del bucket[key]
             if not bucket:
                 mask &= ~(1 << i)
             j = nk & _MOD
-            buckets[j][key] = slot
+            buckets[j][key] = None
             mask |= 1 << j
         self._mask = mask
 
-    def evict(self, n: int, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
+    def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
         buckets = self._buckets
-        victims: list[tuple[Key, int]] = []
+        victims: list[Key] = []
         victim_prio: list[int] = []
         first_skipped: int | None = None
-        visited = 0
+        examined = 0
         k = self._lowest_from(self.floor)
-        while k is not None:
-            for item in buckets[k & _MOD].items():
-                visited += 1
-                if item[0] in protected:
+        while k is not None:  # select, lowest bucket first
+            for key in buckets[k & _MOD]:
+                examined += 1
+                if key in protected:
                     if first_skipped is None:
                         first_skipped = k
                     continue
-                victims.append(item)
+                victims.append(key)
                 victim_prio.append(k)
                 if len(victims) == n:
                     break
             if len(victims) == n:
                 break
             k = self._lowest_from(k + 1)
-        self.visited += visited
-        if len(victims) < n:
-            return None
+        self.examined += examined
         prio = self._prio
         mask = self._mask
-        for (key, _), vk in zip(victims, victim_prio):
+        for key, vk in zip(victims, victim_prio):  # commit
             i = vk & _MOD
             bucket = buckets[i]
             del bucket[key]
@@ -201,11 +201,11 @@ class LFUPolicy(CachePolicy):
         order = []
         k = self._lowest_from(self.floor)
         while k is not None:
-            order.append((k, list(self._buckets[k & _MOD].items())))
+            order.append((k, list(self._buckets[k & _MOD])))
             k = self._lowest_from(k + 1)
         return {
             "prio": dict(self._prio),
-            "held": dict(self._held),
+            "held": set(self._held),
             "buckets": order,
             "floor": self.floor,
         }
@@ -217,4 +217,4 @@ class LFUPolicy(CachePolicy):
             bucket.clear()
         self._mask = 0
         self.floor = 0
-        self.visited = 0
+        self.examined = 0

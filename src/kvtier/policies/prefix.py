@@ -56,13 +56,14 @@ every leaf (for comparisons).
 
 Eviction (:meth:`evict`): take unprotected orphans from the queue, then, while demoting,
 unprotected leaves from the leaf queue (evictable leaves in the order they became evictable),
-then ask the inner policy for the rest (with the chosen blocks added to ``protected``). If the
-inner policy cannot find them, return ``None`` with nothing changed. Orphans and leaves leave
-the inner policy by ``block_unevictable`` + ``remove`` (no ghost entry: their eviction says
-nothing about the inner policy's lists).
+then ask the inner policy for the rest (with the chosen blocks added to ``protected``). The
+base class has checked that ``n`` eligible blocks exist (the wrapper's evictable blocks are
+the inner policy's), so the inner policy always finds them. Orphans and leaves leave the inner
+policy by ``mark_non_evictable`` + ``remove`` (no ghost entry: their eviction says nothing
+about the inner policy's lists).
 
 Cost: links, leaf flags, probe updates and touches are O(1) per key. Entries examined by
-:meth:`evict` (added to :attr:`visited`) are the orphans and leaves examined (each queue
+:meth:`evict` (added to :attr:`examined`) are the orphans and leaves examined (each queue
 walked at most once; a leaf already taken as an orphan is skipped, at most k of them) plus
 what the inner policy examines: O(k + protected), as the inner policy. Memory: leaf flags and
 the leaf queue hold resident blocks only; the probe at most ``capacity`` keys; all are freed by
@@ -81,7 +82,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from typing import ClassVar
 
 from kvtier.policies.arc import ARCPolicy
@@ -167,11 +168,9 @@ class PrefixAwarePolicy(CachePolicy):
         self.demoting: bool = mode == "always"
 
     # -- queries -------------------------------------------------------------------------
-    def get(self, key: Key) -> int | None:
-        return self.inner.get(key)
-
-    def __len__(self) -> int:
-        return len(self._res)
+    def count_eligible(self, protected: Collection[Key] = ()) -> int:
+        # the wrapper's evictable blocks are exactly the inner policy's
+        return self.inner.count_eligible(protected)
 
     def is_orphan(self, key: Key) -> bool:
         """Whether resident ``key`` is unreachable by a prefix lookup (an ancestor is gone)."""
@@ -315,17 +314,8 @@ class PrefixAwarePolicy(CachePolicy):
         fresh.clear()
 
     # -- state changes -------------------------------------------------------------------
-    def insert(self, key: Key, slot: int) -> None:
-        self.inner.insert(key, slot)
-        self._res[key] = False
-        self._fresh[key] = None
-        if key in self._children:
-            self._reconnect(key)
-        else:
-            self._leaf.add(key)
-
-    def insert_many(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
-        self.inner.insert_many(keys, slots)
+    def insert(self, keys: Sequence[Key]) -> None:
+        self.inner.insert(keys)
         res, children, fresh, leaf = self._res, self._children, self._fresh, self._leaf
         for key in keys:
             res[key] = False
@@ -335,40 +325,28 @@ class PrefixAwarePolicy(CachePolicy):
             else:
                 leaf.add(key)
 
-    def remove(self, key: Key) -> None:
-        if key not in self._res:
+    def remove(self, keys: Sequence[Key]) -> None:
+        keys = [key for key in keys if key in self._res]
+        if not keys:
             return
-        self.inner.remove(key)
-        if self._unlink(key):
-            self._orphan_children([key])
+        self.inner.remove(keys)
+        for key in keys:
+            if self._unlink(key):
+                self._orphan_children([key])
 
-    def block_evictable(self, key: Key, slot: int) -> None:
-        self.inner.block_evictable(key, slot)
-        self._res[key] = True
-        if key in self._orphans:
-            self._queue[key] = None
-        if key in self._leaf:
-            self._leafq[key] = None
-
-    def blocks_evictable(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
-        self.inner.blocks_evictable(keys, slots)
+    def mark_evictable(self, keys: Sequence[Key]) -> None:
+        self.inner.mark_evictable(keys)
         res, orphans, queue = self._res, self._orphans, self._queue
         leaf, leafq = self._leaf, self._leafq
-        for key in keys:
+        for key in reversed(keys):  # the order in which they became evictable
             res[key] = True
             if key in orphans:
                 queue[key] = None
             if key in leaf:
                 leafq[key] = None
 
-    def block_unevictable(self, key: Key) -> None:
-        self.inner.block_unevictable(key)
-        self._res[key] = False
-        self._queue.pop(key, None)
-        self._leafq.pop(key, None)
-
-    def blocks_unevictable(self, keys: Sequence[Key]) -> None:
-        self.inner.blocks_unevictable(keys)
+    def mark_non_evictable(self, keys: Sequence[Key]) -> None:
+        self.inner.mark_non_evictable(keys)
         res, queue, leafq = self._res, self._queue, self._leafq
         for key in keys:
             res[key] = False
@@ -398,11 +376,6 @@ class PrefixAwarePolicy(CachePolicy):
         if hit_probe:
             self._decide()
 
-    def share_state(self, resident: Mapping[Key, int], pending: Collection[Key]) -> None:
-        # the manager's calls reach the inner policy in the same order, after the manager has
-        # updated them, so the inner policy may read them as if it were called directly
-        self.inner.share_state(resident, pending)
-
     def on_store(self, keys: Sequence[Key]) -> None:
         self.inner.on_store(keys)
         res, parents, leaf = self._res, self._parent, self._leaf
@@ -417,11 +390,11 @@ class PrefixAwarePolicy(CachePolicy):
         if self._fresh:
             self._sample_pair(keys)
 
-    def evict(self, n: int, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
+    def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
         orphans: list[Key] = []
-        visited = 0
+        examined = 0
         for key in self._queue:
-            visited += 1
+            examined += 1
             if key in protected:
                 continue
             orphans.append(key)
@@ -431,42 +404,35 @@ class PrefixAwarePolicy(CachePolicy):
             # demoted leaves next (an orphan leaf may already be chosen: skip it)
             picked = set(orphans) if orphans else ()
             for key in self._leafq:
-                visited += 1
+                examined += 1
                 if key in protected or key in picked:
                     continue
                 orphans.append(key)
                 if len(orphans) == n:
                     break
-        chosen: list[tuple[Key, int]] = []
+        chosen: list[Key] = []
         inner = self.inner
-        if len(orphans) < n:
+        if len(orphans) < n:  # n eligible blocks exist (checked), so the inner policy has these
             shield: Collection[Key] = protected
             if orphans:
                 shield = set(protected)
                 shield.update(orphans)
-            before = inner.visited
-            got = inner.evict(n - len(orphans), shield)
-            visited += inner.visited - before
-            if got is None:
-                self.visited += visited
-                return None
-            chosen = got
-        self.visited += visited
+            before = inner.examined
+            chosen = inner.evict(n - len(orphans), shield)  # type: ignore[assignment]
+            examined += inner.examined - before
+        self.examined += examined
 
-        victims: list[tuple[Key, int]] = []
         cut = []
-        for key in orphans:  # orphans, then demoted leaves
-            slot = inner.get(key)
-            inner.block_unevictable(key)
-            inner.remove(key)
-            victims.append((key, slot))  # type: ignore[arg-type]
-            if self._unlink(key) and key in self._children:  # a leaf has none; to be safe
-                cut.append(key)
-        cut.extend(key for key, _ in chosen if self._unlink(key))
-        victims.extend(chosen)
+        if orphans:  # orphans, then demoted leaves
+            inner.mark_non_evictable(orphans)
+            inner.remove(orphans)
+            for key in orphans:
+                if self._unlink(key) and key in self._children:  # a leaf has none; to be safe
+                    cut.append(key)
+        cut.extend(key for key in chosen if self._unlink(key))
         if cut:
             self._orphan_children(cut)
-        return victims
+        return orphans + chosen if chosen else orphans
 
     def snapshot(self) -> dict:
         return {
@@ -493,7 +459,7 @@ class PrefixAwarePolicy(CachePolicy):
         self._stored = [0, 0]
         self._reused = [0, 0]
         self.demoting = self.leaf_mode == "always"
-        self.visited = 0
+        self.examined = 0
 
 
 def prefix_aware(

@@ -10,7 +10,9 @@ The algorithm, in blocks (every block has size 1):
   queue G, in which case it enters the main queue M (the rest of the capacity) directly.
   While the tier is filling up (no eviction yet), a block that finds S full enters M: this is
   libCacheSim's refinement of the paper's algorithm (the paper's version would let S grow past
-  its share and then drain it); it only changes the first fill.
+  its share and then drain it); it only changes the first fill. A call's keys take S's room
+  tail first, so a request's head goes to M and its tail to S, which is evicted first: the
+  tail leaves before the head from the first fill on, as in every built-in policy.
 * A hit adds 1 to the block's frequency, capped at 3 (2 bits). Nothing moves.
 * To evict one block: if M holds more than its share, or S is empty, evict from M, else from S.
 
@@ -29,10 +31,11 @@ How it maps to the offloading contract:
 
 * S and M keep their FIFO order over **evictable blocks only**; a block's membership (S or M)
   and its frequency are kept while it is pending or pinned, and a touch of a pending or pinned
-  block still counts. When it becomes evictable (:meth:`block_evictable`: store completed or
-  last pin released) it enters the tail of its queue, as a new block does -- the FIFO meaning of
-  "the MRU end". The share test ("M holds more than its share") counts every resident block of
-  M, pinned and pending included, like ARC's list sizes.
+  block still counts. When it becomes evictable (:meth:`mark_evictable`: store completed or
+  last pin released) it enters the tail of its queue, as a new block does -- the FIFO meaning
+  of "the MRU end" (a call's keys enter tail first, so ``keys[0]`` ends newest). The share
+  test ("M holds more than its share") counts every resident block of M, pinned and pending
+  included, like ARC's list sizes.
 * If the chosen queue has no eligible block (all pinned, pending or protected), eviction falls
   back to the other queue. A protected block that would be evicted stays at the head of its
   queue (it is passed over, not moved); one that would be promoted or reinserted is, as usual.
@@ -41,13 +44,13 @@ How it maps to the offloading contract:
   ``prepare_store`` call, and at the start of :meth:`evict`: so a key evicted by the same call
   is found as in libCacheSim, which checks G before evicting.
 * :meth:`evict` counts the eligible blocks first -- O(|protected|) -- and returns ``None``
-  without changing anything (queues, frequencies, ghost) when fewer than ``n`` exist;
-  otherwise it always succeeds.
+  without changing anything (queues, frequencies, ghost) when fewer than ``n`` exist
+  (the base class's check); otherwise it always succeeds.
 
 Bound: S is walked at most once per call (each block met is promoted or evicted or, if
 protected, passed once). M is a FIFO with reinsertion: a block met with frequency ``f`` is
 reinserted at most ``f <= 3`` times before it can be a victim, so within one call each entry of
-M is examined at most 4 times. The entries examined (added to :attr:`visited`) are the ``n``
+M is examined at most 4 times. The entries examined (added to :attr:`examined`) are the ``n``
 victims, the protected blocks passed, the promotions from S (one per block stored) and the
 reinsertions in M, each of which uses up one unit of frequency that a touch added: eviction is
 O(k + protected) amortized over stores and touches, not worst case.
@@ -58,7 +61,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
-from kvtier.policies.base import CachePolicy, Key, count_eligible, protected_set
+from kvtier.policies.base import CachePolicy, Key
 
 #: frequency cap (2-bit counter)
 MAX_FREQ = 3
@@ -80,9 +83,9 @@ class S3FIFOPolicy(CachePolicy):
     Raises:
         ValueError: ``capacity`` is not a positive int.
 
-    State: resident membership ``_in_small`` / ``_in_main`` (key -> slot, every resident
-    block), evictable FIFO orders ``_small`` / ``_main`` (key -> slot, oldest first), ``_freq``
-    (key -> 0..3) and the ghost queue ``_ghost`` (oldest first). O(1) per touched key;
+    State: resident membership ``_in_small`` / ``_in_main`` (sets, every resident block),
+    evictable FIFO orders ``_small`` / ``_main`` (keys, oldest first), ``_freq`` (key -> 0..3)
+    and the ghost queue ``_ghost`` (oldest first). O(1) per touched key;
     :meth:`evict` is O(k + protected) amortized (see the module docstring).
     """
 
@@ -93,21 +96,14 @@ class S3FIFOPolicy(CachePolicy):
         self.small_capacity = max(1, int(capacity * SMALL_RATIO))
         self.main_capacity = capacity - self.small_capacity
         self.ghost_capacity = int(capacity * GHOST_RATIO)
-        self._in_small: dict[Key, int] = {}
-        self._in_main: dict[Key, int] = {}
-        self._small: OrderedDict[Key, int] = OrderedDict()
-        self._main: OrderedDict[Key, int] = OrderedDict()
+        self._in_small: set[Key] = set()
+        self._in_main: set[Key] = set()
+        self._small: OrderedDict[Key, None] = OrderedDict()
+        self._main: OrderedDict[Key, None] = OrderedDict()
         self._freq: dict[Key, int] = {}
         self._ghost: OrderedDict[Key, None] = OrderedDict()
         self._has_evicted = False
-
-    # -- queries -------------------------------------------------------------------------
-    def get(self, key: Key) -> int | None:
-        slot = self._in_small.get(key)
-        return self._in_main.get(key) if slot is None else slot
-
-    def __len__(self) -> int:
-        return len(self._in_small) + len(self._in_main)
+        self._orders = (self._small, self._main)
 
     @property
     def small_size(self) -> int:
@@ -126,33 +122,40 @@ class S3FIFOPolicy(CachePolicy):
             ghost.popitem(False)
 
     # -- state changes -------------------------------------------------------------------
-    def insert(self, key: Key, slot: int) -> None:
-        if self._ghost.pop(key, 0) is None or (
-            not self._has_evicted and len(self._in_small) >= self.small_capacity
-        ):
-            self._in_main[key] = slot
-        else:
-            self._in_small[key] = slot
-        self._freq[key] = 0
+    def insert(self, keys: Sequence[Key]) -> None:
+        in_small, in_main, freq, ghost = self._in_small, self._in_main, self._freq, self._ghost
+        for key in reversed(keys):  # tail first: while S is filling, the tail takes its room
+            if ghost.pop(key, 0) is None or (
+                not self._has_evicted and len(in_small) >= self.small_capacity
+            ):
+                in_main.add(key)
+            else:
+                in_small.add(key)
+            freq[key] = 0
 
-    def remove(self, key: Key) -> None:
-        if self._freq.pop(key, None) is None:
-            return
-        if self._in_small.pop(key, None) is not None:
-            self._small.pop(key, None)
-        else:
-            del self._in_main[key]
-            self._main.pop(key, None)
+    def remove(self, keys: Sequence[Key]) -> None:
+        for key in keys:
+            del self._freq[key]
+            if key in self._in_small:
+                self._in_small.remove(key)
+            else:
+                self._in_main.remove(key)
 
-    def block_evictable(self, key: Key, slot: int) -> None:
-        if key in self._in_small:
-            self._small[key] = slot
-        else:
-            self._main[key] = slot
+    def mark_evictable(self, keys: Sequence[Key]) -> None:
+        in_small, small, main = self._in_small, self._small, self._main
+        for key in reversed(keys):
+            if key in in_small:
+                small[key] = None
+            else:
+                main[key] = None
 
-    def block_unevictable(self, key: Key) -> None:
-        if self._small.pop(key, None) is None:
-            del self._main[key]
+    def mark_non_evictable(self, keys: Sequence[Key]) -> None:
+        small, main = self._small, self._main
+        for key in keys:
+            if key in small:
+                del small[key]
+            else:
+                del main[key]
 
     def touch(self, keys: Sequence[Key]) -> None:
         freq = self._freq
@@ -164,74 +167,68 @@ class S3FIFOPolicy(CachePolicy):
     def on_store(self, keys: Sequence[Key]) -> None:
         self._trim_ghost()
 
-    def evict(self, n: int, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
-        small, main = self._small, self._main
-        prot = protected_set(protected) if protected else ()
-        if count_eligible(prot, small, main) < n:
-            return None
+    def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
         self._trim_ghost()
-
+        small, main = self._small, self._main
         in_small, in_main, freq, ghost = self._in_small, self._in_main, self._freq, self._ghost
         main_capacity = self.main_capacity
-        victims: list[tuple[Key, int]] = []
-        small_passed: list[tuple[Key, int]] = []
-        main_passed: list[tuple[Key, int]] = []
-        visited = 0
+        victims: list[Key] = []
+        small_passed: list[Key] = []
+        main_passed: list[Key] = []
+        examined = 0
         while len(victims) < n:
             if (len(in_main) <= main_capacity or not main) and small:
                 # evict from S: promote frequent blocks until one leaves
                 found = False
                 while small:
-                    key, slot = small.popitem(False)
-                    visited += 1
+                    key = small.popitem(False)[0]
+                    examined += 1
                     if freq[key] >= MOVE_TO_MAIN:
-                        del in_small[key]
-                        in_main[key] = slot
-                        main[key] = slot
+                        in_small.remove(key)
+                        in_main.add(key)
+                        main[key] = None
                         freq[key] = 0
-                    elif key in prot:
-                        small_passed.append((key, slot))
+                    elif key in protected:
+                        small_passed.append(key)
                     else:
-                        del in_small[key]
+                        in_small.remove(key)
                         del freq[key]
                         ghost[key] = None
-                        victims.append((key, slot))
+                        victims.append(key)
                         found = True
                         break
                 if found:
                     continue
-            elif not main:  # pragma: no cover - excluded by the eligibility count above
-                raise RuntimeError("s3fifo: no eligible block although the count said so")
             # evict from M: reinsert blocks with frequency left until one leaves
             while main:
-                key, slot = main.popitem(False)
-                visited += 1
+                key = main.popitem(False)[0]
+                examined += 1
                 f = freq[key]
                 if f > 0:
                     freq[key] = f - 1
-                    main[key] = slot
-                elif key in prot:
-                    main_passed.append((key, slot))
+                    main[key] = None
+                elif key in protected:
+                    main_passed.append(key)
                 else:
-                    del in_main[key]
+                    in_main.remove(key)
                     del freq[key]
-                    victims.append((key, slot))
+                    victims.append(key)
                     break
         # protected blocks passed over keep their place at the head of their queue
         for queue, passed in ((small, small_passed), (main, main_passed)):
-            for key, slot in reversed(passed):
-                queue[key] = slot
+            for key in reversed(passed):
+                queue[key] = None
                 queue.move_to_end(key, last=False)
         self._has_evicted = True
-        self.visited += visited
+        self.examined += examined
         return victims
 
     def snapshot(self) -> dict:
         return {
-            "in_small": dict(self._in_small),
-            "in_main": dict(self._in_main),
-            "small": list(self._small.items()),
-            "main": list(self._main.items()),
+            "in_small": set(self._in_small),
+            "in_main": set(self._in_main),
+            "small": list(self._small),
+            "main": list(self._main),
             "freq": dict(self._freq),
             "ghost": list(self._ghost),
             "has_evicted": self._has_evicted,
@@ -242,4 +239,4 @@ class S3FIFOPolicy(CachePolicy):
                      self._ghost):
             part.clear()
         self._has_evicted = False
-        self.visited = 0
+        self.examined = 0

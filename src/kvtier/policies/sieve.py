@@ -13,8 +13,9 @@ How it maps to the offloading contract (each choice is also what keeps :meth:`ev
 
 * The queue holds **evictable blocks only**. A pending or pinned block is out of the queue; a
   touch still sets its visited bit, so a use while pinned is not lost. When it becomes evictable
-  again (:meth:`block_evictable`: store completed or last pin released) it re-enters at the
-  queue's head, as a newly inserted block does -- the FIFO meaning of "the MRU end".
+  again (:meth:`mark_evictable`: store completed or last pin released) it re-enters at the
+  queue's head, as a newly inserted block does -- the FIFO meaning of "the MRU end" (a
+  call's keys enter tail first, so ``keys[0]`` ends at the head).
 * The queue is kept as two ordered maps split at the hand: ``_ahead`` (the hand's block, then
   every newer block up to the head) and ``_behind`` (the blocks the hand has passed in this lap,
   oldest first). Passing a block moves it from the front of ``_ahead`` to the end of
@@ -22,13 +23,13 @@ How it maps to the offloading contract (each choice is also what keeps :meth:`ev
 * A protected block (named in the current ``prepare_store``) is passed like a visited one, but
   its bit is left as it is.
 * :meth:`evict` first counts the eligible blocks -- O(|protected|) -- and returns ``None``
-  without touching anything (bits, hand, queue) when fewer than ``n`` exist. Otherwise it runs
-  the hand and always succeeds.
+  without touching anything (bits, hand, queue) when fewer than ``n`` exist (the base class's
+  check). Otherwise it runs the hand and always succeeds.
 
 Bound: within one :meth:`evict` call the hand makes at most one full lap plus the victims: once
 it has passed every block all visited bits are clear, so every unprotected block it meets next is
 a victim. Each queue entry is therefore examined at most twice per call, and the entries
-examined (added to :attr:`visited`) are ``n`` victims + visited bits cleared + protected blocks
+examined (added to :attr:`examined`) are ``n`` victims + visited bits cleared + protected blocks
 passed (each at most twice). Cleared bits are paid for by the touches that set them (one bit per
 touch at most), so eviction is O(k + protected) amortized over touches, not worst case: a call
 that meets ``m`` visited blocks examines ``m`` extra entries, as in the paper.
@@ -39,15 +40,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
-from kvtier.policies.base import CachePolicy, Key, count_eligible, protected_set
+from kvtier.policies.base import CachePolicy, Key
 
 
 class SievePolicy(CachePolicy):
     """SIEVE eviction (Zhang et al., NSDI'24) over the evictable blocks of the tier.
 
-    State: ``_ahead`` / ``_behind`` (evictable key -> slot, the queue split at the hand, see the
-    module docstring), ``_held`` (pending or pinned key -> slot) and ``_bits`` (keys whose
-    visited bit is set, any state). O(1) per touched key; :meth:`evict` examines at most twice
+    State: ``_ahead`` / ``_behind`` (evictable keys, the queue split at the hand, see the
+    module docstring), ``_held`` (pending or pinned keys) and ``_bits`` (keys whose visited
+    bit is set, any state). O(1) per touched key; :meth:`evict` examines at most twice
     each queue entry (O(k + protected), amortized over touches).
     """
 
@@ -55,22 +56,11 @@ class SievePolicy(CachePolicy):
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self._ahead: OrderedDict[Key, int] = OrderedDict()
-        self._behind: OrderedDict[Key, int] = OrderedDict()
-        self._held: dict[Key, int] = {}
+        self._ahead: OrderedDict[Key, None] = OrderedDict()
+        self._behind: OrderedDict[Key, None] = OrderedDict()
+        self._held: set[Key] = set()
         self._bits: set[Key] = set()
-
-    # -- queries -------------------------------------------------------------------------
-    def get(self, key: Key) -> int | None:
-        slot = self._ahead.get(key)
-        if slot is None:
-            slot = self._behind.get(key)
-            if slot is None:
-                slot = self._held.get(key)
-        return slot
-
-    def __len__(self) -> int:
-        return len(self._ahead) + len(self._behind) + len(self._held)
+        self._orders = (self._ahead, self._behind)  # the same two maps, whichever is ahead
 
     def _wrap(self) -> None:
         # invariant: the hand's side is empty only when the whole queue is
@@ -78,29 +68,29 @@ class SievePolicy(CachePolicy):
             self._ahead, self._behind = self._behind, self._ahead
 
     # -- state changes -------------------------------------------------------------------
-    def insert(self, key: Key, slot: int) -> None:
-        self._held[key] = slot
-        self._bits.discard(key)
+    def insert(self, keys: Sequence[Key]) -> None:
+        self._held.update(keys)
+        self._bits.difference_update(keys)
 
-    def remove(self, key: Key) -> None:
-        self._bits.discard(key)
-        if self._held.pop(key, None) is None:
-            if self._ahead.pop(key, None) is None:
-                self._behind.pop(key, None)
+    def remove(self, keys: Sequence[Key]) -> None:
+        self._held.difference_update(keys)
+        self._bits.difference_update(keys)
+
+    def mark_evictable(self, keys: Sequence[Key]) -> None:
+        self._held.difference_update(keys)
+        ahead = self._ahead  # the head; _behind is empty if _ahead is
+        for key in reversed(keys):
+            ahead[key] = None
+
+    def mark_non_evictable(self, keys: Sequence[Key]) -> None:
+        ahead, behind = self._ahead, self._behind
+        for key in keys:
+            if key in ahead:
+                del ahead[key]
             else:
-                self._wrap()
-
-    def block_evictable(self, key: Key, slot: int) -> None:
-        self._held.pop(key, None)
-        self._ahead[key] = slot  # the head; _behind is empty if _ahead is
-
-    def block_unevictable(self, key: Key) -> None:
-        slot = self._ahead.pop(key, None)
-        if slot is None:
-            slot = self._behind.pop(key)
-        else:
-            self._wrap()
-        self._held[key] = slot
+                del behind[key]
+        self._held.update(keys)
+        self._wrap()
 
     def touch(self, keys: Sequence[Key]) -> None:
         bits = self._bits
@@ -109,39 +99,36 @@ class SievePolicy(CachePolicy):
             if key in ahead or key in behind or key in held:
                 bits.add(key)
 
-    def evict(self, n: int, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
+    def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
         ahead, behind = self._ahead, self._behind
-        prot = protected_set(protected) if protected else ()
-        if count_eligible(prot, ahead, behind) < n:
-            return None
         bits = self._bits
-        victims: list[tuple[Key, int]] = []
-        visited = 0
+        victims: list[Key] = []
+        examined = 0
         while len(victims) < n:
             if not ahead:
                 ahead, behind = behind, ahead
-            key, slot = ahead.popitem(False)
-            visited += 1
+            key = ahead.popitem(False)[0]
+            examined += 1
             if key in bits:
                 bits.discard(key)
-                behind[key] = slot
-            elif key in prot:
-                behind[key] = slot
+                behind[key] = None
+            elif key in protected:
+                behind[key] = None
             else:
-                victims.append((key, slot))
+                victims.append(key)
         if not ahead:
             ahead, behind = behind, ahead
         self._ahead, self._behind = ahead, behind
-        self.visited += visited
+        self.examined += examined
         return victims
 
     def snapshot(self) -> dict:
         # the hand's position is where _ahead starts: the queue read from the tail is
         # behind + ahead, and len(behind) says where the hand is
         return {
-            "queue": list(self._behind.items()) + list(self._ahead.items()),
+            "queue": list(self._behind) + list(self._ahead),
             "hand": len(self._behind),
-            "held": dict(self._held),
+            "held": set(self._held),
             "visited_bits": set(self._bits),
         }
 
@@ -150,4 +137,4 @@ class SievePolicy(CachePolicy):
         self._behind.clear()
         self._held.clear()
         self._bits.clear()
-        self.visited = 0
+        self.examined = 0

@@ -1,0 +1,71 @@
+"""The manager checks what a policy's ``evict`` returns (issue #12, fault 4).
+
+Each buggy policy below breaks one rule; ``prepare_store`` must raise a ``PolicyError`` naming
+the policy, and the manager's own state (slots, ref counts, counters, events) must be exactly
+as before the call.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtier import OffloadingManager, PolicyError
+from kvtier.policies.lru import LRUPolicy
+
+
+def buggy(name: str, pick):
+    """An LRU whose ``_evict`` returns ``pick(self, n, protected, honest_victims)``."""
+
+    def _evict(self, n, protected):
+        return pick(self, n, protected, LRUPolicy._evict(self, n, protected))
+
+    return type(f"Buggy{name.title()}", (LRUPolicy,), {"name": f"buggy-{name}",
+                                                        "_evict": _evict})
+
+
+BUGS = {
+    "short": lambda self, n, prot, v: v[:-1],  # fewer than n victims
+    "long": lambda self, n, prot, v: v + ["k0"],  # more than n
+    "repeated": lambda self, n, prot, v: v[:-1] + v[:1] if n > 1 else v + v,
+    "unknown": lambda self, n, prot, v: v[:-1] + ["never-stored"],
+    "pending": lambda self, n, prot, v: v[:-1] + ["p0"],
+    "pinned": lambda self, n, prot, v: v[:-1] + ["k1"],
+    "protected": lambda self, n, prot, v: v[:-1] + ["k2"],
+    "unhashable": lambda self, n, prot, v: v[:-1] + [["k3"]],
+    "tuple": lambda self, n, prot, v: tuple(v),
+}
+
+
+def setup(cls) -> OffloadingManager:
+    m = OffloadingManager(8, cls, enable_events=True)
+    keys = [f"k{i}" for i in range(6)]
+    m.complete_store(m.prepare_store(keys).keys_to_store)
+    m.prepare_store(["p0", "p1"])  # pending, tier now full
+    m.prepare_load(["k1"])  # pinned
+    m.take_events()
+    return m
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS))
+@pytest.mark.parametrize("n_new", [1, 2])
+def test_a_broken_evict_raises_naming_the_policy_and_the_manager_is_unchanged(bug, n_new):
+    cls = buggy(bug, BUGS[bug])
+    m = setup(cls)
+    before = {k: v for k, v in m.snapshot().items() if k != "policy"}
+    stats = m.stats()
+    # "k2" is named in the call (protected) only for the protected bug, so the other calls
+    # stay on the one-key path when n_new == 1
+    keys = (["k2"] if bug == "protected" else []) + [f"new{i}" for i in range(n_new)]
+    with pytest.raises(PolicyError, match=rf"policy 'buggy-{bug}': Buggy\w+\.evict\({n_new}\)") as err:
+        m.prepare_store(keys)
+    assert err.value.policy == f"buggy-{bug}"
+    assert {k: v for k, v in m.snapshot().items() if k != "policy"} == before
+    assert m.stats() == stats
+    assert m.take_events() == []
+
+
+def test_the_check_costs_nothing_when_the_policy_is_right():
+    m = setup(LRUPolicy)
+    out = m.prepare_store(["k2", "new0", "new1"])
+    assert out.evicted_keys == ["k5", "k4"]  # k2 protected, k1 pinned, p0/p1 pending
+    assert m.stats().evictions == 2
