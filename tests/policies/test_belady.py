@@ -180,21 +180,21 @@ def test_evicts_furthest_next_use_never_used_first_and_skips_protected():
     p = BeladyPolicy(4)
     p.bind(oracle)
     oracle.advance(["a", "b", "c", "d"])
-    for slot, key in enumerate("abcd"):
-        p.insert(key, slot)
-        p.block_evictable(key, slot)
+    for key in "abcd":
+        p.insert([key])
+        p.mark_evictable([key])
     # next uses: b 4, a 5, c 6, d never
-    assert p.evict(2, protected={"d"}) == [("c", 2), ("a", 0)]
+    assert p.evict(2, protected={"d"}) == ["c", "a"]
     assert p.evict(3, protected=()) is None  # only d and b left: nothing changes
-    assert [k for k, _, _ in p.snapshot()["order"]] == ["d", "b"]
-    assert p.evict(2, protected=()) == [("d", 3), ("b", 1)]
+    assert [k for k, _ in p.snapshot()["order"]] == ["d", "b"]
+    assert p.evict(2, protected=()) == ["d", "b"]
 
 
 def test_heap_stays_bounded_under_touches():
     p = BeladyPolicy(8)
     for k in range(8):
-        p.insert(k, k)
-        p.block_evictable(k, k)
+        p.insert([k])
+        p.mark_evictable([k])
     for _ in range(10_000):
         p.touch([1, 2, 3])
     assert len(p._heap) <= 2 * 8 + 64 + 1

@@ -102,38 +102,35 @@ MODULE_PATH = __name__
 # being reshaped (keys only, vLLM hook names): re-target this class and nothing else.
 # ---------------------------------------------------------------------------------------------
 class _KVTierHooks:
-    """A kvtier policy instance behind the few operations the vLLM adapter needs.
-
-    Keys in, keys out: slots are passed to the current kvtier contract only because it still
-    takes them (``slot_of`` gives them), and victims are returned as keys.
-    """
+    """A kvtier policy instance behind the few operations the vLLM adapter needs (kvtier's
+    keys-only contract, :mod:`kvtier.policies.base`: keys in, keys out)."""
 
     __slots__ = ("policy",)
 
     def __init__(self, name: str, capacity: int) -> None:
         self.policy = get_policy(name)(capacity)
 
-    def insert(self, key: Any, slot: int) -> None:
-        """A new block, store in flight (pending, not evictable)."""
-        self.policy.insert(key, slot)
+    def insert(self, keys: list[Any]) -> None:
+        """New blocks of one store call, head first; stores in flight (pending, not
+        evictable)."""
+        self.policy.insert(keys)
 
     def stored(self, keys: Sequence[Any]) -> None:
         """One successful store call's new keys, head first (prefix policies learn links)."""
         self.policy.on_store(keys)
 
-    def evictable(self, keys: list[Any], slot_of: Callable[[Any], int]) -> None:
-        """Blocks that became evictable in one call, head first: ``keys[0]`` ends most recent
-        (the current contract takes them the other way round, with their slots)."""
-        keys = keys[::-1]
-        self.policy.blocks_evictable(keys, [slot_of(key) for key in keys])
+    def evictable(self, keys: list[Any]) -> None:
+        """Blocks that became evictable in one call, head first: ``keys[0]`` ends most
+        recent."""
+        self.policy.mark_evictable(keys)
 
     def unevictable(self, key: Any) -> None:
         """A block pinned by a load (ref count 0 -> 1)."""
-        self.policy.block_unevictable(key)
+        self.policy.mark_non_evictable([key])
 
     def remove(self, key: Any) -> None:
         """A pending block whose store failed: dropped, no ghost entry."""
-        self.policy.remove(key)
+        self.policy.remove([key])
 
     def use(self, keys: Sequence[Any]) -> None:
         """One use of ``keys``; ``keys[0]`` ends most recent; non-resident keys teach ghosts."""
@@ -141,10 +138,7 @@ class _KVTierHooks:
 
     def evict(self, n: int, protected: Collection[Any]) -> list[Any] | None:
         """``n`` victims (keys) or ``None`` with nothing changed."""
-        victims = self.policy.evict(n, protected)
-        if victims is None:
-            return None
-        return [key for key, _ in victims]
+        return self.policy.evict(n, protected)
 
     def clear(self) -> None:
         self.policy.clear()
@@ -218,6 +212,9 @@ class KVTierCachePolicy(CachePolicy):
     def _flush(self) -> None:
         if self._inserted:
             inserted, self._inserted = self._inserted, []
+            # one insert call per run of vLLM's per-key inserts (one prepare_store): policies
+            # may order a call's keys (S3-FIFO's first fill takes them tail first)
+            self._hooks.insert(inserted)
             offer, self._offer = self._offer, None
             # the store call's keys as vLLM reported them to on_request_access just before
             # (inserted + already ready, head first) when they cover the inserted ones
@@ -227,8 +224,7 @@ class KVTierCachePolicy(CachePolicy):
         self._offer = None
         if self._released:
             released, self._released = self._released, []
-            chunks = self._chunks
-            self._hooks.evictable(released, lambda key: chunks[key].chunk_id)
+            self._hooks.evictable(released)
 
     def get(self, key: OffloadKey) -> ChunkStatus | None:
         return self._chunks.get(key)
@@ -240,8 +236,7 @@ class KVTierCachePolicy(CachePolicy):
             self._flush()
         self._chunks[key] = chunk
         self._pending.add(key)
-        self._hooks.insert(key, chunk.chunk_id)
-        self._inserted.append(key)
+        self._inserted.append(key)  # given to the kvtier policy at the next other hook
 
     def remove(self, key: OffloadKey) -> None:
         self._flush()

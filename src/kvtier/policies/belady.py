@@ -24,9 +24,6 @@ so the caller must touch every referenced key after advancing the oracle (both r
 protocols touch all of a request's keys); a referenced key that is not touched keeps its old
 key until it is touched or becomes evictable again.
 
-Porting note: the policy uses slots only to return them from :meth:`evict` (the 4th item of a
-heap entry); a keys-only contract drops that item and nothing else changes.
-
 Without a bound oracle every next use is unknown (``NEVER``) and the recency tie-break alone
 decides: the policy then evicts exactly like ``lru`` (tested), which is what the manager tests
 that run every registered policy see.
@@ -45,7 +42,7 @@ from collections.abc import Collection, Mapping, Sequence
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
-from kvtier.policies.base import CachePolicy, Key, count_eligible, protected_set
+from kvtier.policies.base import CachePolicy, Key
 
 if TYPE_CHECKING:
     from kvtier.oracle import NextUseOracle
@@ -56,10 +53,9 @@ _NEVER = (1 << 62) - 1  # == kvtier.oracle.NEVER (not imported: keeps this file 
 class BeladyPolicy(CachePolicy):
     """Belady's MIN over evictable blocks, reading next uses from a bound oracle.
 
-    State: ``_entry`` (evictable key -> its live heap entry ``(-next_use, seq, key, slot)``;
-    ``seq`` is a counter, so entries never compare keys and equal next uses go least recent
-    first), ``_heap`` (live and stale entries), ``_resident`` (key -> slot, the manager's map
-    when shared).
+    State: ``_entry`` (evictable key -> its live heap entry ``(-next_use, seq, key)``; ``seq``
+    is a counter, so entries never compare keys and equal next uses go least recent first)
+    and ``_heap`` (live and stale entries).
     """
 
     name = "belady"
@@ -69,12 +65,11 @@ class BeladyPolicy(CachePolicy):
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self._entry: dict[Key, tuple] = {}
+        self._orders = (self._entry,)
         self._heap: list[tuple] = []
         self._seq = 0
         self._next_use: Mapping[Key, int] = {}
         self._oracle: NextUseOracle | None = None
-        self._resident: Mapping[Key, int] = {}
-        self._own_state = True
 
     def bind(self, oracle: NextUseOracle) -> None:
         """Read next uses from ``oracle`` from now on (its ``next_use`` map, live).
@@ -87,116 +82,70 @@ class BeladyPolicy(CachePolicy):
             raise TypeError(f"bind() needs a NextUseOracle (with a next_use map), got {oracle!r}")
         self._oracle = oracle
         self._next_use = next_use
-        # entries pushed before the binding carry stale next uses: re-key them
-        for key, entry in list(self._entry.items()):
-            self._push(key, entry[3])
-
-    # -- queries -------------------------------------------------------------------------
-    def get(self, key: Key) -> int | None:
-        return self._resident.get(key)
-
-    def __len__(self) -> int:
-        return len(self._resident)
-
-    def share_state(self, resident: Mapping[Key, int], pending: Collection[Key]) -> None:
-        self._resident = resident
-        self._own_state = False
+        # entries pushed before the binding carry stale next uses: re-key them, oldest first
+        self._push_many([entry[2] for entry in sorted(self._entry.values(),
+                                                      key=lambda e: e[1], reverse=True)])
 
     # -- the order -----------------------------------------------------------------------
-    def _push(self, key: Key, slot: int) -> None:
-        self._seq += 1
-        entry = (-self._next_use.get(key, _NEVER), self._seq, key, slot)
-        self._entry[key] = entry
-        heappush(self._heap, entry)
-        self._compact()
-
-    def _push_many(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
-        # one loop, one compaction check: block_evictable per key was 1/3 of the replay time
+    def _push_many(self, keys: Sequence[Key]) -> None:
+        """(Re-)enter ``keys`` with their current next use; ``keys[0]`` ends most recent."""
+        # one loop, one compaction check: a push per key was 1/3 of the replay time
         get = self._next_use.get
         entries = self._entry
         heap = self._heap
         seq = self._seq
-        for key, slot in zip(keys, slots):
+        for key in reversed(keys):
             seq += 1
-            entry = (-get(key, _NEVER), seq, key, slot)
+            entry = (-get(key, _NEVER), seq, key)
             entries[key] = entry
             heappush(heap, entry)
         self._seq = seq
-        self._compact()
-
-    def _compact(self) -> None:
-        heap = self._heap
-        if len(heap) > 2 * len(self._entry) + 64:  # mostly stale: rebuild from live entries
-            heap[:] = self._entry.values()
+        if len(heap) > 2 * len(entries) + 64:  # mostly stale: rebuild from live entries
+            heap[:] = entries.values()
             heapify(heap)
 
-    def insert(self, key: Key, slot: int) -> None:
-        if self._own_state:
-            self._resident[key] = slot  # type: ignore[index]
+    def mark_evictable(self, keys: Sequence[Key]) -> None:
+        self._push_many(keys)
 
-    def insert_many(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
-        if self._own_state:
-            self._resident.update(zip(keys, slots))  # type: ignore[attr-defined]
-
-    def remove(self, key: Key) -> None:
-        if self._own_state:
-            self._resident.pop(key, None)  # type: ignore[attr-defined]
-        self._entry.pop(key, None)
-
-    def block_evictable(self, key: Key, slot: int) -> None:
-        self._push(key, slot)
-
-    def blocks_evictable(self, keys: Sequence[Key], slots: Sequence[int]) -> None:
-        self._push_many(keys, slots)
-
-    def block_unevictable(self, key: Key) -> None:
-        del self._entry[key]  # its heap entry goes stale
+    def mark_non_evictable(self, keys: Sequence[Key]) -> None:
+        entry = self._entry
+        for key in keys:
+            del entry[key]  # its heap entry goes stale
 
     def touch(self, keys: Sequence[Key]) -> None:
         entry = self._entry
-        live = [(key, old[3]) for key in reversed(keys) if (old := entry.get(key)) is not None]
+        live = [key for key in keys if key in entry]
         if live:
-            self._push_many([k for k, _ in live], [s for _, s in live])
+            self._push_many(live)
 
-    def evict(self, n: int, protected: Collection[Key]) -> list[tuple[Key, int]] | None:
+    def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
         entry = self._entry
-        if protected:
-            protected = protected_set(protected)
-            if count_eligible(protected, entry) < n:
-                return None
-        elif len(entry) < n:
-            return None
         heap = self._heap
-        victims: list[tuple[Key, int]] = []
+        victims: list[Key] = []
         skipped: list[tuple] = []
+        examined = 0
         while len(victims) < n:
             item = heappop(heap)
             key = item[2]
             if entry.get(key) is not item:
                 continue  # stale: the block was touched, pinned or evicted since
-            self.visited += 1
+            examined += 1
             if key in protected:
                 skipped.append(item)
                 continue
             del entry[key]
-            victims.append((key, item[3]))
+            victims.append(key)
         for item in skipped:
             heappush(heap, item)
-        if self._own_state:
-            resident = self._resident
-            for key, _ in victims:
-                del resident[key]  # type: ignore[attr-defined]
+        self.examined += examined
         return victims
 
     def snapshot(self) -> dict:
         live = sorted(self._entry.values())
-        held = {key: slot for key, slot in self._resident.items() if key not in self._entry}
-        return {"order": [(key, slot, -neg) for neg, _, key, slot in live], "held": held}
+        return {"order": [(key, -neg) for neg, _, key in live]}
 
     def clear(self) -> None:
         self._entry.clear()
         self._heap.clear()
         self._seq = 0
-        if self._own_state:
-            self._resident.clear()  # type: ignore[attr-defined]
-        self.visited = 0
+        self.examined = 0
