@@ -670,6 +670,15 @@ class OffloadingManager:
             free=self.num_blocks - used,
         )
 
+    def slot_of(self, key: Hashable) -> int | None:
+        """The slot of stored block ``key`` (pending or ready), or ``None``. O(1).
+
+        For data planes that must copy a victim's bytes before its slot is reused: inside the
+        policy's eviction (``CachePolicy._evict``) a victim still has its slot here; once
+        ``prepare_store`` returns, the slot may belong to a new block.
+        """
+        return self._slot_of.get(key)
+
     def ref_count(self, key: Hashable) -> int | None:
         """Ref count of ``key`` (-1 pending, 0 evictable, >0 pinned), or None if not stored."""
         slot = self._slot_of.get(key)

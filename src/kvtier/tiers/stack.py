@@ -78,7 +78,7 @@ class TierStack:
     """A host manager plus block tiers below it.
 
     Args:
-        host: the host tier's manager. The stack wraps its policy's ``evict`` (an instance
+        host: the host tier's manager. The stack wraps its policy's ``_evict`` (an instance
             attribute) to see victims; build it with ``enable_events=True`` for host events.
         lower: the tiers below, top down (e.g. ``[disk, redis]``); names must be distinct and
             differ from ``host_name``; every tier's ``block_bytes`` must be ``block_bytes``.
@@ -138,20 +138,23 @@ class TierStack:
         self.demoted = 0
         #: promotions refused because the host could not make room (pinned/pending blocks)
         self.promote_failures = 0
+        # every eviction, the manager's and CachePolicy.evict's, goes through the policy's
+        # _evict: the victims still have their host slots while it returns
         policy = host.policy
-        inner = policy.evict
+        inner = policy._evict
+        slot_of = host.slot_of
 
-        def evict(n: int, protected: Any) -> Any:
+        def _evict(n: int, protected: Any) -> Any:
             victims = inner(n, protected)
             if victims and self.demotion == "write-back" and self.lower:
                 read = self._read_slot
                 held = self._held_below
                 # copied now: the slot is handed to a new block when prepare_store returns
-                self._victims.extend((key, read(slot)) for key, slot in victims
+                self._victims.extend((key, read(slot_of(key))) for key in victims
                                      if not held(key))
             return victims
 
-        policy.evict = evict  # type: ignore[method-assign]
+        policy._evict = _evict  # type: ignore[method-assign]
 
     def _held_below(self, key: Hashable) -> bool:
         """Every lower tier already holds ``key`` readable (asked only of tiers that answer
