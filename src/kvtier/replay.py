@@ -73,6 +73,9 @@ class ReplayResult:
         bookkeeping_ns: wall time of the manager calls, in ns (trace parsing excluded).
         parse_ns: when ``requests`` was a stream (not a list), wall time spent outside the
             manager calls, i.e. reading and parsing the trace, in ns; else ``None``.
+        admission: the manager's admission mode (``"all"`` or ``"adaptive"``).
+        refused_blocks: new blocks admission refused to store (manager
+            ``stats().skipped_stores``; also counts ``store_threshold`` refusals).
     """
 
     policy: str
@@ -92,6 +95,8 @@ class ReplayResult:
     evictions: int
     bookkeeping_ns: int
     parse_ns: int | None = None
+    admission: str = "all"
+    refused_blocks: int = 0
 
     @property
     def block_hit_ratio(self) -> float:
@@ -176,6 +181,7 @@ def replay(
     block_tokens: int = 512,
     store_threshold: int = 1,
     progress: Callable[[int], object] | None = None,
+    admission: str = "all",
 ) -> ReplayResult:
     """Replay ``requests`` through a fresh ``OffloadingManager(capacity, policy)``.
 
@@ -190,6 +196,8 @@ def replay(
         protocol: ``"prefix"`` or ``"get"`` (see the module docstring).
         block_tokens: tokens per block, for the token counts (>= 1).
         store_threshold: the manager's admission threshold (1 admits everything).
+        admission: the manager's admission mode, ``"all"`` or ``"adaptive"`` (see
+            :mod:`kvtier.admission_adaptive`); not with ``store_threshold >= 2``.
         progress: called with the number of requests done since the previous call, every
             1,024 requests and once at the end.
 
@@ -209,7 +217,8 @@ def replay(
         raise ValueError("inflight > 0 needs protocol 'prefix' ('get' completes every access)")
     if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
         raise ValueError(f"block_tokens must be a positive int (tokens), got {block_tokens!r}")
-    manager = OffloadingManager(capacity, policy, store_threshold=store_threshold)
+    manager = OffloadingManager(capacity, policy, store_threshold=store_threshold,
+                                admission=admission)
     streamed = not isinstance(requests, (list, tuple))
     protocol_steps = _prefix_protocol if protocol == "prefix" else _get_protocol
     step, drain = protocol_steps(manager, inflight)
@@ -233,6 +242,8 @@ def replay(
         evictions=stats.evictions,
         bookkeeping_ns=manager_ns if streamed else total_ns,
         parse_ns=(total_ns - manager_ns) if streamed else None,
+        admission=admission,
+        refused_blocks=stats.skipped_stores,
     )
 
 
