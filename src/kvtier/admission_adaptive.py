@@ -19,8 +19,9 @@ and each shadow holds ``rate * num_blocks`` keys, so its hit ratio estimates tha
 missed key only when the key was looked up before *and* every key before it in the call was
 too (prefix-closed, as the real tier does). A sampled key that hits in one shadow and misses in
 the other moves PSEL by one towards the shadow that hit; PSEL is saturating, so after a
-change in the traffic the tier follows the new winner after at most ``2 * PSEL_MAX`` such
-differences.
+change in the traffic the tier follows the new winner after at most ``PSEL_MAX + 1`` such
+differences. Ties go to second sight (PSEL starts at 0, second sight while PSEL >= 0): when
+neither shadow hits, as on traffic that is never reused, storing is only wasted writes.
 
 **Doorkeeper** ("seen before"): the keys looked up in the current generation and the one
 before it, two Python sets; a generation ends after ``WINDOW_FACTOR * num_blocks`` distinct
@@ -85,8 +86,10 @@ enough references to decide quickly."""
 
 PSEL_MAX = 512
 """PSEL saturates at +-512 (Qureshi et al.'s 10-bit counter): the tier follows a change of
-winner after at most 1,024 sampled references where the shadows disagree."""
+winner after at most 513 sampled block hits where the shadows disagree."""
 
+_EMA_CALLS = 256
+_EMA_ALPHA = 1 / _EMA_CALLS  # weight of one call in the running means of blocks inserted
 _P = 2**31 - 1  # Mersenne prime: sampled iff (hash(key) * _M) % _P < rate * _P
 _M = 1_327_217_884  # round(_P * (sqrt(5) - 1) / 2): consecutive int keys spread evenly
 
@@ -143,17 +146,28 @@ class DuelingAdmission:
         self._twice: set[Hashable] = set()  # looked up again in this generation
         self._shadow_all: OrderedDict[Hashable, None] = OrderedDict()
         self._shadow_second: OrderedDict[Hashable, None] = OrderedDict()
-        self.psel = 0  # > 0: second sight is ahead
-        self.selective = False  # the tier's current choice: False admit-all, True second sight
+        # PSEL >= 0: second sight (a tie refuses: a block no shadow hits is a wasted write)
+        self.psel = 0
+        self.selective = True  # the tier's current choice: True second sight, False admit-all
         self.switches = 0
         self.sampled_refs = 0
         self.shadow_hits_all = 0
         self.shadow_hits_second = 0
         self.generations = 0
+        self._busy = 0  # the tier's pending + pinned blocks at the last lookup
+        self._cap_a = self._cap_b = self.shadow_capacity
+        self._ins = [0.0, 0.0]  # running means of blocks inserted per call: shadow A, B
 
     # -- the manager's hooks -------------------------------------------------------------
-    def record(self, keys: Sequence[Hashable]) -> None:
+    def record(self, keys: Sequence[Hashable], busy: int = 0) -> None:
         """Count one lookup of each of ``keys`` (head to tail, as the request names them).
+
+        ``busy``: the tier's blocks that cannot hold a cached block now (pending stores and
+        pinned loads). With requests in flight they squeeze the room left for cached blocks,
+        and more so under the rule that stores more: each shadow's capacity is shrunk by its
+        own estimate of them (``busy`` scaled by the shadow's own blocks inserted per call
+        over those of the rule the tier follows, running means over about
+        :data:`_EMA_CALLS` calls).
 
         Raises:
             TypeError: a key is not hashable; nothing changed then.
@@ -179,8 +193,29 @@ class DuelingAdmission:
             positions = list(compress(range(len(keys)), map(
                 cut.__gt__, map(_P.__rmod__, map(_M.__mul__, map(hash, keys))))))
             if not positions:
+                ins = self._ins
+                ins[0] -= ins[0] * _EMA_ALPHA
+                ins[1] -= ins[1] * _EMA_ALPHA
+                if busy != self._busy:
+                    self._resize(busy)
                 return
         self._duel(keys, positions)
+        if busy != self._busy:
+            self._resize(busy)
+
+    def _resize(self, busy: int) -> None:
+        """Shadow capacities for ``busy`` blocks in flight in the tier (see :meth:`record`)."""
+        self._busy = busy
+        ins_a, ins_b = self._ins
+        current = ins_b if self.selective else ins_a
+        free = self.num_blocks - busy
+        if busy and current > 0:
+            free_a = self.num_blocks - busy * ins_a / current
+            free_b = self.num_blocks - busy * ins_b / current
+        else:
+            free_a = free_b = free
+        self._cap_a = max(1, round(self.rate * free_a))
+        self._cap_b = max(1, round(self.rate * free_b))
 
     def _duel(self, keys: Sequence[Hashable], positions: Sequence[int]) -> None:
         """Replay the sampled keys of one lookup through both shadows and move PSEL."""
@@ -189,7 +224,9 @@ class DuelingAdmission:
         run = len(list(takewhile(twice.__contains__, keys)))
         sa = self._shadow_all
         sb = self._shadow_second
-        cap = self.shadow_capacity
+        cap_a = self._cap_a
+        cap_b = self._cap_b
+        inserted_a = inserted_b = 0
         # hits per key, stopping at a sampled key's miss as the tier's prefix lookup would
         hits_a = hits_b = 0
         for i in positions:
@@ -209,14 +246,19 @@ class DuelingAdmission:
                 sa.move_to_end(key)
             else:
                 sa[key] = None
-                if len(sa) > cap:
+                inserted_a += 1
+                while len(sa) > cap_a:  # more than once only after a capacity cut
                     sa.popitem(False)
             if key in sb:
                 sb.move_to_end(key)
             elif i < run:
                 sb[key] = None
-                if len(sb) > cap:
+                inserted_b += 1
+                while len(sb) > cap_b:
                     sb.popitem(False)
+        ins = self._ins
+        ins[0] += (inserted_a - ins[0]) * _EMA_ALPHA
+        ins[1] += (inserted_b - ins[1]) * _EMA_ALPHA
         self.sampled_refs += len(positions)
         if hits_a != hits_b:
             self.shadow_hits_all += hits_a
@@ -225,7 +267,7 @@ class DuelingAdmission:
             lim = self.psel_max
             psel = lim if psel > lim else -lim if psel < -lim else psel
             self.psel = psel
-            selective = psel > 0
+            selective = psel >= 0
             if selective is not self.selective:
                 self.selective = selective
                 self.switches += 1
@@ -233,15 +275,19 @@ class DuelingAdmission:
             self.shadow_hits_all += hits_a
             self.shadow_hits_second += hits_b
 
-    def admit(self, new_keys: Sequence[Hashable]) -> int:
+    def admit(self, new_keys: Sequence[Hashable], room: int | None = None) -> int:
         """How many leading ``new_keys`` (a store call's keys not yet in the tier, head to
         tail) to store. Changes nothing.
 
-        Admit-all answers ``len(new_keys)``; second sight, the length of the leading run of
-        keys looked up before the current lookup (within the doorkeeper's window).
+        Second sight answers the length of the leading run of keys looked up before the
+        current lookup (within the doorkeeper's window); admit-all answers ``len(new_keys)``,
+        unless that exceeds ``room`` (blocks the tier can take now: free plus evictable).
+        Then the tier is congested with blocks in flight and the whole store would fail, so
+        admit-all falls back to the second-sight answer for this call.
         """
         if not self.selective:
-            return len(new_keys)
+            if room is None or len(new_keys) <= room:
+                return len(new_keys)
         return len(list(takewhile(self._twice.__contains__, new_keys)))
 
     # -- introspection -------------------------------------------------------------------
@@ -261,6 +307,7 @@ class DuelingAdmission:
             "shadow_hits_second": self.shadow_hits_second,
             "rate": self.rate,
             "shadow_capacity": self.shadow_capacity,
+            "shadow_capacity_now": (self._cap_a, self._cap_b),
             "window": self.window,
             "generations": self.generations,
             "state_keys": self.state_size(),
@@ -275,7 +322,8 @@ class DuelingAdmission:
             "shadow_all": list(self._shadow_all),
             "shadow_second": list(self._shadow_second),
             "counters": (self.psel, self.selective, self.switches, self.sampled_refs,
-                         self.shadow_hits_all, self.shadow_hits_second, self.generations),
+                         self.shadow_hits_all, self.shadow_hits_second, self.generations,
+                         self._busy, self._cap_a, self._cap_b, tuple(self._ins)),
         }
 
 

@@ -71,6 +71,9 @@ InflightOpt = Annotated[int, typer.Option("--inflight", "-W", min=0,
 ProtocolOpt = Annotated[str, typer.Option("--protocol", help="'prefix' (engine) or 'get' (one get per block).")]
 ThresholdOpt = Annotated[int, typer.Option("--store-threshold", min=1,
                                            help="Admission: store blocks looked up at least N times.")]
+AdmissionOpt = Annotated[str, typer.Option(
+    "--admission", help="Admission: 'all' (store every new block) or 'adaptive' (learn online "
+                        "whether to store only blocks seen before; not with --store-threshold).")]
 SkipOpt = Annotated[bool, typer.Option("--skip-bad-lines", help="Skip and count bad trace lines.")]
 JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="Write results as JSON here ('-': stdout).")]
 ProgressOpt = Annotated[Optional[bool], typer.Option("--progress/--no-progress",
@@ -119,6 +122,17 @@ def _check_common(policies: list[str], fmt: str, protocol: str, inflight: int) -
         raise _CliError(f"unknown protocol {protocol!r}; choose from: {', '.join(PROTOCOLS)}")
     if protocol == "get" and inflight:
         raise _CliError("--inflight needs --protocol prefix")
+
+
+def _check_admission(admission: str, store_threshold: int) -> None:
+    from kvtier.admission_adaptive import ADMISSION_MODES
+
+    if admission not in ADMISSION_MODES:
+        raise _CliError(f"unknown --admission {admission!r}; choose from: "
+                        f"{', '.join(ADMISSION_MODES)}")
+    if admission != "all" and store_threshold > 1:
+        raise _CliError(f"--admission {admission} and --store-threshold {store_threshold} are "
+                        "two admission rules; give one")
 
 
 def _capacities(specs: list[str], unique_blocks: int) -> list[int]:
@@ -246,6 +260,7 @@ def replay_cmd(
     inflight: InflightOpt = 0,
     protocol: ProtocolOpt = "prefix",
     store_threshold: ThresholdOpt = 1,
+    admission: AdmissionOpt = "all",
     skip_bad_lines: SkipOpt = False,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1,
                                                  help="Replay only the first N requests.")] = None,
@@ -260,14 +275,15 @@ def replay_cmd(
     One run per --policy x --capacity, each on a fresh manager.
     """
     try:
+        _check_admission(admission, store_threshold)
         _replay(trace, policy, capacity, fmt, block_tokens, inflight, protocol,
-                store_threshold, skip_bad_lines, limit, stream, json_out, progress)
+                store_threshold, skip_bad_lines, limit, stream, json_out, progress, admission)
     except (_CliError, TraceFormatError, ValueError, OSError) as exc:
         raise _fail(exc) from None
 
 
 def _replay(trace, policy, capacity, fmt, block_tokens, inflight, protocol, store_threshold,
-            skip_bad_lines, limit, stream, json_out, progress) -> None:
+            skip_bad_lines, limit, stream, json_out, progress, admission="all") -> None:
     path = trace if trace is not None else embedded_sample_path()
     policies = _split(policy, ["lru", "arc"], "--policy")
     _check_common(policies, fmt, protocol, inflight)
@@ -305,13 +321,14 @@ def _replay(trace, policy, capacity, fmt, block_tokens, inflight, protocol, stor
             source = requests if not stream else open_trace()[1]
             results.append(replay(source, p, c, inflight=inflight, protocol=protocol,
                                   block_tokens=block_tokens, store_threshold=store_threshold,
-                                  progress=advance))
+                                  progress=advance, admission=admission))
 
     out = _out_console(json_out)
     out.print(_results_table(
         results,
         f"kvtier replay — protocol {protocol}, in-flight window {inflight}"
-        + (f", store threshold {store_threshold}" if store_threshold > 1 else ""),
+        + (f", store threshold {store_threshold}" if store_threshold > 1 else "")
+        + (f", admission {admission}" if admission != "all" else ""),
         out,
     ))
     out.print(_trace_caption(info), highlight=False, soft_wrap=True)
@@ -338,6 +355,7 @@ def sweep_cmd(
     inflight: InflightOpt = 0,
     protocol: ProtocolOpt = "prefix",
     store_threshold: ThresholdOpt = 1,
+    admission: AdmissionOpt = "all",
     skip_bad_lines: SkipOpt = False,
     plot: Annotated[Path, typer.Option("--plot", help="Image file for the miss-ratio curves (PNG; the suffix picks matplotlib's format). Always written.")] = Path("mrc.png"),
     json_out: JsonOpt = None,
@@ -350,14 +368,17 @@ def sweep_cmd(
     One process per core; writes the PNG (--plot), the table and --json.
     """
     try:
+        _check_admission(admission, store_threshold)
         _sweep(trace, policy, points, cap_min, cap_max, capacity, fmt, block_tokens, inflight,
-               protocol, store_threshold, skip_bad_lines, plot, json_out, workers, progress)
+               protocol, store_threshold, skip_bad_lines, plot, json_out, workers, progress,
+               admission)
     except (_CliError, TraceFormatError, ValueError, OSError) as exc:
         raise _fail(exc) from None
 
 
 def _sweep(trace, policy, points, cap_min, cap_max, capacity, fmt, block_tokens, inflight,
-           protocol, store_threshold, skip_bad_lines, plot, json_out, workers, progress) -> None:
+           protocol, store_threshold, skip_bad_lines, plot, json_out, workers, progress,
+           admission="all") -> None:
     from kvtier.replay import log_grid
     from kvtier.sweep import plot_mrc, run_grid
 
@@ -398,15 +419,18 @@ def _sweep(trace, policy, points, cap_min, cap_max, capacity, fmt, block_tokens,
         results = run_grid(
             path, policies, capacities, fmt=fmt, block_tokens=block_tokens,
             skip_bad_lines=skip_bad_lines, inflight=inflight, protocol=protocol,
-            store_threshold=store_threshold, workers=n_workers,
+            store_threshold=store_threshold, workers=n_workers, admission=admission,
             on_result=(lambda r: bar.advance(task)) if bar is not None else None,
         )
     title = (f"{Path(path).name}: {n_req:,} requests, {n_refs:,} block refs, "
-             f"{unique:,} distinct blocks\nprotocol {protocol}, in-flight window {inflight}")
+             f"{unique:,} distinct blocks\nprotocol {protocol}, in-flight window {inflight}"
+             + (f", admission {admission}" if admission != "all" else ""))
     # the table and the JSON first: a failing plot must not lose the results
     out = _out_console(json_out)
     out.print(_results_table(results, f"kvtier sweep — protocol {protocol}, "
-                                      f"in-flight window {inflight}", out))
+                                      f"in-flight window {inflight}"
+                                      + (f", admission {admission}" if admission != "all"
+                                         else ""), out))
     out.print(_trace_caption(info), highlight=False, soft_wrap=True)
     _write_json(json_out, {"trace": info, "capacities": capacities, "plot": str(plot),
                            "results": [r.to_dict() for r in results]})

@@ -216,8 +216,8 @@ class OffloadingManager:
         try:
             if self._tracker is not None:
                 self._track((key,))  # hashes the key before counting it
-            if self.admission is not None:
-                self.admission.record((key,))  # hashes the key before counting it
+            if self.admission is not None:  # hashes the key before counting it
+                self.admission.record((key,), len(self._slot_of) - self._evictable)
             stored = key in self._slot_of
         except TypeError:
             raise _unhashable((key,), "lookup") from None
@@ -250,8 +250,8 @@ class OffloadingManager:
         try:
             if self._tracker is not None:
                 self._track(keys)  # validates every key before counting anything
-            if self.admission is not None:
-                self.admission.record(keys)  # validates every key before counting anything
+            if self.admission is not None:  # validates every key before counting anything
+                self.admission.record(keys, len(slot_of) - self._evictable)
             for key in keys:
                 if key not in slot_of:
                     self._misses += 1
@@ -526,7 +526,8 @@ class OffloadingManager:
             skipped = len(new_keys) - len(admitted)
             new_keys = admitted
         elif self.admission is not None and new_keys:
-            admitted_count = self.admission.admit(new_keys)  # leading keys: prefix-closed
+            room = self.num_blocks - len(slot_of) + self._evictable
+            admitted_count = self.admission.admit(new_keys, room)  # leading keys only
             if admitted_count < len(new_keys):
                 skipped = len(new_keys) - admitted_count
                 new_keys = new_keys[:admitted_count]

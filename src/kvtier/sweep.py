@@ -62,6 +62,7 @@ def run_grid(
     protocol: str = "prefix",
     store_threshold: int = 1,
     workers: int | None = None,
+    admission: str = "all",
     on_result: Callable[[ReplayResult], object] | None = None,
 ) -> list[ReplayResult]:
     """Replay every (policy, capacity) of the grid on the trace at ``path``.
@@ -74,7 +75,8 @@ def run_grid(
             runs in this process.
         on_result: called with each result as it finishes (for a progress bar).
         fmt, block_tokens, skip_bad_lines: passed to :func:`~kvtier.trace.read_trace`.
-        inflight, protocol, store_threshold: passed to :func:`~kvtier.replay.replay`.
+        inflight, protocol, store_threshold, admission: passed to
+            :func:`~kvtier.replay.replay`.
 
     Returns:
         One :class:`~kvtier.replay.ReplayResult` per point, policy-major, capacities in
@@ -84,7 +86,7 @@ def run_grid(
         kvtier.trace.TraceFormatError: bad trace. ValueError: bad policy or argument.
     """
     kwargs = dict(inflight=inflight, protocol=protocol, block_tokens=block_tokens,
-                  store_threshold=store_threshold)
+                  store_threshold=store_threshold, admission=admission)
     points = [(p, c) for p in policies for c in capacities]
     if not points:
         return []
