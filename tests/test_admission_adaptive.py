@@ -157,7 +157,7 @@ def test_prefix_closed_and_counted(requests, policy):
 def test_state_is_bounded_whatever_the_trace_length():
     a = DuelingAdmission(16)
     longest = 10
-    bound = 3 * (a.window + longest) + 2 * a.shadow_capacity
+    bound = 4 * (a.window + longest) + 2 * a.shadow_capacity
     for start in range(0, 200_000, longest):
         a.record(list(range(start, start + longest)))
         assert a.state_size() <= bound
@@ -168,12 +168,15 @@ def test_sampling_rate_and_shadow_size():
     small = DuelingAdmission(100)
     assert small.rate == 1.0 and small.shadow_capacity == 100
     big = DuelingAdmission(100_000)
-    assert big.rate == pytest.approx(1 / 64) and big.shadow_capacity == round(100_000 / 64)
-    mid = DuelingAdmission(4096)
-    assert mid.rate == pytest.approx(512 / 4096)
-    # the sample of consecutive int keys (as trace readers produce) has the wanted share
-    mid.record(list(range(100_000)))
-    assert mid.sampled_refs == pytest.approx(100_000 * mid.rate, rel=0.01)
+    assert (big.stride, big.modulus) == (4, 15)  # 1 / 60: the odd modulus nearest below 16
+    assert big.shadow_capacity == round(100_000 / 60)
+    mid = DuelingAdmission(16_000)
+    assert mid.rate == pytest.approx(1 / 28) and mid.shadow_capacity == round(16_000 / 28)
+    # prefix-hash requests of 40 blocks: the sample is every 4th depth, then 1 key in 7
+    requests = [list(range(i * 40, i * 40 + 40)) for i in range(5_000)]
+    for keys in requests:
+        mid.record(keys)
+    assert mid.sampled_refs == pytest.approx(5_000 * 40 * mid.rate, rel=0.02)
 
 
 def test_deterministic_for_a_trace():
