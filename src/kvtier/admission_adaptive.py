@@ -34,9 +34,9 @@ depths) are sampled at some of their references only, which makes the shadows se
 before it, two Python sets; a generation ends after ``WINDOW_FACTOR * num_blocks`` distinct
 keys (as TinyLFU's doorkeeper is reset every sample of W references, Einziger, Friedman and
 Manes, ACM ToS 2017). A key counts as seen before when its previous lookup is at most one to
-two generations old. The tier's doorkeeper is kept while second sight is chosen (and for
-calls that may not fit): under admit-all every looked-up block is stored anyway, so after a
-switch to second sight the blocks seen under admit-all are mostly in the tier already. The shadows have their own doorkeeper over the sampled keys, with
+two generations old. The tier's doorkeeper is not kept while admit-all leads by more than
+half of PSEL's range (except for calls that may not fit): then every looked-up block is
+stored anyway, and a switch to second sight is at least ``PSEL_MAX / 2`` disagreements away. The shadows have their own doorkeeper over the sampled keys, with
 generations of ``rate * WINDOW_FACTOR * num_blocks`` sampled keys (the same span of time).
 
 **Requests in flight.** Pending stores and pinned loads (``busy`` blocks, passed by the manager
@@ -161,6 +161,7 @@ class DuelingAdmission:
         self.shadow_capacity = max(1, round(self.rate * num_blocks))
         self.sample_window = max(1, round(self.rate * self.window))
         self.psel_max = psel_max
+        self._keep_above = -(psel_max // 2)  # the doorkeeper is kept while PSEL > this
         self.clear()
 
     def clear(self) -> None:
@@ -208,9 +209,10 @@ class DuelingAdmission:
         else:
             sampled = list(filterfalse(modulus.__rmod__, map(hash, picked)))
         # the real tier's doorkeeper: needed by second sight, and by admit-all when the call
-        # may not fit (see admit); not kept up while admit-all stores every looked-up block
-        # (ARC 16,000 blocks: -290 instructions per block ref)
-        if self.selective or 2 * len(keys) > self.num_blocks - busy:
+        # may not fit (see admit); not kept up while admit-all leads by more than half of
+        # PSEL's range, since then it stores every looked-up block and is unlikely to lose
+        # its lead soon (LRU 16,000 blocks: -290 instructions per block ref)
+        if self.psel > self._keep_above or 2 * len(keys) > self.num_blocks - busy:
             if stride > 1:
                 hash(tuple(keys))  # hashes the keys the sample skipped: validate first
             seen = self._seen
