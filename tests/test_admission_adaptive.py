@@ -228,3 +228,33 @@ def test_reset_cache_forgets_admission_state():
     assert m.snapshot() != fresh
     m.reset_cache()
     assert m.snapshot() == fresh
+
+
+def test_cli_admission_option(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+    from kvtier.trace import embedded_sample_path, read_trace
+
+    runner = CliRunner()
+    out = tmp_path / "r.json"
+    res = runner.invoke(app, ["replay", "-p", "arc", "-c", "1000", "--admission", "adaptive",
+                              "--no-progress", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    row = json.loads(out.read_text())["results"][0]
+    direct = replay(list(read_trace(embedded_sample_path())), "arc", 1000,
+                    admission="adaptive")
+    assert row["admission"] == "adaptive" and row["hit_blocks"] == direct.hit_blocks
+    assert row["refused_blocks"] == direct.refused_blocks > 0
+    bad = runner.invoke(app, ["replay", "--admission", "adaptive", "--store-threshold", "2"])
+    assert bad.exit_code != 0 and "two admission rules" in bad.output
+    bad = runner.invoke(app, ["sweep", "--admission", "nope", "--plot", str(tmp_path / "m.png")])
+    assert bad.exit_code != 0 and "unknown --admission 'nope'" in bad.output
+    res = runner.invoke(app, ["sweep", "-p", "lru", "-c", "500,2000", "--admission", "adaptive",
+                              "--workers", "1", "--no-progress", "--plot",
+                              str(tmp_path / "m.png"), "--json", str(tmp_path / "s.json")])
+    assert res.exit_code == 0, res.output
+    rows = json.loads((tmp_path / "s.json").read_text())["results"]
+    assert [r["admission"] for r in rows] == ["adaptive", "adaptive"]
