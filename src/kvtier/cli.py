@@ -41,6 +41,7 @@ from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kvtier.admission_adaptive import ADMISSION_MODES
 from kvtier.costmodel import PROFILES, CostModel, evaluate, input_lengths
 from kvtier.policies import PolicyPluginError, available_policies, get_policy
 from kvtier.replay import PROTOCOLS, ReplayOptions, ReplayResult, parse_capacity, replay
@@ -95,6 +96,9 @@ InflightOpt = Annotated[int, typer.Option("--inflight", "-W", min=0,
 ProtocolOpt = Annotated[str, typer.Option("--protocol", help="'prefix' (engine) or 'get' (one get per block).")]
 ThresholdOpt = Annotated[int, typer.Option("--store-threshold", min=1,
                                            help="Admission: store blocks looked up at least N times.")]
+AdmissionOpt = Annotated[str, typer.Option(
+    "--admission", help="Admission: 'all' (store every new block) or 'adaptive' (learn online "
+                        "whether to store only blocks seen before; not with --store-threshold).")]
 SkipOpt = Annotated[bool, typer.Option("--skip-bad-lines", help="Skip and count bad trace lines.")]
 StrictOpt = Annotated[bool, typer.Option(
     "--strict", help="Make suspicious trace input an error (e.g. Mooncake input_length that "
@@ -387,7 +391,8 @@ class SweepCommand:
 
 
 def _options(fmt: str, block_tokens: int, skip_bad_lines: bool, strict: bool, inflight: int,
-             protocol: str, store_threshold: int) -> tuple[TraceOptions, ReplayOptions]:
+             protocol: str, store_threshold: int,
+             admission: str = "all") -> tuple[TraceOptions, ReplayOptions]:
     """The typed options of the flags both commands share, checked with the flag names."""
     if fmt not in FORMATS:
         raise _CliError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
@@ -395,10 +400,16 @@ def _options(fmt: str, block_tokens: int, skip_bad_lines: bool, strict: bool, in
         raise _CliError(f"unknown protocol {protocol!r}; choose from: {', '.join(PROTOCOLS)}")
     if protocol == "get" and inflight:
         raise _CliError("--inflight needs --protocol prefix")
+    if admission not in ADMISSION_MODES:
+        raise _CliError(f"unknown --admission {admission!r}; choose from: "
+                        f"{', '.join(ADMISSION_MODES)}")
+    if admission != "all" and store_threshold > 1:
+        raise _CliError(f"--admission {admission} and --store-threshold {store_threshold} are "
+                        "two admission rules; give one")
     return (TraceOptions(fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines,
                          strict=strict),
             ReplayOptions(inflight=inflight, protocol=protocol, block_tokens=block_tokens,
-                          store_threshold=store_threshold))
+                          store_threshold=store_threshold, admission=admission))
 
 
 def _check_policies(policies: tuple[str, ...]) -> None:
@@ -428,6 +439,7 @@ def replay_cmd(
     inflight: InflightOpt = 0,
     protocol: ProtocolOpt = "prefix",
     store_threshold: ThresholdOpt = 1,
+    admission: AdmissionOpt = "all",
     skip_bad_lines: SkipOpt = False,
     strict: StrictOpt = False,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1,
@@ -484,7 +496,7 @@ def replay_cmd(
                 raise _CliError(str(exc).replace("kv_bytes_per_token", "--kv-bytes-per-token")
                                 .replace("give a model profile", "give --model")) from None
         trace_opts, replay_opts = _options(fmt, block_tokens, skip_bad_lines, strict, inflight,
-                                           protocol, store_threshold)
+                                           protocol, store_threshold, admission)
         command = ReplayCommand(
             source=TraceSource(trace if trace is not None else embedded_sample_path(),
                                trace_opts, limit),
@@ -571,7 +583,8 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
     out.print(_results_table(
         results,
         f"kvtier replay — protocol {opts.protocol}, in-flight window {opts.inflight}"
-        + (f", store threshold {opts.store_threshold}" if opts.store_threshold > 1 else ""),
+        + (f", store threshold {opts.store_threshold}" if opts.store_threshold > 1 else "")
+        + (f", admission {opts.admission}" if opts.admission != "all" else ""),
         out,
     ))
     out.print(_trace_caption(info), highlight=False, soft_wrap=True)
@@ -785,6 +798,7 @@ def sweep_cmd(
     inflight: InflightOpt = 0,
     protocol: ProtocolOpt = "prefix",
     store_threshold: ThresholdOpt = 1,
+    admission: AdmissionOpt = "all",
     skip_bad_lines: SkipOpt = False,
     strict: StrictOpt = False,
     plot: Annotated[Optional[Path], typer.Option(
@@ -801,7 +815,7 @@ def sweep_cmd(
     """
     try:
         trace_opts, replay_opts = _options(fmt, block_tokens, skip_bad_lines, strict, inflight,
-                                           protocol, store_threshold)
+                                           protocol, store_threshold, admission)
         command = SweepCommand(
             source=TraceSource(trace if trace is not None else embedded_sample_path(),
                                trace_opts),
@@ -889,7 +903,9 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
     # the table and the JSON first: a failing plot must not lose the results
     out = _out_console(cmd.output.json)
     out.print(_results_table(results, f"kvtier sweep — protocol {opts.protocol}, "
-                                      f"in-flight window {opts.inflight}", out))
+                                      f"in-flight window {opts.inflight}"
+                                      + (f", admission {opts.admission}"
+                                         if opts.admission != "all" else ""), out))
     out.print(_trace_caption(info), highlight=False, soft_wrap=True)
     payload = {"trace": info, "capacities": capacities,
                "plot": None if cmd.plot is None else str(cmd.plot),
@@ -908,7 +924,8 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
     shown = "<stdin>" if str(path) == "-" else Path(path).name
     title = (f"{shown}: {_count(n_req, 'request')}, {_count(n_refs, 'block ref')}, "
              f"{_count(unique, 'distinct block')}\nprotocol {opts.protocol}, "
-             f"in-flight window {opts.inflight}")
+             f"in-flight window {opts.inflight}"
+             + (f", admission {opts.admission}" if opts.admission != "all" else ""))
     try:
         plot_mrc(results, cmd.plot, title=title, unique_blocks=unique, block_refs=n_refs)
     except OSError as exc:

@@ -35,6 +35,7 @@ from itertools import filterfalse, repeat
 from typing import Any
 
 from kvtier.admission import AdmissionTracker
+from kvtier.admission_adaptive import make_admission
 from kvtier.checks import check_positive_int, key_list, unhashable_error
 from kvtier.errors import BlockStateError, PolicyError
 from kvtier.policies import CachePolicy, get_policy
@@ -78,9 +79,16 @@ class OffloadingManager:
             :meth:`lookup_prefix`). ``1`` admits everything.
         max_tracker_size: how many keys the admission tracker remembers (an LRU of lookup
             counts); only used when ``store_threshold >= 2``.
+        admission: ``"all"`` (default: every new block is stored, unless ``store_threshold``
+            says otherwise) or ``"adaptive"``: :class:`~kvtier.admission_adaptive.
+            DuelingAdmission` learns online whether to store every new block or only those
+            seen before, and :meth:`prepare_store` stores the leading keys it admits (never a
+            block after one it refused in the same call). Cannot be combined with
+            ``store_threshold >= 2``.
 
     Raises:
-        ValueError: a non-positive size or threshold, or an unknown policy name.
+        ValueError: a non-positive size or threshold, an unknown policy or admission name,
+            or ``admission`` other than ``"all"`` together with ``store_threshold >= 2``.
         TypeError: ``policy`` is neither a name nor a CachePolicy subclass.
 
     Example::
@@ -101,12 +109,21 @@ class OffloadingManager:
         enable_events: bool = False,
         store_threshold: int = 1,
         max_tracker_size: int = 64_000,
+        admission: str = "all",
     ) -> None:
         check_positive_int("num_blocks", num_blocks, "blocks")
         if num_blocks > MAX_BLOCKS:
             raise ValueError(f"num_blocks must be at most {MAX_BLOCKS}, got {num_blocks}")
         check_positive_int("store_threshold", store_threshold, "lookups")
         check_positive_int("max_tracker_size", max_tracker_size, "keys")
+        if admission != "all" and store_threshold >= 2:
+            raise ValueError(
+                f"admission={admission!r} cannot be combined with store_threshold="
+                f"{store_threshold} (choose one admission rule)"
+            )
+        # the admission object, or None when every new block is stored (no per-call hooks)
+        self.admission = make_admission(admission, num_blocks)
+        self.admission_mode = admission
         if isinstance(policy, str):
             policy_cls = get_policy(policy)
         elif isinstance(policy, type) and issubclass(policy, CachePolicy):
@@ -149,6 +166,8 @@ class OffloadingManager:
             if self.store_threshold >= 2
             else None
         )
+        if self.admission is not None:
+            self.admission.clear()
 
     def _victim_slots(
         self, victims: Any, n: int, protected: Collection[Hashable]
@@ -211,6 +230,8 @@ class OffloadingManager:
         try:
             if self._tracker is not None:
                 self._tracker.record((key,))  # hashes the key before counting it
+            if self.admission is not None:  # hashes the key before counting it
+                self.admission.record((key,), len(self._slot_of) - self._evictable)
             stored = key in self._slot_of
         except TypeError:
             raise unhashable_error((key,), "lookup") from None
@@ -243,6 +264,8 @@ class OffloadingManager:
         try:
             if self._tracker is not None:
                 self._tracker.record(keys)  # validates every key before counting anything
+            if self.admission is not None:  # validates every key before counting anything
+                self.admission.record(keys, len(slot_of) - self._evictable)
             for key in keys:
                 if key not in slot_of:
                     self._misses += 1
@@ -449,7 +472,7 @@ class OffloadingManager:
         if type(keys) is not list and type(keys) is not tuple:
             keys = key_list(keys, "prepare_store")
         slot_of = self._slot_of
-        if len(keys) == 1 and self._tracker is None:
+        if len(keys) == 1 and self._tracker is None and self.admission is None:
             # one key, no admission: the same steps with fewer checks. In a full tier every
             # slot is used (the free list is empty) and the victim's slot is the new block's,
             # as the general path's free list would give it; a tier with a free slot evicts
@@ -510,6 +533,12 @@ class OffloadingManager:
             admitted = tracker.admit(new_keys)
             skipped = len(new_keys) - len(admitted)
             new_keys = admitted
+        elif self.admission is not None and new_keys:
+            room = self.num_blocks - len(slot_of) + self._evictable
+            admitted_count = self.admission.admit(new_keys, room)  # leading keys only
+            if admitted_count < len(new_keys):
+                skipped = len(new_keys) - admitted_count
+                new_keys = new_keys[:admitted_count]
         if not new_keys:
             self._skipped_stores += skipped
             if self._on_store is not None:
@@ -719,6 +748,7 @@ class OffloadingManager:
                 self._evictions, self._loads,
             ),
             "tracker": None if self._tracker is None else self._tracker.items(),
+            "admission": None if self.admission is None else self.admission.snapshot(),
             "events": list(self._events),
             "policy": self.policy.snapshot(),
         }

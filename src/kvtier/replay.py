@@ -42,6 +42,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 
+from kvtier.admission_adaptive import ADMISSION_MODES
 from kvtier.manager import OffloadingManager
 from kvtier.oracle import NextUseOracle
 from kvtier.policies import get_policy
@@ -75,16 +76,21 @@ class ReplayOptions:
         block_tokens: tokens per block, for the token counts (>= 1).
         store_threshold: the manager's admission threshold in lookups (>= 1; 1 admits
             everything).
+        admission: the manager's admission mode, ``"all"`` or ``"adaptive"`` (see
+            :mod:`kvtier.admission_adaptive`); not with ``store_threshold >= 2``.
 
     Raises:
-        ValueError: unknown protocol, a negative window, a non-positive ``block_tokens`` or
-            ``store_threshold``, or ``inflight > 0`` with ``protocol="get"``.
+        ValueError: unknown protocol or admission mode, a negative window, a non-positive
+            ``block_tokens`` or ``store_threshold``, ``inflight > 0`` with
+            ``protocol="get"``, or an admission mode other than ``"all"`` with
+            ``store_threshold >= 2``.
     """
 
     inflight: int = 0
     protocol: str = "prefix"
     block_tokens: int = 512
     store_threshold: int = 1
+    admission: str = "all"
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -96,6 +102,12 @@ class ReplayOptions:
             raise ValueError("inflight > 0 needs protocol 'prefix' ('get' completes every access)")
         _positive_int("block_tokens", self.block_tokens, "tokens")
         _positive_int("store_threshold", self.store_threshold, "lookups")
+        if self.admission not in ADMISSION_MODES:
+            raise ValueError(f"unknown admission {self.admission!r}; expected one of "
+                             f"{', '.join(ADMISSION_MODES)}")
+        if self.admission != "all" and self.store_threshold >= 2:
+            raise ValueError(f"admission={self.admission!r} cannot be combined with "
+                             f"store_threshold={self.store_threshold} (choose one rule)")
 
 
 @dataclass
@@ -122,6 +134,9 @@ class ReplayResult:
         bookkeeping_ns: wall time of the manager calls, in ns (trace parsing excluded).
         parse_ns: when ``requests`` was a stream (not a list), wall time spent outside the
             manager calls, i.e. reading and parsing the trace, in ns; else ``None``.
+        admission: the manager's admission mode (``"all"`` or ``"adaptive"``).
+        refused_blocks: new blocks admission refused to store (manager
+            ``stats().skipped_stores``; also counts ``store_threshold`` refusals).
     """
 
     policy: str
@@ -141,6 +156,8 @@ class ReplayResult:
     evictions: int
     bookkeeping_ns: int
     parse_ns: int | None = None
+    admission: str = "all"
+    refused_blocks: int = 0
 
     @property
     def block_hit_ratio(self) -> float:
@@ -226,6 +243,7 @@ def replay(
     block_tokens: int | None = None,
     store_threshold: int | None = None,
     progress: Callable[[int], object] | None = None,
+    admission: str | None = None,
     hits_out: list | None = None,
 ) -> ReplayResult:
     """Replay ``requests`` through a fresh ``OffloadingManager(capacity, policy)``.
@@ -238,7 +256,7 @@ def replay(
         policy: a registered policy name (:func:`kvtier.available_policies`).
         capacity: tier size in blocks (>= 1).
         options: a :class:`ReplayOptions` (default: ``ReplayOptions()``).
-        inflight, protocol, block_tokens, store_threshold: override that field of
+        inflight, protocol, block_tokens, store_threshold, admission: override that field of
             ``options`` (see :class:`ReplayOptions`); ``None`` keeps it.
         progress: called with the number of requests done since the previous call, every
             1,024 requests and once at the end.
@@ -262,12 +280,13 @@ def replay(
     elif not isinstance(options, ReplayOptions):
         raise TypeError(f"options must be a ReplayOptions, got {type(options).__name__}")
     given = {"inflight": inflight, "protocol": protocol, "block_tokens": block_tokens,
-             "store_threshold": store_threshold}
+             "store_threshold": store_threshold, "admission": admission}
     overrides = {k: v for k, v in given.items() if v is not None}
     if overrides:
         options = replace(options, **overrides)
     inflight, protocol = options.inflight, options.protocol
     block_tokens, store_threshold = options.block_tokens, options.store_threshold
+    admission = options.admission
     streamed = not isinstance(requests, (list, tuple))
     offline = getattr(get_policy(policy) if isinstance(policy, str) else policy,
                       "needs_future", False)
@@ -277,7 +296,8 @@ def replay(
             "needs the whole trace up front (each block's next use), so it cannot replay a "
             "stream; pass the requests as a list (the CLI: drop --stream)"
         )
-    manager = OffloadingManager(capacity, policy, store_threshold=store_threshold)
+    manager = OffloadingManager(capacity, policy, store_threshold=store_threshold,
+                                admission=admission)
     advance = None
     if offline:
         oracle = NextUseOracle([req.keys for req in requests])
@@ -306,6 +326,8 @@ def replay(
         evictions=stats.evictions,
         bookkeeping_ns=manager_ns if streamed else total_ns,
         parse_ns=(total_ns - manager_ns) if streamed else None,
+        admission=admission,
+        refused_blocks=stats.skipped_stores,
     )
 
 

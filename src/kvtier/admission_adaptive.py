@@ -1,0 +1,413 @@
+"""Adaptive admission for the offloaded tier: store what will be reused, learned online.
+
+Most blocks offered to an offloaded KV-cache tier are never read again, so storing every block
+(*admit-all*) evicts useful blocks for one-hit wonders; storing a block only when it is seen
+for the second time (*admit-on-second-sight*) protects the tier from them but loses the first
+reuse of every block, which costs when most blocks *are* reused. Which of the two wins depends
+on the traffic and the tier size (see docs/policies.md, "Admission"), and it can change during
+a run. :class:`DuelingAdmission` runs both on a small sampled shadow of the key space and lets
+the tier follow the one with fewer misses there.
+
+**Set dueling** (Qureshi, Jaleel, Patt, Steely, Emer, "Adaptive insertion policies for high
+performance caching", ISCA 2007): two leader groups, one per policy, feed a saturating
+counter (PSEL) with their misses; the followers use the policy PSEL favours. A fully
+associative tier has no sets, so the leaders here are two *shadow caches* (key -> nothing,
+LRU order) over a sample of the key space (spatial sampling as in SHARDS, Waldspurger et al.,
+FAST'15), each holding ``rate * num_blocks`` keys, so that its hit ratio estimates that of a
+``num_blocks`` cache over the whole key space. Shadow A admits every miss; shadow B admits a
+missed key only when it was looked up before *and* so were the sampled keys before it in the
+call (prefix-closed, as the real tier). A sampled lookup where the shadows' hits differ moves
+PSEL towards the shadow that hit more; PSEL is saturating, so after a change in the traffic
+the tier follows the new winner after at most ``PSEL_MAX + 1`` block hits of difference.
+Ties go to second sight (PSEL starts at 0, second sight while PSEL >= 0): when neither shadow
+hits, as on traffic that is never reused, storing is only wasted writes.
+
+**The sample.** Keys are prefix block hashes (a key names its whole prefix), so a key always
+sits at the same depth in a request; a key is sampled when its depth is a multiple of
+``stride`` (1 to 4) and ``hash(key) % modulus == 0`` (``modulus`` odd, so keys that step by a
+power of two are still sampled evenly): ``rate = 1 / (stride * modulus)``, about
+``SHADOW_BLOCKS / num_blocks`` and at least :data:`MIN_RATE`. The depth stride lets the
+per-key cost skip most keys (a slice); keys that are not prefix hashes (a key seen at several
+depths) are sampled at some of their references only, which makes the shadows see less reuse.
+
+**Doorkeeper** ("seen before"): the keys looked up in the current generation and the one
+before it, two Python sets; a generation ends after ``WINDOW_FACTOR * num_blocks`` distinct
+keys (as TinyLFU's doorkeeper is reset every sample of W references, Einziger, Friedman and
+Manes, ACM ToS 2017). A key counts as seen before when its previous lookup is at most one to
+two generations old. The tier's doorkeeper is not kept while admit-all leads by more than
+half of PSEL's range (except for calls that may not fit): then every looked-up block is
+stored anyway, and a switch to second sight is at least ``PSEL_MAX / 2`` disagreements away. The shadows have their own doorkeeper over the sampled keys, with
+generations of ``rate * WINDOW_FACTOR * num_blocks`` sampled keys (the same span of time).
+
+**Requests in flight.** Pending stores and pinned loads (``busy`` blocks, passed by the manager
+at each lookup) leave less room for cached blocks, and more so under the rule that stores
+more; each shadow's capacity is shrunk by its own estimate of them. And when a call's
+admitted blocks cannot fit at all (the whole store would fail), admit-all falls back to the
+second-sight answer for that call.
+
+The shadows are LRU whatever the tier's policy: the module asks nothing of the policy, so it
+composes with every registered one. They count hits per key (a sampled key hits when it and
+the sampled keys before it in the call are in the shadow), not the tier's exact prefix hits.
+
+State (independent of the trace's length): the doorkeepers hold at most ``2 * (G + L)`` keys
+(``G = WINDOW_FACTOR * num_blocks``, ``L`` the longest call) and ``2 * (rate * G + L)``
+sampled keys, the shadows at most ``2 * ceil(rate * num_blocks)`` keys, plus a few counters.
+Time per key looked up: a slice and a hash for ``1 / stride`` of the keys, and two shadow
+updates for a sampled key; while second sight is chosen, also one hash, one set insertion and
+one or two set lookups per key (the leading run of keys seen before); the end of a generation
+drops one set of ``G`` keys (O(1) amortized per key). :meth:`admit` is O(1) per key of its call.
+
+Deterministic for a given sequence of calls whose keys hash deterministically: ints (every
+kvtier trace reader), tuples of ints, bools, None. ``str`` and ``bytes`` keys hash differently
+in each process unless ``PYTHONHASHSEED`` is set, so the *sample* (not the correctness of
+the bookkeeping) then varies from run to run.
+
+Not thread-safe: the manager calls it under whatever lock guards the manager.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from itertools import filterfalse, takewhile
+
+__all__ = [
+    "ADMISSION_MODES",
+    "DuelingAdmission",
+    "MAX_STRIDE",
+    "MIN_RATE",
+    "PSEL_MAX",
+    "SHADOW_BLOCKS",
+    "WINDOW_FACTOR",
+    "make_admission",
+]
+
+ADMISSION_MODES = ("all", "adaptive")
+"""Accepted ``admission`` names: ``"all"`` stores every new block, ``"adaptive"`` is
+:class:`DuelingAdmission`."""
+
+WINDOW_FACTOR = 8
+"""Doorkeeper generation, in distinct keys per tier block. 8 keeps a key's first sight for
+8 to 16 tier sizes of new keys: a block reused within that is admitted on its second sight.
+Caffeine (TinyLFU) resets its sketch every 10 tier sizes; the figure is generic, not fitted
+to a trace."""
+
+SHADOW_BLOCKS = 512
+"""Wanted size of each shadow cache, in blocks: the sampling rate is about
+``SHADOW_BLOCKS / num_blocks`` (between :data:`MIN_RATE` and 1), so a tier of at most 512
+blocks is shadowed in full."""
+
+MIN_RATE = 1 / 64
+"""Lowest sampling rate: in a huge tier, one key in 64 still feeds the shadows, so they see
+enough references to decide quickly."""
+
+MAX_STRIDE = 4
+"""Largest depth stride of the sample (see the module docstring): the sampling hash is
+computed for one key in ``stride`` only."""
+
+PSEL_MAX = 512
+"""PSEL saturates at +-512 (Qureshi et al.'s 10-bit counter): the tier follows a change of
+winner after at most 513 sampled block hits of difference between the shadows."""
+
+_EMA_CALLS = 256
+_EMA_ALPHA = 1 / _EMA_CALLS  # weight of one call in the running means of blocks inserted
+
+
+class DuelingAdmission:
+    """Set dueling between admit-all and admit-on-second-sight (see the module docstring).
+
+    The manager calls :meth:`record` with the keys of every lookup (head to tail) and
+    :meth:`admit` with a store call's new keys (head to tail); the answer is how many
+    leading keys to store, so a block is never stored after one refused in the same call.
+
+    Args:
+        num_blocks: the tier's capacity in blocks (>= 1).
+        window_factor: doorkeeper generation in distinct keys per tier block (>= 1).
+        shadow_blocks: wanted shadow size in blocks (>= 1).
+        min_rate: lowest sampling rate, in (0, 1].
+        psel_max: PSEL saturation bound (>= 1).
+
+    Raises:
+        ValueError: an argument out of its range (named in the message).
+    """
+
+    name = "adaptive"
+
+    def __init__(
+        self,
+        num_blocks: int,
+        *,
+        window_factor: int = WINDOW_FACTOR,
+        shadow_blocks: int = SHADOW_BLOCKS,
+        min_rate: float = MIN_RATE,
+        psel_max: int = PSEL_MAX,
+    ) -> None:
+        for arg, value in (("num_blocks", num_blocks), ("window_factor", window_factor),
+                           ("shadow_blocks", shadow_blocks), ("psel_max", psel_max)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{arg} must be a positive int, got {value!r}")
+        if isinstance(min_rate, bool) or not isinstance(min_rate, (int, float)) or not (
+            0 < min_rate <= 1
+        ):
+            raise ValueError(f"min_rate must be a number in (0, 1], got {min_rate!r}")
+        self.num_blocks = num_blocks
+        self.window = window_factor * num_blocks
+        # 1 / rate = stride * modulus ~ num_blocks / shadow_blocks, at most 1 / min_rate
+        inverse = max(1.0, min(num_blocks / shadow_blocks, 1 / min_rate))
+        self.stride = max(1, min(MAX_STRIDE, int(inverse)))
+        modulus = max(1, int(inverse / self.stride))
+        self.modulus = modulus if modulus % 2 or modulus == 1 else modulus - 1
+        self.rate = 1 / (self.stride * self.modulus)
+        self.shadow_capacity = max(1, round(self.rate * num_blocks))
+        self.sample_window = max(1, round(self.rate * self.window))
+        self.psel_max = psel_max
+        self._keep_above = -(psel_max // 2)  # the doorkeeper is kept while PSEL > this
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget everything (the state of a new instance)."""
+        self._seen: set[Hashable] = set()  # keys looked up in this generation
+        self._seen_old: set[Hashable] = set()  # ... and in the previous one
+        self._sseen: set[int] = set()  # the same for sampled keys (by hash)
+        self._sseen_old: set[int] = set()
+        self._shadow_all: OrderedDict[int, None] = OrderedDict()
+        self._shadow_second: OrderedDict[int, None] = OrderedDict()
+        # PSEL >= 0: second sight (a tie refuses: a block no shadow hits is a wasted write)
+        self.psel = 0
+        self.selective = True  # the tier's current choice: True second sight, False admit-all
+        self.switches = 0
+        self.sampled_refs = 0
+        self.shadow_hits_all = 0
+        self.shadow_hits_second = 0
+        self.generations = 0
+        self._busy = 0  # the tier's pending + pinned blocks at the last lookup
+        self._cap_a = self._cap_b = self.shadow_capacity
+        self._ins = [0.0, 0.0]  # running means of sampled blocks inserted per call: A, B
+        # the last lookup's keys and how many of them lead that were seen before it (or -1)
+        self._last: Sequence[Hashable] = ()
+        self._last_run = -1
+
+    # -- the manager's hooks -------------------------------------------------------------
+    def record(self, keys: Sequence[Hashable], busy: int = 0) -> None:
+        """Count one lookup of each of ``keys`` (head to tail, as the request names them).
+
+        ``busy``: the tier's blocks that cannot hold a cached block now (pending stores and
+        pinned loads); see the module docstring.
+
+        Raises:
+            TypeError: a key is not hashable; nothing changed then. While admit-all is
+                chosen and the call fits the tier, only the sampled depths are hashed, so
+                only they are checked (as without admission, the manager checks the others
+                when it needs them).
+        """
+        # the sample: every stride-th key, then hash % modulus == 0 (hashing validates them)
+        stride = self.stride
+        modulus = self.modulus
+        picked = keys[::stride] if stride > 1 else keys
+        if modulus == 1:
+            sampled = list(map(hash, picked))
+        else:
+            sampled = list(filterfalse(modulus.__rmod__, map(hash, picked)))
+        # the real tier's doorkeeper: needed by second sight, and by admit-all when the call
+        # may not fit (see admit); not kept up while admit-all leads by more than half of
+        # PSEL's range, since then it stores every looked-up block and is unlikely to lose
+        # its lead soon (LRU 16,000 blocks: -290 instructions per block ref)
+        if self.psel > self._keep_above or 2 * len(keys) > self.num_blocks - busy:
+            if stride > 1:
+                hash(tuple(keys))  # hashes the keys the sample skipped: validate first
+            seen = self._seen
+            if len(seen) >= self.window:  # a new generation: the oldest sights are forgotten
+                self._seen_old = seen
+                self._seen = seen = set()
+                self.generations += 1
+            run = len(list(takewhile(seen.__contains__, keys)))
+            old = self._seen_old
+            n = len(keys)
+            while run < n and keys[run] in old:  # alternate between the two generations
+                run += 1
+                while run < n and keys[run] in seen:
+                    run += 1
+            self._last = keys
+            self._last_run = run
+            seen.update(keys)
+        else:
+            self._last_run = -1
+        if sampled:
+            self._duel(sampled)
+        else:
+            ins = self._ins
+            ins[0] -= ins[0] * _EMA_ALPHA
+            ins[1] -= ins[1] * _EMA_ALPHA
+        if busy != self._busy:
+            self._resize(busy)
+
+    def _resize(self, busy: int) -> None:
+        """Shadow capacities for ``busy`` blocks in flight in the tier: each shadow expects
+        ``busy`` scaled by its own blocks inserted per call over those of the rule the tier
+        follows (running means over about 256 calls)."""
+        self._busy = busy
+        ins_a, ins_b = self._ins
+        current = ins_b if self.selective else ins_a
+        free = self.num_blocks - busy
+        if busy and current > 0:
+            free_a = self.num_blocks - busy * ins_a / current
+            free_b = self.num_blocks - busy * ins_b / current
+        else:
+            free_a = free_b = free
+        self._cap_a = max(1, round(self.rate * free_a))
+        self._cap_b = max(1, round(self.rate * free_b))
+
+    def _duel(self, sampled: list[int]) -> None:
+        """Replay one lookup's sampled keys (their hashes, head to tail) through both
+        shadows and move PSEL."""
+        sa = self._shadow_all
+        sb = self._shadow_second
+        sseen = self._sseen
+        n = len(sampled)
+        # hits per key, stopping at a sampled key's miss as the tier's prefix lookup would
+        hits_a = len(list(takewhile(sa.__contains__, sampled)))
+        hits_b = len(list(takewhile(sb.__contains__, sampled)))
+        self.sampled_refs += n
+        self.shadow_hits_all += hits_a
+        self.shadow_hits_second += hits_b
+        ins = self._ins
+        if hits_a == n and hits_b == n:
+            # the usual sampled lookup (a shared head): every key hits in both shadows
+            # (cuts the duel's cost per call by about half on the conversation trace)
+            for h in reversed(sampled):  # the call's first key ends most recently used
+                sa.move_to_end(h)
+                sb.move_to_end(h)
+            sseen.update(sampled)
+            ins[0] -= ins[0] * _EMA_ALPHA
+            ins[1] -= ins[1] * _EMA_ALPHA
+            return
+        if len(sseen) >= self.sample_window:
+            self._sseen_old = sseen
+            self._sseen = sseen = set()
+        sold = self._sseen_old
+        # second sight admits the leading sampled keys seen before (prefix-closed)
+        run = 0
+        for h in sampled:
+            if h in sseen or h in sold:
+                run += 1
+            else:
+                break
+        sseen.update(sampled)
+        cap_a = self._cap_a
+        cap_b = self._cap_b
+        inserted_a = inserted_b = 0
+        # update in reverse so the call's first key ends most recently used (as touch does)
+        for i in range(n - 1, -1, -1):
+            h = sampled[i]
+            if h in sa:
+                sa.move_to_end(h)
+            else:
+                sa[h] = None
+                inserted_a += 1
+                while len(sa) > cap_a:  # more than once only after a capacity cut
+                    sa.popitem(False)
+            if h in sb:
+                sb.move_to_end(h)
+            elif i < run:
+                sb[h] = None
+                inserted_b += 1
+                while len(sb) > cap_b:
+                    sb.popitem(False)
+        ins[0] += (inserted_a - ins[0]) * _EMA_ALPHA
+        ins[1] += (inserted_b - ins[1]) * _EMA_ALPHA
+        if hits_a != hits_b:
+            psel = self.psel + hits_b - hits_a
+            lim = self.psel_max
+            psel = lim if psel > lim else -lim if psel < -lim else psel
+            self.psel = psel
+            selective = psel >= 0
+            if selective is not self.selective:
+                self.selective = selective
+                self.switches += 1
+
+    def admit(self, new_keys: Sequence[Hashable], room: int | None = None) -> int:
+        """How many leading ``new_keys`` (a store call's keys not yet in the tier, head to
+        tail) to store. Changes nothing.
+
+        Second sight answers the length of the leading run of keys looked up before the
+        current request (within the doorkeeper's window); admit-all answers
+        ``len(new_keys)``, unless that exceeds ``room`` (blocks the tier can take now: free
+        plus evictable): then the tier is congested with blocks in flight and the whole
+        store would fail, so admit-all falls back to the second-sight answer for this call.
+
+        "Before the current request" holds when ``new_keys`` is the tail of the last lookup
+        (the engine's protocol); for any other call, every earlier lookup counts.
+        """
+        n = len(new_keys)
+        if not self.selective and (room is None or n <= room):
+            return n
+        last = self._last
+        run = self._last_run
+        offset = len(last) - n
+        if run >= 0 and offset >= 0 and list(last[offset:]) == list(new_keys):
+            return 0 if run <= offset else run - offset
+        seen = self._seen
+        old = self._seen_old
+        count = 0
+        for key in new_keys:
+            if key in seen or key in old:
+                count += 1
+            else:
+                break
+        return count
+
+    # -- introspection -------------------------------------------------------------------
+    def state_size(self) -> int:
+        """Keys held now (doorkeepers and shadows); bounded as the module docstring says."""
+        return (len(self._seen) + len(self._seen_old) + len(self._sseen)
+                + len(self._sseen_old) + len(self._shadow_all) + len(self._shadow_second))
+
+    def info(self) -> dict:
+        """The current choice and the duel's counters, for ``stats``-style reporting."""
+        return {
+            "mode": "second-sight" if self.selective else "admit-all",
+            "psel": self.psel,
+            "switches": self.switches,
+            "sampled_refs": self.sampled_refs,
+            "shadow_hits_all": self.shadow_hits_all,
+            "shadow_hits_second": self.shadow_hits_second,
+            "rate": self.rate,
+            "stride": self.stride,
+            "modulus": self.modulus,
+            "shadow_capacity": self.shadow_capacity,
+            "shadow_capacity_now": (self._cap_a, self._cap_b),
+            "window": self.window,
+            "generations": self.generations,
+            "state_keys": self.state_size(),
+        }
+
+    def snapshot(self) -> dict:
+        """A comparable copy of the whole state (for tests)."""
+        return {
+            "seen": set(self._seen),
+            "seen_old": set(self._seen_old),
+            "sseen": set(self._sseen),
+            "sseen_old": set(self._sseen_old),
+            "shadow_all": list(self._shadow_all),
+            "shadow_second": list(self._shadow_second),
+            "last": (list(self._last), self._last_run),
+            "counters": (self.psel, self.selective, self.switches, self.sampled_refs,
+                         self.shadow_hits_all, self.shadow_hits_second, self.generations,
+                         self._busy, self._cap_a, self._cap_b, tuple(self._ins)),
+        }
+
+
+def make_admission(mode: str, num_blocks: int) -> DuelingAdmission | None:
+    """The admission object for ``mode`` (one of :data:`ADMISSION_MODES`), or ``None`` for
+    ``"all"`` (the manager then stores every new block without asking).
+
+    Raises:
+        ValueError: unknown mode.
+    """
+    if mode == "all":
+        return None
+    if mode == "adaptive":
+        return DuelingAdmission(num_blocks)
+    raise ValueError(
+        f"unknown admission {mode!r}; expected one of {', '.join(ADMISSION_MODES)}"
+    )

@@ -1,0 +1,260 @@
+"""Adaptive admission (kvtier.admission_adaptive): known-best choices, prefix closure, bounds."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier import OffloadingManager
+from kvtier.admission_adaptive import PSEL_MAX, DuelingAdmission, make_admission
+from kvtier.policies import available_policies
+from kvtier.replay import replay
+from kvtier.trace import Request
+
+
+def run(m: OffloadingManager, requests: list[list[int]]) -> int:
+    """The engine's protocol (as kvtier.replay, W=0); returns the block hits."""
+    hits = 0
+    for keys in requests:
+        n = m.lookup_prefix(keys)
+        m.touch(keys)
+        if n:
+            m.prepare_load(keys[:n])
+            m.complete_load(keys[:n])
+        if n < len(keys):
+            out = m.prepare_store(keys[n:])
+            assert out is not None
+            m.complete_store(out.keys_to_store)
+        hits += n
+    return hits
+
+
+def once_traffic(start: int, requests: int, length: int = 8) -> list[list[int]]:
+    """Requests of fresh keys only: nothing is ever reused."""
+    return [list(range(start + i * length, start + (i + 1) * length)) for i in range(requests)]
+
+
+def reused_traffic(start: int, requests: int, distinct: int = 6, length: int = 8):
+    """``distinct`` different requests, cycled: every block is reused, and all of them fit a
+    tier of ``distinct * length`` blocks."""
+    prompts = once_traffic(start, distinct, length)
+    return [prompts[i % distinct] for i in range(requests)]
+
+
+def pair_traffic(start: int, requests: int, length: int = 8) -> list[list[int]]:
+    """Each request repeated once right after it, then never again: only admit-all hits."""
+    return [list(range(start + (i // 2) * length, start + (i // 2 + 1) * length))
+            for i in range(requests)]
+
+
+def scan_traffic(start: int, requests: int, hot: int = 32, scan: int = 8):
+    """Each request: one of ``hot`` keys reused over and over, then ``scan`` fresh keys."""
+    out = []
+    fresh = start + hot
+    for i in range(requests):
+        out.append([start + i % hot] + list(range(fresh, fresh + scan)))
+        fresh += scan
+    return out
+
+
+def test_all_once_traffic_is_refused():
+    m = OffloadingManager(64, "lru", admission="adaptive")
+    run(m, once_traffic(0, 200))
+    s = m.stats()
+    assert s.stores == 0  # nothing is ever seen twice: storing would only waste writes
+    assert s.skipped_stores == 200 * 8
+    assert m.admission.info()["mode"] == "second-sight"
+
+
+def test_all_reused_traffic_is_admitted():
+    requests = reused_traffic(0, 300)
+    adaptive = OffloadingManager(64, "lru", admission="adaptive")
+    hits = run(adaptive, requests)
+    assert adaptive.admission.info()["mode"] == "admit-all"
+    assert adaptive.admission.switches == 1  # the first reuse that only admit-all hits
+    everything = OffloadingManager(64, "lru")
+    # admit-all hits every reference after the first pass; adaptive loses at most the
+    # references of one pass (it starts with second sight)
+    assert hits >= run(everything, requests) - 6 * 8
+    assert adaptive.stats().skipped_stores <= 6 * 8
+
+
+def test_scan_with_hot_keys_refuses_the_scan():
+    requests = scan_traffic(0, 600)
+    adaptive = OffloadingManager(64, "lru", admission="adaptive")
+    hits = run(adaptive, requests)
+    assert adaptive.admission.info()["mode"] == "second-sight"
+    assert hits >= 600 - 2 * 32  # every hot key hits from its third reference on
+    assert run(OffloadingManager(64, "lru"), requests) == 0  # the scan flushes LRU
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo"])
+def test_switch_half_way_is_followed_within_a_bound(policy):
+    # first half: admit-all wins (all reused); second half: second sight wins (hot + scan)
+    first = reused_traffic(0, 400)
+    second = scan_traffic(10_000, 1500)
+    m = OffloadingManager(64, policy, admission="adaptive")
+    run(m, first)
+    assert m.admission.info()["mode"] == "admit-all"
+    assert -PSEL_MAX <= m.admission.psel < 0  # saturating: the bound below always holds
+    # each request of the second half gives one disagreement (its hot key hits in the
+    # second-sight shadow only), so PSEL_MAX + 1 of them bring it back to 0; the first
+    # 2 * 32 requests warm the hot keys up
+    switched_at = None
+    for i, keys in enumerate(second):
+        run(m, [keys])
+        if switched_at is None and m.admission.selective:
+            switched_at = i
+    assert switched_at is not None and switched_at <= 2 * 32 + PSEL_MAX + 1
+    assert m.admission.info()["mode"] == "second-sight"
+    # and back: blocks reused once, right away (8 disagreements per repeated request)
+    third = pair_traffic(50_000, 1200)
+    for i, keys in enumerate(third):
+        run(m, [keys])
+        if not m.admission.selective:
+            break
+    assert not m.admission.selective
+    assert i <= 2 * ((PSEL_MAX + 1 + 7) // 8)
+
+
+def test_prepare_store_stores_only_a_leading_run_of_new_keys():
+    m = OffloadingManager(16, "lru", admission="adaptive")
+    run(m, scan_traffic(1000, 600, hot=8))  # second sight wins by far
+    assert m.admission.selective and m.admission.psel > 100
+    m.lookup_prefix([1, 2, 3])  # first sight of 1, 2, 3
+    m.lookup_prefix([1, 2, 9, 3])  # second sight of 1, 2, 3; 9 is new
+    before = m.stats().skipped_stores
+    out = m.prepare_store([1, 2, 9, 3])
+    assert out.keys_to_store == [1, 2]  # 3 was seen twice, but 9 before it was refused
+    assert m.stats().skipped_stores - before == 2
+    assert 3 not in m
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 40), min_size=1, max_size=10), min_size=1,
+                max_size=80),
+       st.sampled_from(["lru", "arc", "sieve", "prefix-lru"]))
+def test_prefix_closed_and_counted(requests, policy):
+    m = OffloadingManager(8, policy, admission="adaptive")
+    offered = 0
+    for keys in requests:
+        n = m.lookup_prefix(keys)
+        m.touch(keys)
+        new = list(dict.fromkeys(k for k in keys[n:] if k not in m))
+        before = m.stats()
+        out = m.prepare_store(keys[n:])
+        if out is None:
+            assert m.stats() == before
+            continue
+        offered += len(new)
+        assert out.keys_to_store == new[: len(out.keys_to_store)]  # a leading run
+        m.complete_store(out.keys_to_store)
+    s = m.stats()
+    assert s.stores + s.skipped_stores == offered
+
+
+def test_state_is_bounded_whatever_the_trace_length():
+    a = DuelingAdmission(16)
+    longest = 10
+    bound = 4 * (a.window + longest) + 2 * a.shadow_capacity
+    for start in range(0, 200_000, longest):
+        a.record(list(range(start, start + longest)))
+        assert a.state_size() <= bound
+    assert a.generations >= 200_000 // (a.window + longest) - 1
+
+
+def test_sampling_rate_and_shadow_size():
+    small = DuelingAdmission(100)
+    assert small.rate == 1.0 and small.shadow_capacity == 100
+    big = DuelingAdmission(100_000)
+    assert (big.stride, big.modulus) == (4, 15)  # 1 / 60: the odd modulus nearest below 16
+    assert big.shadow_capacity == round(100_000 / 60)
+    mid = DuelingAdmission(16_000)
+    assert mid.rate == pytest.approx(1 / 28) and mid.shadow_capacity == round(16_000 / 28)
+    # prefix-hash requests of 40 blocks: the sample is every 4th depth, then 1 key in 7
+    requests = [list(range(i * 40, i * 40 + 40)) for i in range(5_000)]
+    for keys in requests:
+        mid.record(keys)
+    assert mid.sampled_refs == pytest.approx(5_000 * 40 * mid.rate, rel=0.02)
+
+
+def test_deterministic_for_a_trace():
+    trace = [Request(keys, None, None, float(i)) for i, keys in
+             enumerate(scan_traffic(0, 300) + reused_traffic(5_000, 300))]
+    a = replay(trace, "arc", 40, admission="adaptive")
+    b = replay(trace, "arc", 40, admission="adaptive")
+    assert (a.hit_blocks, a.stored_blocks, a.refused_blocks) == (
+        b.hit_blocks, b.stored_blocks, b.refused_blocks)
+    assert a.refused_blocks > 0 and a.admission == "adaptive"
+
+
+@pytest.mark.parametrize("policy", available_policies())
+def test_composes_with_every_registered_policy(policy):
+    requests = scan_traffic(0, 400)
+    m = OffloadingManager(64, policy, admission="adaptive")
+    hits = run(m, requests)
+    s = m.stats()
+    assert m.admission.info()["mode"] == "second-sight"
+    assert hits >= 400 - 3 * 32  # the hot keys stay: the scan is refused
+    assert s.used <= 64
+    assert s.stores + s.skipped_stores == 400 * 9 - hits  # every missed block was offered
+
+
+def test_bad_arguments_and_unhashable_keys_change_nothing():
+    with pytest.raises(ValueError, match="unknown admission 'nope'"):
+        OffloadingManager(8, admission="nope")
+    with pytest.raises(ValueError, match="store_threshold=2"):
+        OffloadingManager(8, admission="adaptive", store_threshold=2)
+    with pytest.raises(ValueError, match="num_blocks"):
+        DuelingAdmission(0)
+    with pytest.raises(ValueError, match="min_rate"):
+        DuelingAdmission(8, min_rate=0)
+    assert make_admission("all", 8) is None
+    m = OffloadingManager(8, admission="adaptive")
+    run(m, [[1, 2, 3], [1, 2, 3]])
+    before = m.snapshot()
+    with pytest.raises(TypeError, match="not hashable"):
+        m.lookup_prefix([1, [2], 3])
+    with pytest.raises(TypeError, match="not hashable"):
+        m.lookup([4])
+    assert m.snapshot() == before
+
+
+def test_reset_cache_forgets_admission_state():
+    m = OffloadingManager(8, admission="adaptive")
+    fresh = m.snapshot()
+    run(m, reused_traffic(0, 20, distinct=1))
+    assert m.snapshot() != fresh
+    m.reset_cache()
+    assert m.snapshot() == fresh
+
+
+def test_cli_admission_option(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+    from kvtier.trace import embedded_sample_path, read_trace
+
+    runner = CliRunner()
+    out = tmp_path / "r.json"
+    res = runner.invoke(app, ["replay", "-p", "arc", "-c", "1000", "--admission", "adaptive",
+                              "--no-progress", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    row = json.loads(out.read_text())["results"][0]
+    direct = replay(list(read_trace(embedded_sample_path())), "arc", 1000,
+                    admission="adaptive")
+    assert row["admission"] == "adaptive" and row["hit_blocks"] == direct.hit_blocks
+    assert row["refused_blocks"] == direct.refused_blocks > 0
+    bad = runner.invoke(app, ["replay", "--admission", "adaptive", "--store-threshold", "2"])
+    assert bad.exit_code != 0 and "two admission rules" in bad.output
+    bad = runner.invoke(app, ["sweep", "--admission", "nope", "--plot", str(tmp_path / "m.png")])
+    assert bad.exit_code != 0 and "unknown --admission 'nope'" in bad.output
+    res = runner.invoke(app, ["sweep", "-p", "lru", "-c", "500,2000", "--admission", "adaptive",
+                              "--workers", "1", "--no-progress", "--plot",
+                              str(tmp_path / "m.png"), "--json", str(tmp_path / "s.json")])
+    assert res.exit_code == 0, res.output
+    rows = json.loads((tmp_path / "s.json").read_text())["results"]
+    assert [r["admission"] for r in rows] == ["adaptive", "adaptive"]
