@@ -1,0 +1,435 @@
+"""kvtier's disk and Redis tiers inside the real vLLM 0.33 wheel's TieringOffloadingSpec.
+
+Everything here is vLLM's own classes (OffloadingConfig, TieringOffloadingSpec, its
+TieringOffloadingManager with the CPU primary tier in a shared-memory region,
+SecondaryTierFactory), driven the way vLLM's scheduler-side connector drives them: requests,
+prepare_store / complete_store (the GPU->CPU copy is the test writing the primary rows),
+lookups repeated once per engine step until they stop answering RETRY / HIT_PENDING,
+prepare_load, on_schedule_end. Only the scheduler side is exercised: secondary tiers never touch
+the GPU, and the GPU<->CPU worker needs CUDA. Skipped only when vllm is not importable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import time
+import uuid
+
+import pytest
+
+pytest.importorskip("vllm", reason="vllm (0.33) is not installed: pip install 'kvtier[vllm]'")
+
+from vllm.v1.kv_offload.base import (  # noqa: E402
+    LookupResult,
+    ReqContext,
+    ScheduleEndContext,
+    make_offload_key,
+)
+from vllm.v1.kv_offload.config import (  # noqa: E402
+    OffloadingCacheConfig,
+    OffloadingConfig,
+    OffloadingGroupConfig,
+    OffloadingModelConfig,
+    OffloadingParallelConfig,
+)
+from vllm.v1.kv_offload.tiering.base import TieringOffloadingMetrics  # noqa: E402
+from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory  # noqa: E402
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
+
+from kvtier.integrations.vllm_tiers import (  # noqa: E402
+    KVTIER_METRICS,
+    KvtierDiskTier,
+    KvtierRedisTier,
+    vllm_layout_fingerprint,
+)
+from redis_servers import shared_redis_server  # noqa: E402,F401  (fixture)
+
+MODULE = "kvtier.integrations.vllm_tiers"
+WORKER_BLOCK_BYTES = 4096  # one worker's KV bytes of one GPU block; a chunk = 1 block here
+N_CHUNKS = 16  # primary (CPU) tier capacity in chunks
+_ids = itertools.count()
+
+
+def make_spec(secondary: list[dict], *, model: str = "test/tiny", cpu_chunks: int = N_CHUNKS,
+              ) -> TieringOffloadingSpec:
+    cfg = OffloadingConfig(
+        groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0", "l1"),
+                                      group_id=0),),
+        worker_kv_bytes_per_block=WORKER_BLOCK_BYTES,
+        enable_kv_cache_events=False,
+        extra_config={"cpu_bytes_to_use": cpu_chunks * WORKER_BLOCK_BYTES,
+                      "secondary_tiers": [dict(t) for t in secondary]},
+        engine_id=f"kvtier-test-{os.getpid()}-{next(_ids)}-{uuid.uuid4().hex[:6]}",
+        model=OffloadingModelConfig(name=model, dtype="bfloat16"),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+        parallel=OffloadingParallelConfig(
+            rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
+            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+            is_parallelism_agnostic=False),
+    )
+    return TieringOffloadingSpec(cfg)
+
+
+def disk_entry(tmp_path, **over) -> dict:
+    return {"type": "KvtierDiskTier", "module_path": MODULE, "directory": str(tmp_path / "kv"),
+            "capacity_blocks": 64, **over}
+
+
+def redis_entry(server, **over) -> dict:
+    return {"type": "KvtierRedisTier", "module_path": MODULE, "url": server.url,
+            "namespace": f"t{uuid.uuid4().hex[:8]}", **over}
+
+
+def keys_and_blocks(n: int, seed: str, block_bytes: int):
+    keys = [make_offload_key(hashlib.sha256(f"{seed}/{i}".encode()).digest(), 0)
+            for i in range(n)]
+    blocks = [hashlib.sha256(f"{seed}/data/{i}".encode()).digest() * (block_bytes // 32)
+              for i in range(n)]
+    return keys, blocks
+
+
+def step(m) -> None:
+    m.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
+
+
+def settle(m, timeout: float = 30.0) -> None:
+    """Engine steps until no transfer between tiers is in flight."""
+    deadline = time.monotonic() + timeout
+    while m.has_pending_work():
+        assert time.monotonic() < deadline, "tier jobs did not finish"
+        step(m)
+        time.sleep(0.005)
+    step(m)
+
+
+def rows(m):
+    view = m.primary_tier.get_kv_memoryview()
+    return view, view.strides[0]
+
+
+def offload(m, keys, blocks, req_id: str) -> None:
+    """A request's blocks stored GPU -> CPU (the test plays the GPU worker), then cascaded by
+    vLLM to the secondary tiers."""
+    ctx = ReqContext(req_id=req_id)
+    m.on_new_request(ctx)
+    out = m.prepare_store(keys, ctx)
+    assert out is not None and list(out.keys_to_store) == list(keys)
+    view, stride = rows(m)
+    with view.cast("B") as flat:
+        for cid, block in zip(out.store_spec.chunk_ids, blocks):
+            flat[int(cid) * stride:int(cid) * stride + len(block)] = block
+    m.complete_store(out.keys_to_store, ctx)
+    m.on_request_finished(ctx)
+    settle(m)
+
+
+def lookup_prefix(m, keys, req_id: str, timeout: float = 30.0):
+    """Like vLLM's scheduler: every step, look the request's keys up in order and stop at the
+    first that is not a HIT; done when all hit or one is a MISS. Returns (hits, ctx)."""
+    ctx = ReqContext(req_id=req_id)
+    m.on_new_request(ctx)
+    deadline = time.monotonic() + timeout
+    while True:
+        hits = 0
+        last = None
+        for key in keys:
+            last = m.lookup(key, ctx)
+            if last is not LookupResult.HIT:
+                break
+            hits += 1
+        if hits == len(keys) or last is LookupResult.MISS:
+            return hits, ctx
+        assert time.monotonic() < deadline, f"lookup stuck at {last}"
+        step(m)
+        time.sleep(0.005)
+
+
+def read_loaded(m, keys, ctx) -> list[bytes]:
+    spec = m.prepare_load(keys, ctx)
+    view, stride = rows(m)
+    with view.cast("B") as flat:
+        out = [bytes(flat[int(c) * stride:(int(c) + 1) * stride]) for c in spec.chunk_ids]
+    m.complete_load(keys, ctx)
+    return out
+
+
+def counter(stats, name: str, label: tuple) -> float:
+    """A counter's value in vLLM's OffloadingConnectorStats payload (0 when absent)."""
+    if stats is None:
+        return 0
+    return stats.data["data"].get(name, {}).get(label, 0)
+
+
+# -- loading by vLLM's factory ------------------------------------------------------------------
+def test_factory_loads_both_tiers_by_module_path():
+    for name, cls in (("KvtierDiskTier", KvtierDiskTier), ("KvtierRedisTier", KvtierRedisTier)):
+        assert SecondaryTierFactory.get_tier_class(
+            {"type": name, "module_path": MODULE}) is cls
+
+
+def test_spec_builds_disk_tier_from_config_dict(tmp_path):
+    spec = make_spec([disk_entry(tmp_path, policy="arc", fsync="batch", workers=2)])
+    m = spec.get_manager()
+    try:
+        (tier,) = m.secondary_tiers
+        assert isinstance(tier, KvtierDiskTier)
+        assert tier.tier_type == "KvtierDiskTier"
+        assert tier.tier.block_bytes == spec.kv_bytes_per_chunk == tier.block_size_bytes
+        assert tier.tier.num_blocks == 64 and tier.tier.fsync == "batch"
+        assert tier.path.parent == tmp_path / "kv" and tier.path.name.startswith("vllm-")
+        # vLLM collects the tier's metric definitions through the spec
+        defs = TieringOffloadingSpec.build_metric_definitions(spec.extra_config)
+        assert set(KVTIER_METRICS) <= set(defs)
+    finally:
+        m.shutdown()
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"capacity_blocks": None}, "capacity_blocks"),
+    ({"capacity_blocks": 0}, "capacity_blocks must be a positive int"),
+    ({"fsync": "always"}, "fsync must be one of none, batch"),
+    ({"policy": "nope"}, "nope"),
+    ({"directory": ""}, "directory"),
+    ({"capcity_blocks": 8}, "unknown option(s) capcity_blocks"),
+    ({"workers": 0}, "workers must be a positive int"),
+    ({"fingerprint_extra": ["rev"]}, "fingerprint_extra"),
+])
+def test_disk_config_errors_name_the_option(tmp_path, over, message):
+    entry = disk_entry(tmp_path, **over)
+    if over.get("capacity_blocks", 1) is None:
+        del entry["capacity_blocks"]
+    spec = make_spec([entry])
+    with pytest.raises(ValueError) as err:
+        spec.get_manager()
+    assert message in str(err.value)
+    # nothing was created for a config that failed before opening the tier
+    if "directory" not in over and "policy" not in over:
+        assert not (tmp_path / "kv").exists()
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"timeout_s": 0}, "timeout_s must be a number of seconds > 0"),
+    ({"read_timeout_s": "fast"}, "read_timeout_s"),
+    ({"compression": "lz4"}, "compression"),
+    ({"url": None}, "url is required"),
+    ({"namespace": "a{b}"}, "namespace"),
+    ({"fingerprint": "x"}, "unknown option(s) fingerprint"),
+])
+def test_redis_config_errors_name_the_option(over, message, monkeypatch):
+    monkeypatch.delenv("KVTIER_REDIS_URL", raising=False)
+
+    class _NoServer:
+        url = "redis://:secret@127.0.0.1:1/0"
+
+    spec = make_spec([redis_entry(_NoServer, **over)])
+    with pytest.raises(ValueError) as err:
+        spec.get_manager()
+    assert message in str(err.value)
+    assert "secret" not in str(err.value)
+
+
+def test_fingerprint_separates_models_and_layouts():
+    a = make_spec([], model="org/a")
+    b = make_spec([], model="org/b")
+    fa = vllm_layout_fingerprint(a, 4096)
+    assert fa == vllm_layout_fingerprint(make_spec([], model="org/a"), 4096)
+    assert fa != vllm_layout_fingerprint(b, 4096)
+    assert fa != vllm_layout_fingerprint(a, 8192)
+    assert fa != vllm_layout_fingerprint(a, 4096, {"revision": "v2"})
+    assert "model=org/a" in fa and "dtype=bfloat16" in fa
+
+
+# -- round trips through vLLM's tiering manager --------------------------------------------------
+def test_disk_tier_round_trip_and_restart(tmp_path):
+    entry = disk_entry(tmp_path)
+    m1 = make_spec([entry]).get_manager()
+    chunk = m1.secondary_tiers[0].block_size_bytes
+    keys, blocks = keys_and_blocks(6, "disk", chunk)
+    try:
+        offload(m1, keys, blocks, "w1")
+        st = m1.secondary_tiers[0].tier.stats()
+        assert st.writes_completed == 6 and st.bytes_written == 6 * chunk
+        stats = m1.get_stats()
+        label = ("1:KvtierDiskTier",)
+        assert counter(stats, TieringOffloadingMetrics.WRITE_BYTES, label) == 6 * chunk
+        assert counter(stats, TieringOffloadingMetrics.CASCADE_JOB_FAILURES, label) == 0
+    finally:
+        m1.shutdown()  # closes the disk tier (releases its lock) like an engine exit
+
+    # a restarted engine: empty CPU tier, same directory and layout
+    m2 = make_spec([entry]).get_manager()
+    try:
+        hits, ctx = lookup_prefix(m2, keys, "r1")
+        assert hits == 6
+        assert read_loaded(m2, keys, ctx) == blocks
+        m2.on_request_finished(ctx)
+        settle(m2)
+        stats = m2.get_stats()
+        label = ("1:KvtierDiskTier",)
+        assert counter(stats, TieringOffloadingMetrics.READ_BYTES, label) == 6 * chunk
+        assert counter(stats, TieringOffloadingMetrics.CHUNK_HITS, label) == 6
+        assert counter(stats, TieringOffloadingMetrics.PROMOTION_JOB_FAILURES, label) == 0
+        # keys never stored: a miss, not an error
+        other, _ = keys_and_blocks(2, "never", chunk)
+        assert lookup_prefix(m2, other, "r2")[0] == 0
+    finally:
+        m2.shutdown()
+
+
+def test_disk_tier_other_model_does_not_see_blocks(tmp_path):
+    entry = disk_entry(tmp_path)
+    m1 = make_spec([entry], model="org/a").get_manager()
+    keys, blocks = keys_and_blocks(3, "models", m1.secondary_tiers[0].block_size_bytes)
+    try:
+        offload(m1, keys, blocks, "w")
+    finally:
+        m1.shutdown()
+    m2 = make_spec([entry], model="org/b").get_manager()
+    try:
+        assert lookup_prefix(m2, keys, "r")[0] == 0
+    finally:
+        m2.shutdown()
+
+
+def test_disk_tier_corrupt_block_reads_as_miss(tmp_path):
+    entry = disk_entry(tmp_path)
+    m1 = make_spec([entry]).get_manager()
+    chunk = m1.secondary_tiers[0].block_size_bytes
+    keys, blocks = keys_and_blocks(5, "corrupt", chunk)
+    try:
+        offload(m1, keys, blocks, "w")
+        path = m1.secondary_tiers[0].path
+    finally:
+        m1.shutdown()
+    # flip one byte of block 2 in the slot file
+    data_file = path / "blocks.dat"
+    raw = bytearray(data_file.read_bytes())
+    at = raw.find(blocks[2])
+    assert at >= 0
+    raw[at + 100] ^= 0xFF
+    data_file.write_bytes(raw)
+
+    m2 = make_spec([entry]).get_manager()
+    try:
+        hits, ctx = lookup_prefix(m2, keys, "r")
+        assert hits == 2  # blocks 0, 1 promoted; block 2 failed verification -> miss
+        assert read_loaded(m2, keys[:2], ctx) == blocks[:2]
+        m2.on_request_finished(ctx)
+        settle(m2)
+        tier = m2.secondary_tiers[0]
+        assert tier.tier.stats().read_errors == 1
+        stats = m2.get_stats()
+        label = ("1:KvtierDiskTier",)
+        assert counter(stats, TieringOffloadingMetrics.PROMOTION_JOB_FAILURES, label) == 1
+        assert counter(stats, "vllm:kv_offload_kvtier_read_errors", ("KvtierDiskTier",)) == 1
+        # the corrupt block is not offered again: a new request misses at block 2 at once
+        assert lookup_prefix(m2, keys, "r2")[0] == 2
+    finally:
+        m2.shutdown()
+
+
+def test_redis_tier_round_trip_shared_between_engines(shared_redis_server):
+    entry = redis_entry(shared_redis_server)
+    m1 = make_spec([entry]).get_manager()
+    m2 = make_spec([entry]).get_manager()  # a second engine on the same Redis, running at once
+    try:
+        chunk = m1.secondary_tiers[0].block_size_bytes
+        keys, blocks = keys_and_blocks(6, "redis", chunk)
+        offload(m1, keys, blocks, "w1")
+        assert m1.secondary_tiers[0].tier.stats().writes_completed == 6
+        hits, ctx = lookup_prefix(m2, keys, "r1")
+        assert hits == 6
+        assert read_loaded(m2, keys, ctx) == blocks
+        m2.on_request_finished(ctx)
+        settle(m2)
+        stats = m2.get_stats()
+        label = ("1:KvtierRedisTier",)
+        assert counter(stats, TieringOffloadingMetrics.READ_BYTES, label) == 6 * chunk
+        assert counter(stats, TieringOffloadingMetrics.CHUNK_HITS, label) == 6
+    finally:
+        m1.shutdown()
+        m2.shutdown()
+
+
+def test_redis_tier_corrupt_value_reads_as_miss(shared_redis_server):
+    import redis
+
+    entry = redis_entry(shared_redis_server)
+    m1 = make_spec([entry]).get_manager()
+    m2 = make_spec([entry]).get_manager()
+    try:
+        chunk = m1.secondary_tiers[0].block_size_bytes
+        keys, blocks = keys_and_blocks(5, "redis-corrupt", chunk)
+        offload(m1, keys, blocks, "w")
+        rkey = m1.secondary_tiers[0].tier.redis_key(keys[2])
+        client = redis.Redis.from_url(shared_redis_server.url)
+        value = client.get(rkey)
+        assert value is not None and value.endswith(blocks[2])
+        client.setrange(rkey, len(value) - 10, b"\x00garbage\x00")
+        client.close()
+
+        hits, ctx = lookup_prefix(m2, keys, "r")
+        assert hits == 2
+        assert read_loaded(m2, keys[:2], ctx) == blocks[:2]
+        m2.on_request_finished(ctx)
+        settle(m2)
+        assert m2.secondary_tiers[0].tier.stats().read_errors == 1
+        stats = m2.get_stats()
+        assert counter(stats, TieringOffloadingMetrics.PROMOTION_JOB_FAILURES,
+                       ("1:KvtierRedisTier",)) == 1
+    finally:
+        m1.shutdown()
+        m2.shutdown()
+
+
+def test_redis_tier_down_answers_miss_and_fails_stores(tmp_path):
+    """No server at the URL: lookups answer MISS (within the lookup timeout), stores are
+    counted as failed cascade jobs, and the engine keeps going."""
+    from redis_servers import free_port
+
+    entry = {"type": "KvtierRedisTier", "module_path": MODULE,
+             "url": f"redis://127.0.0.1:{free_port()}/0", "timeout_s": 0.05}
+    m = make_spec([entry]).get_manager()
+    try:
+        chunk = m.secondary_tiers[0].block_size_bytes
+        keys, blocks = keys_and_blocks(3, "down", chunk)
+        offload(m, keys, blocks, "w")
+        stats = m.get_stats()
+        assert counter(stats, TieringOffloadingMetrics.CASCADE_JOB_FAILURES,
+                       ("1:KvtierRedisTier",)) == 1
+        other, _ = keys_and_blocks(2, "down-other", chunk)
+        t0 = time.monotonic()
+        assert lookup_prefix(m, other, "r")[0] == 0
+        assert time.monotonic() - t0 < 5
+    finally:
+        m.shutdown()
+
+
+def test_disk_and_redis_stacked_below_cpu(tmp_path, shared_redis_server):
+    """Both kvtier tiers in one secondary_tiers list: a store cascades to both; an engine whose
+    disk tier is empty (another directory) is served by Redis."""
+    m1 = make_spec([disk_entry(tmp_path), redis_entry(shared_redis_server, namespace="stack")]
+                   ).get_manager()
+    try:
+        chunk = m1.secondary_tiers[0].block_size_bytes
+        keys, blocks = keys_and_blocks(4, "stack", chunk)
+        offload(m1, keys, blocks, "w")
+        assert [t.tier.stats().writes_completed for t in m1.secondary_tiers] == [4, 4]
+    finally:
+        m1.shutdown()
+    m2 = make_spec([disk_entry(tmp_path / "other"),
+                    redis_entry(shared_redis_server, namespace="stack")]).get_manager()
+    try:
+        hits, ctx = lookup_prefix(m2, keys, "r")
+        assert hits == 4
+        assert read_loaded(m2, keys, ctx) == blocks
+        m2.on_request_finished(ctx)
+        settle(m2)
+        stats = m2.get_stats()
+        assert counter(stats, TieringOffloadingMetrics.READ_BYTES, ("2:KvtierRedisTier",)) \
+            == 4 * chunk
+        assert counter(stats, TieringOffloadingMetrics.READ_BYTES, ("1:KvtierDiskTier",)) == 0
+    finally:
+        m2.shutdown()
