@@ -37,6 +37,7 @@ from vllm.v1.kv_offload.config import (  # noqa: E402
 from vllm.v1.kv_offload.tiering.base import TieringOffloadingMetrics  # noqa: E402
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory  # noqa: E402
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
+from vllm.v1.metrics.cache_hit_source import CacheHitSource  # noqa: E402
 
 from kvtier.integrations.vllm_tiers import (  # noqa: E402
     KVTIER_METRICS,
@@ -126,22 +127,26 @@ def offload(m, keys, blocks, req_id: str) -> None:
 
 
 def lookup_prefix(m, keys, req_id: str, timeout: float = 30.0):
-    """Like vLLM's scheduler: every step, look the request's keys up in order and stop at the
-    first that is not a HIT; done when all hit or one is a MISS. Returns (hits, ctx)."""
+    """As vLLM's OffloadingConnector scheduler does: every engine step, look all the request's
+    keys up in order, counting HIT and HIT_PENDING, going on past RETRY / HIT_PENDING (so the
+    manager starts every async lookup and promotion at once) and stopping at the first MISS;
+    the count is final in the first step with no RETRY / HIT_PENDING. Returns (hits, ctx)."""
     ctx = ReqContext(req_id=req_id)
     m.on_new_request(ctx)
     deadline = time.monotonic() + timeout
     while True:
         hits = 0
-        last = None
+        defer = False
         for key in keys:
-            last = m.lookup(key, ctx)
-            if last is not LookupResult.HIT:
+            result = m.lookup(key, ctx)
+            if result is LookupResult.MISS:
                 break
-            hits += 1
-        if hits == len(keys) or last is LookupResult.MISS:
+            if result is not LookupResult.RETRY:
+                hits += 1
+            defer |= result is not LookupResult.HIT
+        if not defer:
             return hits, ctx
-        assert time.monotonic() < deadline, f"lookup stuck at {last}"
+        assert time.monotonic() < deadline, "lookups did not settle"
         step(m)
         time.sleep(0.005)
 
@@ -167,6 +172,9 @@ def test_factory_loads_both_tiers_by_module_path():
     for name, cls in (("KvtierDiskTier", KvtierDiskTier), ("KvtierRedisTier", KvtierRedisTier)):
         assert SecondaryTierFactory.get_tier_class(
             {"type": name, "module_path": MODULE}) is cls
+    # vLLM's per-source hit metric: disk hits are "disk", Redis (remote store) not "host"
+    assert KvtierDiskTier.cache_hit_source is CacheHitSource.DISK
+    assert KvtierRedisTier.cache_hit_source is CacheHitSource.EXTERNAL_UNSPECIFIED
 
 
 def test_spec_builds_disk_tier_from_config_dict(tmp_path):
@@ -264,6 +272,7 @@ def test_disk_tier_round_trip_and_restart(tmp_path):
         hits, ctx = lookup_prefix(m2, keys, "r1")
         assert hits == 6
         assert read_loaded(m2, keys, ctx) == blocks
+        assert m2.get_load_source(keys[0], ctx) is CacheHitSource.DISK
         m2.on_request_finished(ctx)
         settle(m2)
         stats = m2.get_stats()

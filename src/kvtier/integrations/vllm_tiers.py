@@ -59,8 +59,10 @@ How vLLM's contract maps onto the :class:`~kvtier.tiers.base.BlockTier` API:
 
 Thread safety: vLLM calls every method under its manager lock (never concurrently). Inside, a
 tier's :class:`~kvtier.tiers.base.BlockTier` is used by two threads of its own (the lookup
-thread and the I/O thread), serialised by one lock; the scheduler thread never waits for I/O
-except in ``drain_jobs`` and ``shutdown``. vLLM's tier-poll thread is not used
+thread and the I/O thread), serialised by one lock for the disk tier (not thread-safe; a lookup
+may wait behind a job's write there) and not for the Redis tier (thread-safe); the scheduler
+thread never waits for I/O except in ``drain_jobs`` and ``shutdown`` (``get_stats`` reads the
+counters the I/O thread saved after its last job). vLLM's tier-poll thread is not used
 (``tolerates_off_thread_polling`` stays ``False``).
 
 Requires vLLM 0.33 (``pip install kvtier[vllm]``); importing this module without vLLM raises
@@ -69,6 +71,7 @@ Requires vLLM 0.33 (``pip install kvtier[vllm]``); importing this module without
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -100,6 +103,7 @@ from vllm.v1.kv_offload.tiering.base import (
     SecondaryTierManager,
     TransferJob,
 )
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.policies import CachePolicy
 from kvtier.tiers.base import BlockTier, TierStats
@@ -260,6 +264,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._rows = self._row_view(primary_kv_view)
 
     _locality: ClassVar[Locality | None] = None
+    _tier_threadsafe: ClassVar[bool] = False  # may lookup_prefix run beside a job?
 
     @staticmethod
     def _row_view(view: memoryview) -> memoryview:
@@ -275,6 +280,11 @@ class KvtierSecondaryTier(SecondaryTierManager):
             )
         self._tier = tier
         self._io_lock = threading.Lock()  # the BlockTier is used by one thread at a time
+        # lookups take the lock too unless the tier is thread-safe (Redis): then a lookup
+        # never waits behind a job's write
+        self._lookup_lock: Any = (contextlib.nullcontext() if self._tier_threadsafe
+                                  else self._io_lock)
+        self._snapshot = tier.stats()  # counters after the last job, for get_stats
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._finished: queue.SimpleQueue[tuple[JobResult, list[OffloadKey]]] = (
             queue.SimpleQueue())
@@ -382,8 +392,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
             OffloadingConnectorStats,
         )
 
-        with self._io_lock:
-            now = self._tier.stats()
+        now = self._snapshot  # taken by the I/O thread: the scheduler never waits for I/O
         stats = OffloadingConnectorStats()
         for name, field in KVTIER_METRICS.items():
             delta = getattr(now, field) - getattr(self._reported, field)
@@ -395,7 +404,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
     # -- the tier's own threads --------------------------------------------------------------
     def _lookup_prefix(self, keys: list[OffloadKey]) -> int:
         """Lookup thread: leading ``keys`` readable in the tier (0 on a backend failure)."""
-        with self._io_lock:
+        with self._lookup_lock:
             try:
                 return self._tier.lookup_prefix(keys)
             except Exception:  # a closed tier at shutdown: answer miss, never raise
@@ -436,6 +445,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
             self._tier.write(item.keys, [rows[r * bb:(r + 1) * bb] for r in item.rows])
             self._tier.flush()
             after = self._tier.stats()
+            self._snapshot = after
         elapsed = time.perf_counter() - t0
         failed = self._store_failed(before, after)
         if self._events is not None and not failed:
@@ -451,6 +461,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         t0 = time.perf_counter()
         with self._io_lock:
             datas = self._tier.read(item.keys)
+            self._snapshot = self._tier.stats()
         ok: list[OffloadKey] = []
         failed: list[OffloadKey] = []
         for key, row, data in zip(item.keys, item.rows, datas):
@@ -590,8 +601,11 @@ class KvtierRedisTier(KvtierSecondaryTier):
         ValueError: a missing, bad or unknown option (named; the URL's password redacted).
     """
 
-    medium: ClassVar[Medium] = Medium.CPU
+    medium: ClassVar[Medium] = Medium.CPU  # the server's memory
+    # a remote store, not this host's memory: vLLM's hit-source metric must not say "host"
+    cache_hit_source: ClassVar[CacheHitSource] = CacheHitSource.EXTERNAL_UNSPECIFIED
     _locality = Locality.REMOTE
+    _tier_threadsafe = True  # RedisTier: every method may be called from any thread
     _PASSTHROUGH = ("namespace", "cluster", "compression", "ttl_s", "timeout_s",
                     "read_timeout_s", "write_timeout_s", "max_queue_bytes", "breaker_failures",
                     "breaker_cooldown_s")
