@@ -442,3 +442,36 @@ def test_disk_and_redis_stacked_below_cpu(tmp_path, shared_redis_server):
         assert counter(stats, TieringOffloadingMetrics.READ_BYTES, ("1:KvtierDiskTier",)) == 0
     finally:
         m2.shutdown()
+
+
+def _doc_configs() -> list[dict]:
+    """The --kv-transfer-config JSON blocks of docs/tiers.md's vLLM section."""
+    import json
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "tiers.md").read_text()
+    section = text[text.index("## vLLM secondary tiers"):]
+    return [json.loads(m) for m in re.findall(r"--kv-transfer-config '(\{.*?\})'", section,
+                                              re.S)]
+
+
+def test_documented_kv_transfer_configs_build(tmp_path, shared_redis_server):
+    configs = _doc_configs()
+    assert len(configs) == 2
+    for cfg in configs:
+        assert cfg["kv_connector"] == "OffloadingConnector"
+        extra = cfg["kv_connector_extra_config"]
+        assert extra["spec_name"] == "TieringOffloadingSpec"
+        tiers = extra["secondary_tiers"]
+        for t in tiers:  # point the documented paths / servers at this test's
+            if t["type"] == "KvtierDiskTier":
+                t["directory"] = str(tmp_path / "doc")
+                t["capacity_blocks"] = 8
+            else:
+                t["url"] = shared_redis_server.url
+        m = make_spec(tiers).get_manager()
+        try:
+            assert [type(t).__name__ for t in m.secondary_tiers] == [t["type"] for t in tiers]
+        finally:
+            m.shutdown()
