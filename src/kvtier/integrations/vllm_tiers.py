@@ -105,7 +105,7 @@ from vllm.v1.kv_offload.tiering.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvtier.policies import CachePolicy
+from kvtier.policies import CachePolicy, get_policy
 from kvtier.tiers.base import BlockTier, TierStats
 from kvtier.tiers.disk import FSYNC_MODES, DiskTier
 from kvtier.tiers.redis import RedisTier
@@ -547,8 +547,12 @@ class KvtierDiskTier(KvtierSecondaryTier):
         if fsync not in FSYNC_MODES:
             raise ValueError(f"{name}: fsync must be one of {', '.join(FSYNC_MODES)}, "
                              f"got {fsync!r}")
-        if not (isinstance(policy, str) and policy) and not (
-                isinstance(policy, type) and issubclass(policy, CachePolicy)):
+        if isinstance(policy, str) and policy:
+            try:
+                get_policy(policy)
+            except ValueError as exc:
+                raise ValueError(f"{name}: policy: {exc}") from None
+        elif not (isinstance(policy, type) and issubclass(policy, CachePolicy)):
             raise ValueError(f"{name}: policy must be a kvtier policy name, got {policy!r}")
         if locality is not None and locality not in Locality.__members__:
             raise ValueError(f"{name}: locality must be LOCAL or REMOTE, got {locality!r}")
@@ -565,7 +569,6 @@ class KvtierDiskTier(KvtierSecondaryTier):
             tmp = layout_file.with_suffix(".tmp")
             tmp.write_text(json.dumps({"fingerprint": fingerprint}, indent=1) + "\n")
             os.replace(tmp, layout_file)
-        # DiskTier validates policy (unknown name -> ValueError) before touching files
         tier = DiskTier(self.path, capacity_blocks, self.block_size_bytes, policy=policy,
                         fsync=fsync, workers=workers, name=f"{tier_type}")
         try:
