@@ -505,3 +505,40 @@ def test_disk_tier_capacity_evicts_by_policy_and_counts(tmp_path):
         settle(m2)
     finally:
         m2.shutdown()
+
+
+def test_loads_run_before_queued_stores(tmp_path):
+    """The tier's I/O thread takes a queued promotion (a request waits for it) before queued
+    cascades. Driven on the tier directly with vLLM's TransferJob; the I/O thread is held at
+    its first store by holding the tier's I/O lock."""
+    import numpy as np
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    m = make_spec([disk_entry(tmp_path)]).get_manager()
+    tier = m.secondary_tiers[0]
+    ctx = ReqContext(req_id="direct")
+    keys, _ = keys_and_blocks(4, "prio", tier.block_size_bytes)
+
+    def job(job_id, key, row, promotion):
+        return TransferJob(job_id=job_id, keys=[key], chunk_ids=np.array([row], np.int32),
+                           is_promotion=promotion, req_context=ctx)
+
+    try:
+        tier.submit_store(job(1000, keys[0], 0, False))
+        tier.drain_jobs()
+        assert [r.job_id for r in tier.get_finished_jobs()] == [1000]
+        with tier._io_lock:  # the I/O thread will block inside its next job
+            tier.submit_store(job(1001, keys[1], 1, False))
+            deadline = time.monotonic() + 10
+            while tier._stores:  # wait until the I/O thread took job 1001
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+            tier.submit_store(job(1002, keys[2], 2, False))
+            tier.submit_load(job(1003, keys[0], 3, True))
+        tier.drain_jobs()
+        finished = list(tier.get_finished_jobs())
+        assert [r.job_id for r in finished] == [1001, 1003, 1002]
+        assert all(r.success for r in finished)
+        assert not tier.has_pending_work()
+    finally:
+        m.shutdown()

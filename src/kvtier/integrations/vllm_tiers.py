@@ -39,7 +39,8 @@ How vLLM's contract maps onto the :class:`~kvtier.tiers.base.BlockTier` API:
   A store copies row ``chunk_ids[i]`` out (the primary slots are pinned by vLLM until the job
   finishes); a load copies verified bytes into the newly allocated rows.
 * **Asynchrony.** ``submit_store`` / ``submit_load`` only enqueue: one I/O thread per tier runs
-  the jobs in order (``BlockTier.write`` then ``flush``, so a store job finishes when its blocks
+  the jobs, loads (a request waits for them) before stores, each kind in submission order
+  (``BlockTier.write`` then ``flush``, so a store job finishes when its blocks
   are readable -- durable per the disk tier's ``fsync``; ``BlockTier.read`` then the copy into
   the primary rows). ``lookup`` is vLLM's non-blocking ``AsyncLookupManager``: the first call
   for a key answers ``RETRY``; the keys asked in one engine step are checked in one
@@ -71,6 +72,7 @@ Requires vLLM 0.33 (``pip install kvtier[vllm]``); importing this module without
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -285,7 +287,11 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._lookup_lock: Any = (contextlib.nullcontext() if self._tier_threadsafe
                                   else self._io_lock)
         self._snapshot = tier.stats()  # counters after the last job, for get_stats
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        # queued jobs; loads (promotions, a request waits for them) go before stores
+        # (cascades, background work), each queue in submission order
+        self._loads: collections.deque[_Job] = collections.deque()
+        self._stores: collections.deque[_Job] = collections.deque()
+        self._stopping = False
         self._finished: queue.SimpleQueue[tuple[JobResult, list[OffloadKey]]] = (
             queue.SimpleQueue())
         self._pending = 0  # jobs submitted and not yet returned by get_finished_jobs
@@ -328,7 +334,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._pending += 1
         with self._idle:
             self._in_io += 1
-        self._jobs.put(_Job(job, keys, rows))
+            (self._loads if job.is_promotion else self._stores).append(_Job(job, keys, rows))
+            self._idle.notify_all()
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         out: list[JobResult] = []
@@ -368,7 +375,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
             return
         self._closed = True
         self._lookups.shutdown()
-        self._jobs.put(None)
+        with self._idle:  # the I/O thread finishes the queued jobs, then stops
+            self._stopping = True
+            self._idle.notify_all()
         self._io_thread.join()
         with self._io_lock:
             self._tier.close()
@@ -413,9 +422,14 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     def _io_loop(self) -> None:
         while True:
-            item = self._jobs.get()
-            if item is None:
-                return
+            with self._idle:
+                self._idle.wait_for(lambda: self._loads or self._stores or self._stopping)
+                if self._loads:
+                    item = self._loads.popleft()
+                elif self._stores:
+                    item = self._stores.popleft()
+                else:
+                    return
             try:
                 if item.job.is_promotion:
                     result, failed = self._load(item)
