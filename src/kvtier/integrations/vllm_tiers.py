@@ -257,6 +257,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
         enable_kv_events: bool = False,
         locality: str | None = None,
     ) -> None:
+        if type(self) is KvtierSecondaryTier:
+            raise TypeError("KvtierSecondaryTier is the base class: configure KvtierDiskTier or "
+                            "KvtierRedisTier in secondary_tiers")
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality(locality) if locality is not None else type(self)._locality
         self._tier: BlockTier  # set by the subclass before _start()
