@@ -542,3 +542,23 @@ def test_loads_run_before_queued_stores(tmp_path):
         assert not tier.has_pending_work()
     finally:
         m.shutdown()
+
+
+def test_vllm_touch_reaches_the_disk_tier_policy(tmp_path):
+    """capacity 4, LRU: store A (2 chunks), B (2 chunks); vLLM's manager.touch(A) (a GPU
+    prefix-cache hit on A); store C (2 chunks): B is evicted, not A, which without the touch
+    would be the least recent."""
+    entry = disk_entry(tmp_path, capacity_blocks=4, policy="lru")
+    m1 = make_spec([entry]).get_manager()
+    chunk = m1.secondary_tiers[0].block_size_bytes
+    (a, ab), (b, bb), (c, cb) = (keys_and_blocks(2, f"touch-{n}", chunk) for n in "abc")
+    try:
+        offload(m1, a, ab, "a")
+        offload(m1, b, bb, "b")
+        m1.touch(a, ReqContext(req_id="gpu-hit"))
+        offload(m1, c, cb, "c")
+        disk = m1.secondary_tiers[0].tier
+        assert all(k in disk for k in a + c)
+        assert not any(k in disk for k in b)
+    finally:
+        m1.shutdown()

@@ -270,6 +270,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     _locality: ClassVar[Locality | None] = None
     _tier_threadsafe: ClassVar[bool] = False  # may lookup_prefix run beside a job?
+    _forwards_touch: ClassVar[bool] = False  # does touch() reach the tier's own policy?
 
     @staticmethod
     def _row_view(view: memoryview) -> memoryview:
@@ -295,6 +296,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._loads: collections.deque[_Job] = collections.deque()
         self._stores: collections.deque[_Job] = collections.deque()
         self._stopping = False
+        # vLLM's touch() batches, applied to the tier's policy by whichever of the tier's
+        # threads next holds the I/O lock (deque appends/pops are thread-safe); bounded
+        self._touches: collections.deque[list[OffloadKey]] = collections.deque(maxlen=4096)
         self._finished: queue.SimpleQueue[tuple[JobResult, list[OffloadKey]]] = (
             queue.SimpleQueue())
         self._pending = 0  # jobs submitted and not yet returned by get_finished_jobs
@@ -339,6 +343,22 @@ class KvtierSecondaryTier(SecondaryTierManager):
             self._in_io += 1
             (self._loads if job.is_promotion else self._stores).append(_Job(job, keys, rows))
             self._idle.notify_all()
+
+    def touch(self, keys, req_context: ReqContext) -> None:
+        """Queue a use of ``keys`` (chunks the GPU prefix cache or the CPU tier hit) for the
+        tier's policy, where the tier has one (disk); applied before its next job or lookup.
+        At most 4096 batches wait; older ones are dropped."""
+        if self._forwards_touch and keys:
+            self._touches.append(list(keys))
+
+    def _apply_touches(self) -> None:
+        """Under the I/O lock: give queued touches to the disk tier's policy, oldest first."""
+        while self._touches:
+            try:
+                keys = self._touches.popleft()
+            except IndexError:
+                return
+            self._tier.manager.touch(keys)  # type: ignore[attr-defined]
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         out: list[JobResult] = []
@@ -418,6 +438,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
         """Lookup thread: leading ``keys`` readable in the tier (0 on a backend failure)."""
         with self._lookup_lock:
             try:
+                if self._forwards_touch:
+                    self._apply_touches()
                 return self._tier.lookup_prefix(keys)
             except Exception:  # a closed tier at shutdown: answer miss, never raise
                 logger.exception("%s: lookup failed", self.tier_type)
@@ -434,6 +456,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
                 else:
                     return
             try:
+                if self._forwards_touch:
+                    with self._io_lock:
+                        self._apply_touches()
                 if item.job.is_promotion:
                     result, failed = self._load(item)
                 else:
@@ -532,6 +557,7 @@ class KvtierDiskTier(KvtierSecondaryTier):
 
     medium: ClassVar[Medium] = Medium.STORAGE
     _locality = Locality.LOCAL
+    _forwards_touch = True  # vLLM's touch() reaches the slots' policy
     _OPTIONS = ("directory", "capacity_blocks", "policy", "fsync", "workers",
                 "fingerprint_extra", "enable_kv_events", "locality")
 
