@@ -562,3 +562,21 @@ def test_vllm_touch_reaches_the_disk_tier_policy(tmp_path):
         assert not any(k in disk for k in b)
     finally:
         m1.shutdown()
+
+
+def test_vllm_backpressure_detector_sees_disk_store_jobs(tmp_path):
+    """A per-tier ``backpressure`` entry gives the tier vLLM's EMA detector, which the store
+    jobs' transfer_bytes / timing feed (vLLM's manager updates it when a job finishes)."""
+    entry = disk_entry(tmp_path, backpressure={"backpressure_cls": "EMABackpressureDetector",
+                                               "warmup_completions": 1})
+    m = make_spec([entry]).get_manager()
+    try:
+        tier = m.secondary_tiers[0]
+        assert tier.bp_detector is not None
+        assert tier.bp_detector.stats["store_latency_ema"] == 0
+        keys, blocks = keys_and_blocks(4, "bp", tier.block_size_bytes)
+        offload(m, keys, blocks, "w")
+        assert tier.bp_detector.stats["store_latency_ema"] > 0  # seconds per MiB stored
+        assert tier.bp_detector.stats["consecutive_store_failures"] == 0
+    finally:
+        m.shutdown()

@@ -52,6 +52,8 @@ How vLLM's contract maps onto the :class:`~kvtier.tiers.base.BlockTier` API:
   ``successful_keys``, and the failed keys are remembered as a miss (vLLM then recomputes
   them). A store job is ``success=False`` when the tier failed or dropped a block (I/O error,
   Redis down or its queue full). Nothing raises into the scheduler for a backend failure.
+* **Recency.** vLLM's ``touch`` reaches the disk tier's policy (queued; applied by the tier's
+  threads before its next job or lookup); Redis keeps its own LRU/LFU.
 * **Metrics.** Every job reports ``transfer_time`` (seconds on the I/O thread) and
   ``transfer_bytes``, which vLLM turns into ``vllm:kv_offload_tiering_read_bytes`` /
   ``_read_time`` / ``_write_bytes`` / ``_write_time`` and the job-failure counters; vLLM itself
