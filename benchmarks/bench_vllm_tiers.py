@@ -123,7 +123,11 @@ def vllm_promote(m, keys) -> tuple[float, int, float]:
     return dt, steps, in_manager / max(steps, 1)
 
 
-def bare_round(tier, keys, blocks) -> tuple[float, float]:
+def bare_round(tier, keys, blocks, from_buffer: bool) -> tuple[float, float]:
+    if from_buffer:  # as the vLLM path: views of one shared buffer, which the tier copies
+        buf = bytearray(b"".join(blocks))
+        n = len(blocks[0])
+        blocks = [memoryview(buf)[i * n:(i + 1) * n] for i in range(len(blocks))]
     t0 = time.perf_counter()
     tier.write(keys, blocks)
     tier.flush()
@@ -149,6 +153,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--step-ms", type=float, default=5.0,
                     help="pause between engine steps (the model's forward pass), ms")
+    ap.add_argument("--bare-from-buffer", action="store_true",
+                    help="the bare tier writes views of one bytearray (copied by the tier, as "
+                         "the vLLM path's rows are) instead of bytes it keeps by reference")
     ap.add_argument("--dir", default=None, help="disk tier parent directory (default: a temp)")
     ap.add_argument("--redis-url", default=None, help="default: start redis-server here")
     args = ap.parse_args()
@@ -178,7 +185,7 @@ def main() -> None:
             else:
                 bare = RedisTier(args.redis_url, block_bytes=chunk, fingerprint="bench-bare",
                                  namespace=f"bare{rep}{uuid.uuid4().hex[:6]}")
-            w, r = bare_round(bare, keys, blocks)
+            w, r = bare_round(bare, keys, blocks, args.bare_from_buffer)
             bare.close()
             best["bare_w"], best["bare_r"] = min(best["bare_w"], w), min(best["bare_r"], r)
 
