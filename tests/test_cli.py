@@ -106,7 +106,7 @@ def test_bad_line_exits_nonzero_naming_file_and_line(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["-p", "belady"], "unknown policy 'belady'"),
+        (["-p", "nosuch"], "unknown policy 'nosuch'"),
         (["-c", "ten"], "neither a block count"),
         (["--format", "xml"], "unknown format 'xml'"),
         (["--protocol", "put"], "unknown protocol 'put'"),

@@ -1,10 +1,11 @@
-"""The ``kvtier`` command line: ``kvtier replay`` and ``kvtier sweep``.
+"""The ``kvtier`` command line: ``kvtier replay``, ``kvtier sweep`` and ``kvtier analyze``.
 
 ``kvtier replay [TRACE]`` replays a trace (default: the embedded Mooncake sample) through the
 offloading manager for each ``--policy`` x ``--capacity`` and prints hit ratios and the
 bookkeeping cost. ``kvtier sweep [TRACE]`` runs a log-spaced grid of capacities for several
-policies in parallel and, with ``--plot FILE``, draws the miss-ratio curves. Both write
-``--json``.
+policies in parallel and, with ``--plot FILE``, draws the miss-ratio curves. ``kvtier analyze
+[TRACE]`` prints what the trace looks like (reuse distances, one-hit wonders, prefix sharing,
+reuse times, working set). All write ``--json``.
 
 Each command turns its flags into typed options once (:class:`ReplayCommand` /
 :class:`SweepCommand`, holding a :class:`TraceSource`, :class:`kvtier.replay.ReplayOptions` and
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from array import array
 import os
 import sys
 import time
@@ -39,6 +41,7 @@ from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kvtier.costmodel import PROFILES, CostModel, evaluate, input_lengths
 from kvtier.policies import PolicyPluginError, available_policies, get_policy
 from kvtier.replay import PROTOCOLS, ReplayOptions, ReplayResult, parse_capacity, replay
 from kvtier.trace import (
@@ -363,6 +366,7 @@ class ReplayCommand:
     replay: ReplayOptions = ReplayOptions()
     output: OutputOptions = OutputOptions()
     stream: bool = False
+    cost_model: CostModel | None = None  # --cost: bytes moved, prefill time saved, TTFT
 
 
 @dataclass(frozen=True)
@@ -430,7 +434,8 @@ def replay_cmd(
                                                  help="Replay only the first N requests.")] = None,
     stream: Annotated[bool, typer.Option(
         "--stream", help="Re-read the trace for each run instead of holding it in memory "
-                         "(for traces larger than memory).")] = False,
+                         "(for traces larger than memory). Not with --policy belady, which "
+                         "needs the whole trace up front.")] = False,
     json_out: JsonOpt = None,
     progress: ProgressOpt = None,
     tiers: Annotated[Optional[str], typer.Option(
@@ -440,12 +445,44 @@ def replay_cmd(
     demotion: Annotated[str, typer.Option(
         "--demotion", help="With --tiers: write-back (host victims go down) or "
                            "write-through (every host store goes down).")] = "write-back",
+    cost: Annotated[bool, typer.Option(
+        "--cost", help="Add the cost model's table (bytes moved, prefill seconds saved, "
+                       "TTFT with/without the tier); on when any cost option is given.")] = False,
+    model: Annotated[Optional[str], typer.Option(
+        "--model", help="Cost model: KV shape from a built-in profile: "
+                        + ", ".join(sorted(PROFILES)) + ".  [default: llama-3.1-8b]")] = None,
+    kv_bytes: Annotated[Optional[int], typer.Option(
+        "--kv-bytes-per-token", min=1, help="Cost model: KV bytes per token (instead of "
+                                            "--model).")] = None,
+    prefill_tps: Annotated[Optional[float], typer.Option(
+        "--prefill-tps", min=0.001, help="Cost model: prefill tokens/s of one instance.  "
+                                         "[default: 10,000, an assumption]")] = None,
+    read_gbps: Annotated[Optional[float], typer.Option(
+        "--read-gbps", min=0.001, help="Cost model: tier read bandwidth, GB/s.  "
+                                       "[default: 25, an assumption]")] = None,
+    instances: Annotated[Optional[int], typer.Option(
+        "--instances", min=1, help="Cost model: prefill instances serving the arrivals.  "
+                                   "[default: auto, fewest keeping no-tier utilization "
+                                   "<= 0.8]")] = None,
 ) -> None:
     """Replay a trace through the offloading manager: hit ratios and bookkeeping cost.
 
-    One run per --policy x --capacity, each on a fresh manager.
+    One run per --policy x --capacity, each on a fresh manager. --policy belady is the
+    offline reference (Belady's MIN: furthest next use first; optimal under --protocol get,
+    near-optimal under prefix); it reads the whole trace up front, so it cannot run with
+    --stream. --cost adds bytes moved, prefill seconds saved and TTFT (assumptions printed).
     """
     try:
+        cost_model = None
+        if cost or any(v is not None for v in (model, kv_bytes, prefill_tps, read_gbps,
+                                                instances)):
+            try:
+                cost_model = CostModel.build(
+                    model=model, kv_bytes_per_token=kv_bytes, prefill_tokens_per_s=prefill_tps,
+                    read_gb_per_s=read_gbps, instances=instances, block_tokens=block_tokens)
+            except ValueError as exc:
+                raise _CliError(str(exc).replace("kv_bytes_per_token", "--kv-bytes-per-token")
+                                .replace("give a model profile", "give --model")) from None
         trace_opts, replay_opts = _options(fmt, block_tokens, skip_bad_lines, strict, inflight,
                                            protocol, store_threshold)
         command = ReplayCommand(
@@ -456,6 +493,7 @@ def replay_cmd(
             replay=replay_opts,
             output=OutputOptions(json_out, progress),
             stream=stream,
+            cost_model=cost_model,
         )
         with _warnings_to_stderr():
             if tiers is not None:
@@ -476,7 +514,13 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
     ``ValueError``, ``OSError``); on Ctrl-C prints the rows that finished, writes them to the
     JSON and raises ``_Interrupted``."""
     _check_policies(cmd.policies)
+    offline = [p for p in cmd.policies if getattr(get_policy(p), "needs_future", False)]
+    if cmd.stream and offline:
+        raise _CliError(f"--policy {offline[0]} needs the whole trace up front (each block's "
+                        "next use), so it cannot run with --stream; drop --stream")
     _check_writable(cmd.output.json, "--json")
+    cost_model = cmd.cost_model
+    per_request_hits: list = []
     with _rereadable(cmd.source, needed=cmd.stream) as source:
         try:
             reader, it = source.open()
@@ -508,9 +552,19 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
                     if bar is not None:
                         bar.update(task, description=f"{p} @ {c:,}")
                     requests_now = requests if not cmd.stream else source.open()[1]
-                    results.append(replay(requests_now, p, c, cmd.replay, progress=advance))
+                    hits_out = array("l") if cost_model is not None else None
+                    results.append(replay(requests_now, p, c, cmd.replay, progress=advance,
+                                          hits_out=hits_out))
+                    per_request_hits.append(hits_out)
         except KeyboardInterrupt:
             interrupted = True
+        costs = None
+        if cost_model is not None and not interrupted:
+            meta = requests if requests is not None else list(source.open()[1])
+            lengths = input_lengths(meta, cmd.replay.block_tokens)
+            stamps = [r.timestamp for r in meta]
+            costs = [evaluate(cost_model, lengths, hits, stamps, r.stored_blocks)
+                     for r, hits in zip(results, per_request_hits)]
 
     opts = cmd.replay
     out = _out_console(cmd.output.json)
@@ -522,6 +576,12 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
     ))
     out.print(_trace_caption(info), highlight=False, soft_wrap=True)
     payload = {"trace": info, "results": [r.to_dict() for r in results]}
+    if costs is not None:
+        out.print(_cost_table(results, costs))
+        out.print(cost_model.describe(), highlight=False, soft_wrap=True)
+        for row, cost in zip(payload["results"], costs):
+            row["cost"] = cost
+        payload["cost_model"] = cost_model.to_dict()
     if interrupted:
         payload["interrupted"] = True
     _write_json(cmd.output.json, payload)
@@ -530,6 +590,179 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
               "their rows are above")
         raise _Interrupted
     return results
+
+
+def _cost_table(results: list[ReplayResult], costs: list[dict]) -> Table:
+    """Per (policy, capacity): bytes moved, prefill seconds saved, TTFT without / with."""
+    c0 = costs[0] if costs else {}
+    queue = (f"FIFO over {c0.get('instances')} prefill instance(s)"
+             if c0.get("queue") == "fifo" else "no queue (no timestamps)")
+    table = Table(title=f"cost model — {queue}", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True, show_edge=False)
+    for name in ("policy", "tier\nblocks", "read\nGB", "written\nGB", "prefill s\nsaved",
+                 "saved\n%", "TTFT p50 s\nno tier→tier", "TTFT p99 s\nno tier→tier",
+                 "utilization\nno tier→tier"):
+        table.add_column(name, justify="left" if name == "policy" else "right", no_wrap=True)
+
+    def pair(a, b, fmt):
+        return "-" if a is None else f"{a:{fmt}}→{b:{fmt}}"
+
+    def fmt_for(values):  # one decimal while a column stays below 100: the full trace fits
+        return ",.1f" if max((abs(v) for v in values), default=0) < 100 else ",.0f"
+
+    read_f = fmt_for([c["read_bytes"] / 1e9 for c in costs])
+    write_f = fmt_for([c["write_bytes"] / 1e9 for c in costs])
+    saved_f = fmt_for([c["prefill_s_saved"] for c in costs])
+
+    for r, c in zip(results, costs):
+        base = c["prefill_s_no_tier"]
+        t0, t1 = c["ttft_no_tier_s"], c["ttft_with_tier_s"]
+        table.add_row(
+            r.policy, f"{r.capacity:,}", f"{c['read_bytes'] / 1e9:{read_f}}",
+            f"{c['write_bytes'] / 1e9:{write_f}}", f"{c['prefill_s_saved']:{saved_f}}",
+            f"{c['prefill_s_saved'] / base * 100:.1f}" if base else "-",
+            pair(t0["median"], t1["median"], ",.3f"), pair(t0["p99"], t1["p99"], ",.3f"),
+            pair(c["utilization_no_tier"], c["utilization_with_tier"], ".2f"),
+        )
+    return table
+
+
+# -- analyze -------------------------------------------------------------------------------
+_AUTO_PROGRESS_BYTES = 20_000_000  # analyze shows a progress bar on trace files this large
+
+
+@app.command("analyze")
+def analyze_cmd(
+    trace: TraceArg = None,
+    fmt: FormatOpt = "auto",
+    block_tokens: BlockTokensOpt = 512,
+    skip_bad_lines: SkipOpt = False,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=1,
+                                                 help="Analyze only the first N requests.")] = None,
+    window_s: Annotated[float, typer.Option(
+        "--window-s", min=0.001, help="Working-set window, seconds (traces with timestamps).")] = 60.0,
+    window_requests: Annotated[int, typer.Option(
+        "--window-requests", min=1, help="Working-set window, requests (traces without "
+                                         "timestamps).")] = 1000,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="Image of the distributions (PNG; log axes where they span decades).")] = None,
+    json_out: JsonOpt = None,
+    progress: ProgressOpt = None,
+) -> None:
+    """What a trace looks like: reuse distances, one-hit wonders, prefix sharing, reuse
+    times and the working set, in one streaming pass.
+
+    The reuse distance of a re-reference is the number of distinct other blocks referenced
+    since the block's previous reference: an LRU tier of C blocks (--protocol get) hits it
+    exactly when it is below C.
+    """
+    try:
+        _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_requests,
+                 plot, json_out, progress)
+    except (_CliError, TraceFormatError, ValueError, OSError) as exc:
+        raise _fail(exc) from None
+
+
+def _fmt(value, spec: str = ",.0f", unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
+def _analysis_table(d: dict) -> Table:
+    table = Table(title="kvtier analyze", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True, show_edge=False)
+    table.add_column("figure", no_wrap=True)
+    table.add_column("value", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=False)
+    rows = [
+        ("requests", f"{d['requests']:,}", ""),
+        ("block references", f"{d['block_refs']:,}", ""),
+        ("distinct blocks", f"{d['distinct_blocks']:,}",
+         f"re-refs {d['reuse_refs']:,} = {d['reuse_refs'] / max(1, d['block_refs']):.1%} of "
+         "refs (unbounded tier, get)"),
+        ("one-hit wonders", f"{d['one_hit_share']:.1%}",
+         f"{d['one_hit_blocks']:,} distinct blocks referenced once"),
+    ]
+    rd = d["reuse_distance_blocks"]
+    rows.append(("reuse distance (blocks)",
+                 f"p50 {_fmt(rd['p50'])}",
+                 f"p90 {_fmt(rd['p90'])}, p99 {_fmt(rd['p99'])}, max {_fmt(rd['max'])}, "
+                 f"mean {_fmt(rd['mean'])}"))
+    for row in rd["lru_get_protocol"]:
+        rows.append((f"  LRU hit ratio at {row['capacity_pct']:g}%",
+                     f"{row['hit_ratio']:.2%}",
+                     f"{row['capacity_blocks']:,} blocks, get protocol"))
+    sd = d["sharing_depth_blocks"]
+    rows.append(("prefix-sharing depth (blocks)", f"p50 {_fmt(sd['p50'])}",
+                 f"p90 {_fmt(sd['p90'])}, p99 {_fmt(sd['p99'])}, max {_fmt(sd['max'])}; "
+                 f"{sd['requests_sharing_share']:.1%} of requests > 0"))
+    rows.append(("  shared prefix blocks", f"{sd['shared_block_share']:.2%}",
+                 f"{sd['shared_blocks']:,} refs (unbounded tier, prefix)"))
+    rt = d["reuse_time_s"]
+    if rt is None:
+        rows.append(("time between reuses", "-", "no timestamps in this trace"))
+    else:
+        rows.append(("time between reuses (s)", f"p50 {_fmt(rt['p50'], ',.1f')}",
+                     f"p90 {_fmt(rt['p90'], ',.1f')}, p99 {_fmt(rt['p99'], ',.1f')}, "
+                     f"max {_fmt(rt['max'], ',.1f')}"))
+    ws = d["working_set"]
+    dw = ws["distinct_per_window"]
+    unit = "s" if ws["window_unit"] == "s" else " requests"
+    rows.append((f"working set per {ws['window']:g}{unit}", f"p50 {_fmt(dw['p50'])}",
+                 f"min {_fmt(dw['min'])}, max {_fmt(dw['max'])} distinct blocks, "
+                 f"{ws['windows']:,} windows"))
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_requests, plot,
+             json_out, progress) -> None:
+    from kvtier.analyze import analyze, plot_analysis
+
+    path = trace if trace is not None else embedded_sample_path()
+    if fmt not in FORMATS:
+        raise _CliError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
+    _check_writable(json_out, "--json")
+    if plot is not None:
+        _check_writable(plot, "--plot")
+        _check_plot_format(plot)
+    reader = TraceOptions(fmt=fmt, block_tokens=block_tokens,
+                          skip_bad_lines=skip_bad_lines).open(path)
+    it = itertools.islice(reader, limit) if limit else reader
+    if progress is None:
+        try:
+            progress = Path(path).stat().st_size >= _AUTO_PROGRESS_BYTES
+        except OSError:
+            progress = False
+    bar = (Progress(TextColumn("[bold]analyze"), BarColumn(), TextColumn("{task.completed:,} "
+                    "requests"), TimeElapsedColumn(), console=_err, transient=True)
+           if progress else None)
+    t0 = time.perf_counter()
+    with bar if bar is not None else nullcontext():
+        task = bar.add_task("analyze", total=None) if bar is not None else None
+        result = analyze(it, window_s=window_s, window_requests=window_requests,
+                         progress=(lambda n: bar.advance(task, n)) if bar is not None else None)
+    elapsed = time.perf_counter() - t0
+    d = result.to_dict()
+    out = _out_console(json_out)
+    out.print(_analysis_table(d))
+    name = str(path)
+    if name == str(embedded_sample_path()):
+        name = f"embedded sample {Path(name).name}"
+    caption = (f"{name} ({reader.fmt}): analyzed in {elapsed:,.2f} s (parsing included)")
+    if reader.bad_lines:
+        caption += f"; {_count(reader.bad_lines, 'bad line')} skipped"
+    out.print(caption, highlight=False, soft_wrap=True)
+    _write_json(json_out, {"trace": {"path": str(path), "format": reader.fmt,
+                                     "bad_lines": reader.bad_lines, "analyze_s": elapsed},
+                           "analysis": d, "plot": str(plot) if plot else None})
+    if plot is not None:
+        try:
+            plot_analysis(result, plot, title=f"{Path(path).name}: {d['requests']:,} requests, "
+                          f"{d['block_refs']:,} block refs, {d['distinct_blocks']:,} distinct")
+        except OSError as exc:
+            raise _CliError(f"cannot write plot to {plot}: {exc}") from None
+        out.print(f"distributions written to {plot}", highlight=False)
 
 
 # -- sweep ---------------------------------------------------------------------------------

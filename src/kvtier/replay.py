@@ -24,6 +24,12 @@ Protocol ``"get"`` (the cache literature's view): every key reference is one get
 
 Under ``"get"`` LRU gives exactly the hits of a textbook LRU (tested against libCacheSim).
 
+Offline policies (a class with ``needs_future = True``, e.g. ``"belady"``) need the whole
+trace up front: ``requests`` must be a list or tuple; the replay builds a
+:class:`~kvtier.oracle.NextUseOracle` from it, binds it to the policy, and advances its clock
+by each request's keys before the request's calls (``"prefix"``) or by each key before its
+get-with-insert (``"get"``). The oracle's cost is included in ``bookkeeping_ns``.
+
 See ``docs/replay.md`` for the formats, the output fields and measured costs.
 """
 
@@ -37,6 +43,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 
 from kvtier.manager import OffloadingManager
+from kvtier.oracle import NextUseOracle
+from kvtier.policies import get_policy
 from kvtier.types import LookupResult
 
 __all__ = ["PROTOCOLS", "ReplayOptions", "ReplayResult", "parse_capacity", "replay"]
@@ -218,6 +226,7 @@ def replay(
     block_tokens: int | None = None,
     store_threshold: int | None = None,
     progress: Callable[[int], object] | None = None,
+    hits_out: list | None = None,
 ) -> ReplayResult:
     """Replay ``requests`` through a fresh ``OffloadingManager(capacity, policy)``.
 
@@ -233,13 +242,16 @@ def replay(
             ``options`` (see :class:`ReplayOptions`); ``None`` keeps it.
         progress: called with the number of requests done since the previous call, every
             1,024 requests and once at the end.
+        hits_out: when given (a list or ``array``), each request's hit blocks are appended
+            to it in trace order (for :mod:`kvtier.costmodel`).
 
     Returns:
         A :class:`ReplayResult`.
 
     Raises:
         ValueError: unknown protocol or policy, a non-positive capacity / block_tokens /
-            threshold, a negative window, or ``inflight > 0`` with ``protocol="get"``.
+            threshold, a negative window, ``inflight > 0`` with ``protocol="get"``, or an
+            offline policy (``belady``) given a stream instead of a list.
         TypeError: ``options`` is not a :class:`ReplayOptions`, or a request has no
             ``.keys`` list (e.g. a bare list of keys: wrap it in
             :class:`~kvtier.trace.Request`).
@@ -256,11 +268,25 @@ def replay(
         options = replace(options, **overrides)
     inflight, protocol = options.inflight, options.protocol
     block_tokens, store_threshold = options.block_tokens, options.store_threshold
-    manager = OffloadingManager(capacity, policy, store_threshold=store_threshold)
     streamed = not isinstance(requests, (list, tuple))
+    offline = getattr(get_policy(policy) if isinstance(policy, str) else policy,
+                      "needs_future", False)
+    if offline and streamed:
+        raise ValueError(
+            f"policy {policy if isinstance(policy, str) else policy.name!r} is offline: it "
+            "needs the whole trace up front (each block's next use), so it cannot replay a "
+            "stream; pass the requests as a list (the CLI: drop --stream)"
+        )
+    manager = OffloadingManager(capacity, policy, store_threshold=store_threshold)
+    advance = None
+    if offline:
+        oracle = NextUseOracle([req.keys for req in requests])
+        manager.policy.bind(oracle)  # type: ignore[attr-defined]
+        advance = oracle.advance
     protocol_steps = _prefix_protocol if protocol == "prefix" else _get_protocol
-    step, drain = protocol_steps(manager, inflight)
-    counts, manager_ns, total_ns = _run(step, drain, requests, block_tokens, progress, streamed)
+    step, drain = protocol_steps(manager, inflight, advance)
+    counts, manager_ns, total_ns = _run(step, drain, requests, block_tokens, progress, streamed,
+                                        hits_out)
     stats = manager.stats()
     return ReplayResult(
         policy=policy if isinstance(policy, str) else getattr(policy, "name", str(policy)),
@@ -283,9 +309,10 @@ def replay(
     )
 
 
-def _prefix_protocol(manager: OffloadingManager, window_size: int):
+def _prefix_protocol(manager: OffloadingManager, window_size: int, advance=None):
     """``(step, drain)`` of the engine's protocol; ``step(keys)`` handles one request and
-    returns ``(hit blocks, failed prepare_store calls, blocks they failed to store)``."""
+    returns ``(hit blocks, failed prepare_store calls, blocks they failed to store)``.
+    ``advance(keys)``, when given, runs first (an offline policy's clock)."""
     lookup_prefix = manager.lookup_prefix
     touch = manager.touch
     prepare_load = manager.prepare_load
@@ -327,11 +354,19 @@ def _prefix_protocol(manager: OffloadingManager, window_size: int):
         while window:
             complete(*window.popleft())
 
+    if advance is not None:
+        inner = step
+
+        def step(keys):  # noqa: F811 - the clock first, then the request
+            advance(keys)
+            return inner(keys)
+
     return step, drain
 
 
-def _get_protocol(manager: OffloadingManager, window_size: int):
-    """``(step, drain)`` of the cache literature's protocol: one get-with-insert per key."""
+def _get_protocol(manager: OffloadingManager, window_size: int, advance=None):
+    """``(step, drain)`` of the cache literature's protocol: one get-with-insert per key;
+    ``advance((key,))``, when given, runs before each (an offline policy's clock)."""
     lookup = manager.lookup
     touch = manager.touch
     prepare_store = manager.prepare_store
@@ -342,6 +377,8 @@ def _get_protocol(manager: OffloadingManager, window_size: int):
         hits = fails = 0
         for key in keys:
             single = (key,)
+            if advance is not None:
+                advance(single)
             if lookup(key) is hit:
                 hits += 1
                 touch(single)
@@ -360,7 +397,7 @@ def _get_protocol(manager: OffloadingManager, window_size: int):
     return step, drain
 
 
-def _run(step, drain, requests, block_tokens, progress, streamed):
+def _run(step, drain, requests, block_tokens, progress, streamed, hits_out=None):
     """Drive ``step`` over the requests and count; the counting is the same for every
     protocol. Returns ``(counts, manager ns, total ns)``; ``manager ns`` is only measured
     (per request) when the requests are streamed."""
@@ -382,6 +419,8 @@ def _run(step, drain, requests, block_tokens, progress, streamed):
                 manager_ns += now() - t0
             fails += failed_calls
             failed_blocks += failed
+            if hits_out is not None:
+                hits_out.append(hits)
             n = len(keys)
             n_req += 1
             refs += n

@@ -125,6 +125,7 @@ def plot_mrc(
     block_refs: int | None = None,
 ) -> Path:
     """Draw miss ratio (1 - block hit ratio) vs tier size, one line per policy, to a PNG.
+    ``belady`` (the offline policy) is drawn as a black dashed line.
 
     Args:
         results: replay results (any mix of policies and capacities).
@@ -150,8 +151,13 @@ def plot_mrc(
     # drawn on top, so the two stay visible when their curves coincide
     markers = "osD^v<>ph*"
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    bases = sorted({name.rsplit("-", 1)[-1] for name in by_policy})
+    bases = sorted({name.rsplit("-", 1)[-1] for name in by_policy if name != "belady"})
     for policy, rs in sorted(by_policy.items(), key=lambda kv: ("-" in kv[0], kv[0])):
+        if policy == "belady":  # the offline reference: a black dashed line
+            rs = sorted(rs, key=lambda r: r.capacity)
+            ax.plot([r.capacity for r in rs], [r.miss_ratio for r in rs], color="black",
+                    linestyle="--", linewidth=1.6, label="belady (offline)", zorder=5)
+            continue
         i = bases.index(policy.rsplit("-", 1)[-1])
         wrapped = "-" in policy
         rs = sorted(rs, key=lambda r: r.capacity)

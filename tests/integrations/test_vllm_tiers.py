@@ -6,7 +6,8 @@ SecondaryTierFactory), driven the way vLLM's scheduler-side connector drives the
 prepare_store / complete_store (the GPU->CPU copy is the test writing the primary rows),
 lookups repeated once per engine step until they stop answering RETRY / HIT_PENDING,
 prepare_load, on_schedule_end. Only the scheduler side is exercised: secondary tiers never touch
-the GPU, and the GPU<->CPU worker needs CUDA. Skipped only when vllm is not importable.
+the GPU, and the GPU<->CPU worker needs CUDA. Skipped only when vllm is not importable (and
+then failed instead when KVTIER_REQUIRE_VLLM=1, as .ci/run sets).
 """
 
 from __future__ import annotations
@@ -19,7 +20,17 @@ import uuid
 
 import pytest
 
-pytest.importorskip("vllm", reason="vllm (0.33) is not installed: pip install 'kvtier[vllm]'")
+try:
+    import vllm.v1.kv_offload.tiering.spec  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    # .ci/run sets KVTIER_REQUIRE_VLLM=1: there a broken vLLM install fails instead of skipping
+    if os.environ.get("KVTIER_REQUIRE_VLLM") == "1":
+        raise
+    pytest.skip(
+        f"vLLM 0.33's tiering modules are not importable ({exc!r}); install them with "
+        "`pip install --no-deps vllm==0.33.0 && pip install -e '.[vllm]'`",
+        allow_module_level=True,
+    )
 
 from vllm.v1.kv_offload.base import (  # noqa: E402
     LookupResult,

@@ -14,11 +14,14 @@ name                policy (source in each module's docstring)
 ``lfu``             LFU with dynamic aging, O(1) frequency buckets
 ``prefix-<name>``   any of the above, evicting prefix orphans first, then leaves while
                     they are measured dead (:mod:`.prefix`)
+``belady``          Belady's MIN, offline: furthest next use first (needs the whole trace;
+                    :mod:`.belady`, :mod:`kvtier.oracle`)
 ==================  ==================================================================
 """
 
 from kvtier.policies.arc import ARCPolicy
 from kvtier.policies.base import CachePolicy
+from kvtier.policies.belady import BeladyPolicy
 from kvtier.policies.lfu import LFUPolicy
 from kvtier.policies.lru import LRUPolicy
 from kvtier.policies.prefix import (
@@ -52,6 +55,7 @@ for _cls in (
     PrefixS3FIFOPolicy,
     PrefixSievePolicy,
     PrefixLFUPolicy,
+    BeladyPolicy,
 ):
     register_policy(_cls.name, _cls)
 del _cls
@@ -59,6 +63,7 @@ del _cls
 __all__ = [
     "ENTRY_POINT_GROUP",
     "ARCPolicy",
+    "BeladyPolicy",
     "CachePolicy",
     "LFUPolicy",
     "LRUPolicy",

@@ -1,0 +1,315 @@
+"""What a hit is worth: bytes moved, prefill time saved and time to first token.
+
+A replay (:func:`kvtier.replay.replay`) counts hit blocks per request; this module turns them
+into deployment figures from four numbers describing the deployment (:class:`CostModel`):
+KV bytes per token ``b`` (or a built-in model profile), prefill throughput ``P`` (tokens/s per
+prefill instance), tier read bandwidth ``R`` (bytes/s, given in GB/s = 1e9 bytes/s) and the
+number of prefill instances ``c``. Every formula, with its source, is in docs/replay.md
+(*Cost model*); in short, per request ``r`` with ``L_r`` input tokens and ``H_r`` hit tokens::
+
+    b          = 2 · layers · kv_heads · head_dim · dtype_bytes       (K and V, every layer)
+    T0_r       = L_r / P                                               (prefill, no tier)
+    T1_r       = (L_r − H_r) / P + H_r · b / R                         (suffix + load)
+    saved      = Σ (T0_r − T1_r) = Σ H_r · (1/P − b/R)
+    read bytes = Σ H_r · b;  written bytes = stored blocks · block_tokens · b
+    TTFT_r     = finish_r − arrival_r, with FIFO over c instances:
+                 start_r = max(arrival_r, earliest free instance), finish_r = start_r + T_r
+
+Without timestamps there is no queue: ``TTFT_r = T_r``. Loads are not overlapped with
+compute (conservative); decode time is not modelled. Not thread-safe (pure functions and
+frozen dataclasses: safe to share read-only).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+__all__ = ["AUTO_UTILIZATION", "DEFAULTS", "PROFILES", "CostModel", "ModelProfile", "evaluate", "input_lengths"]
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """A model's KV-cache shape, from its public ``config.json``.
+
+    Attributes:
+        name: profile name (``--model``).
+        layers: ``num_hidden_layers``.
+        kv_heads: ``num_key_value_heads``.
+        head_dim: ``head_dim``, or ``hidden_size / num_attention_heads``.
+        dtype_bytes: bytes per element of the KV cache (2 for bf16/fp16).
+        source: where the numbers come from.
+    """
+
+    name: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+    source: str
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """``2 · layers · kv_heads · head_dim · dtype_bytes`` (K and V of every layer)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+
+_HF = "https://huggingface.co/{}/blob/main/config.json"
+PROFILES: dict[str, ModelProfile] = {p.name: p for p in (
+    # num_hidden_layers 32, num_key_value_heads 8, hidden_size 4096 / 32 heads, bfloat16
+    ModelProfile("llama-3.1-8b", 32, 8, 128, 2, _HF.format("meta-llama/Llama-3.1-8B")),
+    # num_hidden_layers 80, num_key_value_heads 8, hidden_size 8192 / 64 heads, bfloat16
+    ModelProfile("llama-3.1-70b", 80, 8, 128, 2, _HF.format("meta-llama/Llama-3.1-70B")),
+    # num_hidden_layers 28, num_key_value_heads 4, hidden_size 3584 / 28 heads, bfloat16
+    ModelProfile("qwen2.5-7b", 28, 4, 128, 2, _HF.format("Qwen/Qwen2.5-7B-Instruct")),
+    # num_hidden_layers 32, num_key_value_heads 8, hidden_size 4096 / 32 heads, bfloat16
+    ModelProfile("mistral-7b", 32, 8, 128, 2, _HF.format("mistralai/Mistral-7B-v0.1")),
+)}
+"""Built-in profiles (``--model``); each cites its config."""
+
+DEFAULTS = {
+    "model": "llama-3.1-8b",
+    "prefill_tokens_per_s": 10_000.0,
+    "read_gb_per_s": 25.0,
+    "instances": None,
+}
+"""Defaults, printed with every result. Assumptions, not measurements: set them from your
+engine's own benchmark (prefill tokens/s of one instance at your prompt lengths) and your
+tier's measured read bandwidth (host -> device copy, disk or network). ``instances`` None
+is *auto*: the fewest prefill instances that keep the no-tier load at or below
+:data:`AUTO_UTILIZATION` of their time over the trace's span (1 without timestamps)."""
+
+AUTO_UTILIZATION = 0.8
+"""Target no-tier utilization when the number of instances is chosen automatically."""
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """The deployment the figures are computed for.
+
+    Args:
+        kv_bytes_per_token: bytes of KV cache per token (``b``), > 0.
+        prefill_tokens_per_s: prefill throughput of one instance (``P``), tokens/s, > 0.
+        read_gb_per_s: tier read bandwidth (``R``), GB/s (1e9 bytes/s), > 0.
+        instances: prefill instances serving the trace's arrivals (``c``), >= 1, or
+            ``None`` (auto, see :data:`DEFAULTS`).
+        block_tokens: tokens per block, >= 1.
+        model: the profile name ``kv_bytes_per_token`` came from, or ``None``.
+
+    Raises:
+        ValueError: a value out of range (the message names it).
+    """
+
+    kv_bytes_per_token: int
+    prefill_tokens_per_s: float = DEFAULTS["prefill_tokens_per_s"]
+    read_gb_per_s: float = DEFAULTS["read_gb_per_s"]
+    instances: int | None = DEFAULTS["instances"]
+    block_tokens: int = 512
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("kv_bytes_per_token", "prefill_tokens_per_s", "read_gb_per_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        for name in ("instances", "block_tokens"):
+            value = getattr(self, name)
+            if value is None and name == "instances":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+    @classmethod
+    def build(cls, *, model: str | None = None, kv_bytes_per_token: int | None = None,
+              prefill_tokens_per_s: float | None = None, read_gb_per_s: float | None = None,
+              instances: int | None = None, block_tokens: int = 512) -> CostModel:
+        """A model from options, defaults (:data:`DEFAULTS`) for those left ``None``.
+
+        ``kv_bytes_per_token`` and ``model`` exclude each other; with neither, the default
+        profile is used.
+
+        Raises:
+            ValueError: both ``model`` and ``kv_bytes_per_token``, an unknown profile (the
+                message lists the known ones), or a value out of range.
+        """
+        if model is not None and kv_bytes_per_token is not None:
+            raise ValueError("give a model profile or kv_bytes_per_token, not both")
+        if kv_bytes_per_token is None:
+            model = DEFAULTS["model"] if model is None else model
+            profile = PROFILES.get(model)
+            if profile is None:
+                raise ValueError(f"unknown model profile {model!r}; known: "
+                                 f"{', '.join(sorted(PROFILES))}")
+            kv_bytes_per_token = profile.kv_bytes_per_token
+        return cls(
+            kv_bytes_per_token=kv_bytes_per_token,
+            prefill_tokens_per_s=(DEFAULTS["prefill_tokens_per_s"] if prefill_tokens_per_s
+                                  is None else prefill_tokens_per_s),
+            read_gb_per_s=DEFAULTS["read_gb_per_s"] if read_gb_per_s is None else read_gb_per_s,
+            instances=DEFAULTS["instances"] if instances is None else instances,
+            block_tokens=block_tokens,
+            model=model,
+        )
+
+    @property
+    def load_s_per_token(self) -> float:
+        """``b / R``: seconds to read one token's KV from the tier."""
+        return self.kv_bytes_per_token / (self.read_gb_per_s * 1e9)
+
+    @property
+    def prefill_s_per_token(self) -> float:
+        """``1 / P``: seconds to prefill one token."""
+        return 1.0 / self.prefill_tokens_per_s
+
+    def to_dict(self) -> dict:
+        """The parameters, JSON-ready (printed with every result)."""
+        out = asdict(self)
+        out["source"] = PROFILES[self.model].source if self.model in PROFILES else None
+        return out
+
+    def _instances_text(self) -> str:
+        if self.instances is None:
+            return (f"instances auto (fewest keeping no-tier utilization <= "
+                    f"{AUTO_UTILIZATION:g})")
+        return f"{self.instances} instance{'s' if self.instances != 1 else ''}"
+
+    def describe(self) -> str:
+        """One line naming every parameter, for the terminal."""
+        what = f"model {self.model} ({self.kv_bytes_per_token:,} KV bytes/token)" \
+            if self.model else f"{self.kv_bytes_per_token:,} KV bytes/token"
+        return (f"cost model: {what}, prefill {self.prefill_tokens_per_s:,.0f} tokens/s per "
+                f"instance, {self._instances_text()}, "
+                f"tier read {self.read_gb_per_s:g} GB/s, {self.block_tokens} tokens/block; "
+                "loads not overlapped with compute, FIFO queue over the trace's arrival "
+                "times (none without timestamps)")
+
+
+def input_lengths(requests: Sequence, block_tokens: int = 512) -> list[int]:
+    """Per request, ``input_length``, or ``len(keys) · block_tokens`` where it is ``None``
+    (the replay's ``input_tokens`` rule)."""
+    return [r.input_length if r.input_length is not None else len(r.keys) * block_tokens
+            for r in requests]
+
+
+def _percentiles(values: list[float]) -> dict:
+    values = sorted(values)
+    n = len(values)
+
+    def rank(p: float) -> float | None:
+        return values[max(0, math.ceil(p / 100.0 * n) - 1)] if n else None
+
+    return {"median": rank(50), "p99": rank(99),
+            "mean": math.fsum(values) / n if n else None}
+
+
+def _ttft(service: Sequence[float], arrivals: Sequence[float] | None, instances: int):
+    """Per-request TTFT (s): FIFO in trace order over ``instances`` identical servers, each
+    request to the one free earliest (Lindley's recursion for c servers); no queue without
+    arrivals. Returns ``(ttft list, busy time / (instances · span))``."""
+    if arrivals is None:
+        return list(service), None
+    free = [0.0] * instances  # a heap of the times each instance becomes free
+    out = []
+    first = arrivals[0] if arrivals else 0.0
+    last_finish = first
+    for a, s in zip(arrivals, service):
+        start = free[0] if free[0] > a else a
+        finish = start + s
+        heapq.heapreplace(free, finish)
+        out.append(finish - a)
+        if finish > last_finish:
+            last_finish = finish
+    span = (arrivals[-1] - first) if arrivals else 0.0
+    utilization = (math.fsum(service) / (instances * span)) if span > 0 else None
+    return out, utilization
+
+
+def evaluate(model: CostModel, input_lengths: Sequence[int | None],
+             hit_blocks: Sequence[int], timestamps_ms: Sequence[float | None] | None,
+             stored_blocks: int) -> dict:
+    """Deployment figures of one replay.
+
+    Args:
+        model: the deployment.
+        input_lengths: per request, its input tokens (ints; :func:`input_lengths` gives
+            them from requests, ``blocks · block_tokens`` where a request has none, as the
+            replay counts them).
+        hit_blocks: per request, hit blocks (the replay's ``hits_out``).
+        timestamps_ms: per request, arrival time in ms, or ``None`` for the whole trace
+            (no queueing). A trace where some requests lack a timestamp is treated as having
+            none.
+        stored_blocks: blocks written to the tier (the replay's ``stored_blocks``).
+
+    Returns:
+        A JSON-ready dict: ``read_bytes``, ``write_bytes``, ``bytes_moved``,
+        ``prefill_s_no_tier``, ``prefill_s_with_tier``, ``load_s``, ``prefill_s_saved``,
+        ``ttft_no_tier_s`` / ``ttft_with_tier_s`` (``median``, ``p99``, ``mean``),
+        ``queue`` (``"fifo"`` or ``"none"``), ``instances`` (used; ``instances_auto``
+        when chosen automatically), ``utilization_no_tier`` /
+        ``utilization_with_tier`` (offered prefill work / (instances · trace span); > 1 means
+        the queue grows without bound and TTFT reflects overload), ``hit_tokens``,
+        ``input_tokens``.
+
+    Raises:
+        ValueError: ``input_lengths``, ``hit_blocks`` (and ``timestamps_ms``) differ in
+            length, or an input length is ``None``.
+    """
+    n = len(hit_blocks)
+    if len(input_lengths) != n or (timestamps_ms is not None and len(timestamps_ms) != n):
+        raise ValueError(f"per-request inputs differ in length: {len(input_lengths)} input "
+                         f"lengths, {n} hit counts"
+                         + (f", {len(timestamps_ms)} timestamps" if timestamps_ms is not None
+                            else ""))
+    b = model.kv_bytes_per_token
+    per_tok = model.prefill_s_per_token
+    load_tok = model.load_s_per_token
+    bt = model.block_tokens
+    t0: list[float] = []
+    t1: list[float] = []
+    hit_tokens = input_tokens = 0
+    for length, hits in zip(input_lengths, hit_blocks):
+        if length is None:
+            raise ValueError("input_lengths has None: pass blocks * block_tokens for requests "
+                             "without a length")
+        h = hits * bt
+        if h > length:
+            h = length
+        hit_tokens += h
+        input_tokens += length
+        t0.append(length * per_tok)
+        t1.append((length - h) * per_tok + h * load_tok)
+    arrivals = None
+    if timestamps_ms is not None and n and all(t is not None for t in timestamps_ms):
+        arrivals = [t / 1000.0 for t in timestamps_ms]  # type: ignore[operator]
+    instances = model.instances
+    if instances is None:
+        span = (arrivals[-1] - arrivals[0]) if arrivals else 0.0
+        instances = (max(1, math.ceil(math.fsum(t0) / (AUTO_UTILIZATION * span)))
+                     if span > 0 else 1)
+    ttft0, util0 = _ttft(t0, arrivals, instances)
+    ttft1, util1 = _ttft(t1, arrivals, instances)
+    read = hit_tokens * b
+    write = stored_blocks * bt * b
+    no_tier = math.fsum(t0)
+    with_tier = math.fsum(t1)
+    return {
+        "input_tokens": input_tokens,
+        "hit_tokens": hit_tokens,
+        "read_bytes": read,
+        "write_bytes": write,
+        "bytes_moved": read + write,
+        "prefill_s_no_tier": no_tier,
+        "prefill_s_with_tier": with_tier,
+        "load_s": hit_tokens * load_tok,
+        "prefill_s_saved": no_tier - with_tier,
+        "queue": "fifo" if arrivals is not None else "none",
+        "instances": instances,
+        "instances_auto": model.instances is None,
+        "utilization_no_tier": util0,
+        "utilization_with_tier": util1,
+        "ttft_no_tier_s": _percentiles(ttft0),
+        "ttft_with_tier_s": _percentiles(ttft1),
+    }

@@ -1,0 +1,744 @@
+"""kvtier inside vLLM 0.33's offloading connector (``OffloadingConnector``).
+
+Two drop-ins, each chosen by one JSON string (``--kv-transfer-config``), no vLLM patch:
+
+1. **kvtier's policies in vLLM's own manager.** One vLLM ``CachePolicy`` class per registered
+   kvtier policy (:data:`POLICY_CLASSES`: ``KVTierLRU``, ``KVTierARC``, ``KVTierS3FIFO``,
+   ``KVTierSieve``, ``KVTierLFU``, ``KVTierPrefixLRU``, ``KVTierPrefixARC``, ...), loaded by
+   vLLM's ``CachePolicyFactory`` from ``kv_connector_extra_config = {"eviction_policy":
+   "KVTierARC", "cache_policy_module_path": "kvtier.integrations.vllm"}``. vLLM's
+   ``CPUOffloadingManager`` keeps its ref counts, chunk pool and events; the kvtier policy
+   orders blocks and picks victims.
+2. **kvtier's whole manager.** :class:`KVTierOffloadingSpec` (a ``CPUOffloadingSpec``
+   subclass, so the worker and the CPU buffer are vLLM's own and bytes move exactly as with the
+   built-in spec), loaded by vLLM's ``OffloadingSpecFactory`` from ``{"spec_name":
+   "KVTierOffloadingSpec", "spec_module_path": "kvtier.integrations.vllm", "kvtier_policy":
+   "arc", ...}``. Its ``get_manager()`` returns :class:`KVTierOffloadingManager`, vLLM's
+   ``OffloadingManager`` ABC implemented on :class:`kvtier.OffloadingManager` (public API only).
+
+Recency and frequency under vLLM's call protocol (docs/vllm.md has the details). vLLM 0.33's
+scheduler never calls ``touch``: a request's use of the cache is reported once, when it
+finishes (``on_request_finished``), with the keys it *reused* (loaded, or found ready when it
+offered them for storing) apart from the keys it only *inserted*. kvtier's policy contract has
+one kind of use, ``touch`` (request-scoped use is kvtier issue #11), so both drop-ins map the
+protocol onto it the same way:
+
+* a store miss (a key offered for storing that is not in the tier) is one ``touch`` before the
+  store: ARC-style policies learn ghost hits from it (vLLM's ``on_store_miss``);
+* the request's reused keys are one ``touch``, head first, when the request finishes;
+* inserted keys get no extra use: insertion is their first use (a ``touch`` would move an ARC
+  block seen once into T2).
+
+ARC differs from vLLM's ``ARCCachePolicy`` in one place: a key that comes back while its ghost
+entry is in B1/B2 is inserted straight into T2 (the paper's ARC; vLLM inserts it into T1), and
+at request end vLLM also moves insertion-only keys to the MRU end of their list, which kvtier's
+contract cannot express (they keep the position their store completion gave them).
+
+Thread safety: like vLLM's own CPU manager, neither drop-in is thread-safe; vLLM's scheduler
+calls them from one thread under ``manager.lock`` (a no-op here).
+
+Requires ``vllm==0.33.0`` (import-only set: ``pip install --no-deps vllm==0.33.0`` plus the
+``kvtier[vllm]`` extra).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import filterfalse
+from typing import Any, ClassVar
+
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+    OffloadingConnectorStats,
+)
+from vllm.v1.kv_offload.base import (
+    ConfigInfoMapping,
+    LookupResult,
+    Medium,
+    OffloadingEvent,
+    OffloadingManager,
+    OffloadKey,
+    PrepareStoreOutput,
+    ReqContext,
+    RequestOffloadingContext,
+)
+from vllm.v1.kv_offload.config import OffloadingConfig
+from vllm.v1.kv_offload.cpu.common import (
+    CPULoadStoreSpec,
+    CPUOffloadingInfo,
+    CPUOffloadingMetrics,
+)
+from vllm.v1.kv_offload.cpu.policies.base import (
+    CachePolicy,
+    ChunkStatus,
+    order_request_keys,
+)
+from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+import kvtier
+from kvtier.errors import BlockStateError
+from kvtier.policies import available_policies, get_policy
+from kvtier.types import LookupResult as KVTierLookupResult
+
+__all__ = [
+    "MODULE_PATH",
+    "POLICY_CLASSES",
+    "KVTierCachePolicy",
+    "KVTierOffloadingManager",
+    "KVTierOffloadingSpec",
+    "policy_class_name",
+    "vllm_cache_policy",
+]
+
+MODULE_PATH = __name__
+"""The value for ``cache_policy_module_path`` / ``spec_module_path``."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The one place that calls kvtier's CachePolicy hooks (kvtier.policies.base). The contract is
+# being reshaped (keys only, vLLM hook names): re-target this class and nothing else.
+# ---------------------------------------------------------------------------------------------
+class _KVTierHooks:
+    """A kvtier policy instance behind the few operations the vLLM adapter needs.
+
+    Keys in, keys out: slots are passed to the current kvtier contract only because it still
+    takes them (``slot_of`` gives them), and victims are returned as keys.
+    """
+
+    __slots__ = ("policy",)
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.policy = get_policy(name)(capacity)
+
+    def insert(self, key: Any, slot: int) -> None:
+        """A new block, store in flight (pending, not evictable)."""
+        self.policy.insert(key, slot)
+
+    def stored(self, keys: Sequence[Any]) -> None:
+        """One successful store call's new keys, head first (prefix policies learn links)."""
+        self.policy.on_store(keys)
+
+    def evictable(self, keys: list[Any], slot_of: Callable[[Any], int]) -> None:
+        """Blocks that became evictable in one call, head first: ``keys[0]`` ends most recent
+        (the current contract takes them the other way round, with their slots)."""
+        keys = keys[::-1]
+        self.policy.blocks_evictable(keys, [slot_of(key) for key in keys])
+
+    def unevictable(self, key: Any) -> None:
+        """A block pinned by a load (ref count 0 -> 1)."""
+        self.policy.block_unevictable(key)
+
+    def remove(self, key: Any) -> None:
+        """A pending block whose store failed: dropped, no ghost entry."""
+        self.policy.remove(key)
+
+    def use(self, keys: Sequence[Any]) -> None:
+        """One use of ``keys``; ``keys[0]`` ends most recent; non-resident keys teach ghosts."""
+        self.policy.touch(keys)
+
+    def evict(self, n: int, protected: Collection[Any]) -> list[Any] | None:
+        """``n`` victims (keys) or ``None`` with nothing changed."""
+        victims = self.policy.evict(n, protected)
+        if victims is None:
+            return None
+        return [key for key, _ in victims]
+
+    def clear(self) -> None:
+        self.policy.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Option 1: kvtier policies as vLLM CachePolicy classes
+# ---------------------------------------------------------------------------------------------
+class KVTierCachePolicy(CachePolicy):
+    """A vLLM ``CachePolicy`` running a kvtier policy (``kvtier_policy``, set per subclass).
+
+    vLLM's ``CPUOffloadingManager`` owns the ``ChunkStatus`` of each block (it mutates
+    ``ref_cnt``); this class keeps ``key -> ChunkStatus`` for :meth:`get` and forwards every
+    state change to the kvtier policy:
+
+    ==========================  ===================================================
+    vLLM hook                   kvtier policy
+    ==========================  ===================================================
+    ``insert``                  ``insert`` (pending); a run of inserts (one
+                                ``prepare_store``) is then one ``on_store``
+    ``mark_evictable``          ``blocks_evictable``; the releases of one
+                                ``complete_store`` / ``complete_load`` are applied in
+                                reverse, head ending most recent, as kvtier's manager
+    ``mark_non_evictable``      ``block_unevictable``
+    ``remove``                  ``remove``
+    ``touch``, ``on_store_miss``  ``touch``
+    ``on_request_finished``     ``touch`` of the request's reused keys, head first
+    ``on_request_access``       nothing (kvtier issue #11)
+    ``evict`` (atomic)          ``evict``: ``None`` and nothing changed, or the victims
+    ==========================  ===================================================
+
+    Releases are buffered and applied at the next other hook, or when the kind of release
+    changes (store completions vs load releases): the calls of one ``complete_*`` are
+    consecutive, and vLLM gives the policy no other call boundary. Two ``complete_*`` calls of
+    the same kind with nothing in between are therefore applied as one.
+
+    Stricter than vLLM's own policies: inserting a key that is already resident raises
+    :class:`kvtier.BlockStateError` (vLLM's manager does so when one ``prepare_store`` names a
+    new key twice) and nothing changes.
+
+    Args:
+        cache_capacity: the tier's size in chunks (vLLM passes ``num_chunks``).
+
+    Raises:
+        ValueError: ``cache_capacity`` is not a positive int.
+    """
+
+    kvtier_policy: ClassVar[str] = ""
+    """Registered kvtier policy name (:func:`kvtier.available_policies`)."""
+
+    def __init__(self, cache_capacity: int) -> None:
+        super().__init__(cache_capacity)
+        if not self.kvtier_policy:
+            raise TypeError(
+                "KVTierCachePolicy is abstract: use a policy class such as KVTierARC "
+                "(kvtier.integrations.vllm.POLICY_CLASSES) or vllm_cache_policy(name)"
+            )
+        self._hooks = _KVTierHooks(self.kvtier_policy, cache_capacity)
+        self._chunks: dict[OffloadKey, ChunkStatus] = {}
+        self._pending: set[OffloadKey] = set()  # inserted, store not completed
+        self._inserted: list[OffloadKey] = []  # the current run of inserts
+        self._released: list[OffloadKey] = []  # buffered mark_evictable keys
+        self._released_stores = False  # kind of the buffered releases
+        self._offer: list[OffloadKey] | None = None  # last on_request_access keys
+
+    @property
+    def kvtier(self) -> kvtier.CachePolicy:
+        """The wrapped kvtier policy (for inspection; do not call its hooks)."""
+        return self._hooks.policy
+
+    def _flush(self) -> None:
+        if self._inserted:
+            inserted, self._inserted = self._inserted, []
+            offer, self._offer = self._offer, None
+            # the store call's keys as vLLM reported them to on_request_access just before
+            # (inserted + already ready, head first) when they cover the inserted ones
+            if offer is not None and len(offer) > len(inserted) and set(offer).issuperset(inserted):
+                inserted = offer
+            self._hooks.stored(inserted)
+        self._offer = None
+        if self._released:
+            released, self._released = self._released, []
+            chunks = self._chunks
+            self._hooks.evictable(released, lambda key: chunks[key].chunk_id)
+
+    def get(self, key: OffloadKey) -> ChunkStatus | None:
+        return self._chunks.get(key)
+
+    def insert(self, key: OffloadKey, chunk: ChunkStatus, req_context: ReqContext) -> None:
+        if key in self._chunks:
+            raise BlockStateError(key, "insert: block is already resident (named twice?)")
+        if self._released:
+            self._flush()
+        self._chunks[key] = chunk
+        self._pending.add(key)
+        self._hooks.insert(key, chunk.chunk_id)
+        self._inserted.append(key)
+
+    def remove(self, key: OffloadKey) -> None:
+        self._flush()
+        self._chunks.pop(key, None)
+        self._pending.discard(key)
+        self._hooks.remove(key)
+
+    def mark_evictable(self, key: OffloadKey) -> None:
+        if self._inserted:
+            self._flush()
+        store_done = key in self._pending
+        if store_done:
+            self._pending.discard(key)
+        if self._released and store_done is not self._released_stores:
+            self._flush()
+        self._released_stores = store_done
+        self._released.append(key)
+
+    def mark_non_evictable(self, key: OffloadKey) -> None:
+        self._flush()
+        self._hooks.unevictable(key)
+
+    def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        self._flush()
+        keys = list(keys)
+        if keys:
+            self._hooks.use(keys)
+
+    def on_store_miss(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        # one use of the missed keys before they are inserted: ARC learns ghost hits from it
+        self.touch(keys, req_context)
+
+    def on_request_access(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        self._flush()
+        self._offer = list(keys)  # a prepare_store's offer, if inserts follow
+
+    def on_request_finished(
+        self,
+        key_groups: Sequence[Sequence[OffloadKey]],
+        insertion_only_keys: set[OffloadKey],
+        reused_keys: set[OffloadKey],
+        req_context: ReqContext,
+    ) -> None:
+        self._flush()
+        if not reused_keys:
+            return
+        keys = [k for k in order_request_keys(key_groups, req_context) if k in reused_keys]
+        if keys:
+            self._hooks.use(keys)
+
+    def evict(
+        self, n: int, protected: set[OffloadKey]
+    ) -> list[tuple[OffloadKey, ChunkStatus]] | None:
+        offer = self._offer  # vLLM evicts between on_request_access and the inserts
+        self._flush()
+        self._offer = offer
+        if n <= 0:
+            return []
+        victims = self._hooks.evict(n, protected)
+        if victims is None:
+            return None
+        pop = self._chunks.pop
+        return [(key, pop(key)) for key in victims]
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._pending.clear()
+        self._inserted.clear()
+        self._released.clear()
+        self._offer = None
+        self._hooks.clear()
+
+
+_NAME_PARTS = {"lru": "LRU", "arc": "ARC", "s3fifo": "S3FIFO", "lfu": "LFU", "sieve": "Sieve"}
+
+
+def policy_class_name(name: str) -> str:
+    """The vLLM class name for registered kvtier policy ``name``: ``"arc"`` -> ``"KVTierARC"``,
+    ``"prefix-s3fifo"`` -> ``"KVTierPrefixS3FIFO"``; other names are CamelCased
+    (``"my-policy"`` -> ``"KVTierMyPolicy"``)."""
+    parts = re.split(r"[^0-9A-Za-z]+", name)
+    return "KVTier" + "".join(_NAME_PARTS.get(p, p[:1].upper() + p[1:]) for p in parts if p)
+
+
+_CLASS_CACHE: dict[str, type[KVTierCachePolicy]] = {}
+
+
+def vllm_cache_policy(name: str) -> type[KVTierCachePolicy]:
+    """The vLLM ``CachePolicy`` class running registered kvtier policy ``name`` (one class per
+    name, created on first use; built-in ones are also module attributes, which is how vLLM's
+    factory finds them by ``eviction_policy``).
+
+    Raises:
+        ValueError: no kvtier policy is registered as ``name``.
+    """
+    cls = _CLASS_CACHE.get(name)
+    if cls is None:
+        kv_cls = get_policy(name)  # raises ValueError listing the known names
+        cls_name = policy_class_name(name)
+        cls = type(
+            cls_name,
+            (KVTierCachePolicy,),
+            {
+                "kvtier_policy": name,
+                "__module__": __name__,
+                "__doc__": f"vLLM CachePolicy running kvtier's {name!r} policy "
+                f"({kv_cls.__module__}.{kv_cls.__qualname__}); see KVTierCachePolicy.",
+            },
+        )
+        _CLASS_CACHE[name] = cls
+    return cls
+
+
+POLICY_CLASSES: dict[str, type[KVTierCachePolicy]] = {}
+"""vLLM class name -> class, one per kvtier policy registered at import time."""
+
+for _name in available_policies():
+    _cls = vllm_cache_policy(_name)
+    POLICY_CLASSES[_cls.__name__] = _cls
+    globals()[_cls.__name__] = _cls
+del _name, _cls
+
+
+def __getattr__(attr: str) -> type[KVTierCachePolicy]:
+    # policies registered after this module was imported (entry points, register_policy)
+    if attr.startswith("KVTier"):
+        for name in available_policies():
+            if policy_class_name(name) == attr:
+                cls = vllm_cache_policy(name)
+                POLICY_CLASSES[attr] = cls
+                return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Option 2: kvtier's manager as a vLLM OffloadingManager / OffloadingSpec
+# ---------------------------------------------------------------------------------------------
+_LOOKUP = {
+    KVTierLookupResult.MISS: LookupResult.MISS,
+    KVTierLookupResult.HIT: LookupResult.HIT,
+    KVTierLookupResult.HIT_PENDING: LookupResult.HIT_PENDING,
+}
+
+
+@dataclass(slots=True)
+class _RequestAccess:
+    """What one request did to this manager: the input of its end-of-request use. Plain lists
+    (a set is built only when a request calls a method twice): one list extend per call."""
+
+    owner: object
+    generation: int
+    reused: list = field(default_factory=list)  # loaded or found ready, call order
+    inserted: list = field(default_factory=list)  # stored by this request
+    missed: list = field(default_factory=list)  # store misses already used once
+    finished: bool = False
+
+
+class KVTierOffloadingManager(OffloadingManager):
+    """vLLM's ``OffloadingManager`` on :class:`kvtier.OffloadingManager`.
+
+    Same signatures and return types as vLLM's ``CPUOffloadingManager``: ``prepare_load``
+    returns a ``CPULoadStoreSpec`` of chunk ids, ``prepare_store`` a vLLM
+    ``PrepareStoreOutput`` (or ``None``), events carry ``Medium.CPU``, ``get_stats`` reports
+    vLLM's CPU metrics. kvtier's behaviour underneath: atomic stores (``None`` changes
+    nothing), eviction cost O(k) however many blocks are pinned, and a clear
+    :class:`kvtier.BlockStateError` (nothing changed) where vLLM asserts (loading a block that
+    is not stored or still pending, releasing a pin that was never taken).
+
+    Args:
+        num_blocks: tier size in chunks (>= 1).
+        policy: registered kvtier policy name.
+        enable_events: record ``OffloadingEvent`` s for :meth:`take_events`.
+        store_threshold: admission as in vLLM: a new key is stored only once it has been
+            offered to :meth:`prepare_store` this many times (0 or 1: everything).
+        max_tracker_size: keys the admission tracker remembers (LRU of offer counts).
+        info: vLLM's static CPU facts for :meth:`config_info`.
+
+    Raises:
+        ValueError: bad sizes or an unknown policy name.
+
+    Not thread-safe; vLLM's scheduler calls it from one thread.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        policy: str = "lru",
+        *,
+        enable_events: bool = False,
+        store_threshold: int = 0,
+        max_tracker_size: int = 64_000,
+        info: CPUOffloadingInfo | None = None,
+    ) -> None:
+        _check_int("store_threshold", store_threshold, 0)
+        _check_int("max_tracker_size", max_tracker_size, 1)
+        self.medium: Medium = Medium.CPU
+        self.manager = kvtier.OffloadingManager(num_blocks, policy, enable_events=enable_events)
+        self.num_blocks = num_blocks
+        self.policy_name = policy
+        self.store_threshold = store_threshold
+        self.max_tracker_size = max_tracker_size
+        self._events_on = enable_events
+        self._events: list[OffloadingEvent] = []
+        self._config_info: ConfigInfoMapping = info.as_config_info() if info else {}
+        self._counts: OrderedDict[OffloadKey, int] | None = (
+            OrderedDict() if store_threshold >= 2 else None
+        )
+        self._skipped = 0
+        self._allocation_sizes: list[int] = []
+        self._generation = 0
+        # bound once: the per-call paths below use them
+        m = self.manager
+        self._lookup = m.lookup
+        self._contains = m.__contains__
+
+    # -- per-request state -------------------------------------------------------------------
+    def _access(self, req_context: ReqContext) -> _RequestAccess:
+        state = req_context.get_state(_RequestAccess)
+        if state is None or state.owner is not self or state.generation != self._generation:
+            state = _RequestAccess(self, self._generation)
+            req_context.set_state(state)
+        return state
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        self._access(req_context)
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        """The request's one use: its reused keys (not the ones it inserted), head first."""
+        state = req_context.get_state(_RequestAccess)
+        if (
+            state is None
+            or state.owner is not self
+            or state.generation != self._generation
+            or state.finished
+        ):
+            return
+        state.finished = True
+        reused = state.reused
+        if not reused:
+            return
+        if len(reused) > 1:
+            reused = list(dict.fromkeys(reused))
+        if state.inserted:
+            reused = list(filterfalse(set(state.inserted).__contains__, reused))
+        # by token position when the scheduler recorded them (vLLM's order_request_keys sorts
+        # only when every key has one; the first key tells)
+        if len(reused) > 1 and req_context.get_offload_key_position(reused[0]) is not None:
+            reused = order_request_keys((reused,), req_context)
+        if reused:
+            self.manager.touch(reused)
+
+    # -- lookups and loads -------------------------------------------------------------------
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        return _LOOKUP[self._lookup(key)]
+
+    def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
+        return CacheHitSource.HOST
+
+    def prepare_load(
+        self, keys: Collection[OffloadKey], req_context: ReqContext
+    ) -> CPULoadStoreSpec:
+        """Pin ready blocks; their chunk ids in order.
+
+        Raises:
+            kvtier.BlockStateError: a key is not stored or still pending (nothing pinned).
+        """
+        if type(keys) is not list:
+            keys = list(keys)
+        slots = self.manager.prepare_load(keys)
+        self._access(req_context).reused.extend(keys)
+        return CPULoadStoreSpec(slots)
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self.manager.touch(keys if type(keys) is list else list(keys))
+
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self.manager.complete_load(keys if type(keys) is list else list(keys))
+
+    # -- stores ------------------------------------------------------------------------------
+    def prepare_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext
+    ) -> PrepareStoreOutput | None:
+        """Allocate chunks for the keys not yet stored, evicting if needed; atomic.
+
+        Returns ``None`` (nothing changed in the tier) when not enough blocks can be evicted.
+        """
+        keys = list(keys)
+        state = self._access(req_context)
+        misses = list(filterfalse(self._contains, keys))
+        if len(misses) != len(keys):
+            # keys already in the tier: the ready ones count as reused by this request
+            ref_count = self.manager.ref_count
+            inserted = set(state.inserted)
+            state.reused += [
+                k
+                for k in keys
+                if k not in inserted and (r := ref_count(k)) is not None and r >= 0
+            ]
+        if self._counts is not None:
+            self._record_offer(keys)
+            counts, threshold = self._counts, self.store_threshold
+            refused = {k for k in misses if counts.get(k, 0) < threshold}
+            if refused:
+                self._skipped += len(refused)
+                misses = [k for k in misses if k not in refused]
+                keys = [k for k in keys if k not in refused]
+        if misses:
+            # vLLM's histogram counts the chunks each call asks for, granted or not
+            self._allocation_sizes.append(len(misses) if len(misses) < 2 else len(set(misses)))
+            if state.missed:  # a second store call of this request: each miss used once
+                misses = list(filterfalse(set(state.missed).__contains__, misses))
+            if misses:  # one use before the store: ARC-style policies learn ghost hits here
+                state.missed += misses
+                self.manager.touch(misses)
+        out = self.manager.prepare_store(keys)
+        if out is None:
+            return None
+        stored = out.keys_to_store
+        if stored:
+            state.inserted += stored
+        return PrepareStoreOutput(
+            keys_to_store=stored,
+            store_spec=CPULoadStoreSpec(out.block_ids),
+            evicted_keys=out.evicted_keys,
+        )
+
+    def _record_offer(self, keys: Sequence[OffloadKey]) -> None:
+        counts = self._counts
+        assert counts is not None
+        for key in keys:
+            counts[key] = counts.pop(key, 0) + 1
+        for _ in range(len(counts) - self.max_tracker_size):
+            counts.popitem(last=False)
+
+    def complete_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
+    ) -> None:
+        """Pending blocks become readable (``success=True``) or are dropped, their chunks freed.
+        Keys that are not pending are ignored.
+
+        Raises:
+            TypeError: ``success`` is not a bool (nothing changed).
+        """
+        if type(keys) is not list:
+            keys = list(keys)
+        if success is not True and self._events_on and type(success) is bool:
+            m = self.manager
+            failed = [k for k in dict.fromkeys(keys) if m.ref_count(k) == -1]
+            m.complete_store(keys, success=False)
+            if failed:
+                self._drain_events()  # keep the order of events
+                self._events.append(
+                    OffloadingEvent(
+                        keys=failed, medium=self.medium, removed=True, metadata_only=True
+                    )
+                )
+            return
+        self.manager.complete_store(keys, success=success)
+
+    # -- whole tier --------------------------------------------------------------------------
+    def _drain_events(self) -> None:
+        medium = self.medium
+        self._events.extend(
+            OffloadingEvent(keys=list(ev.keys), medium=medium, removed=ev.removed)
+            for ev in self.manager.take_events()
+        )
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if not self._events_on:
+            return []
+        self._drain_events()
+        events, self._events = self._events, []
+        return events
+
+    def reset_cache(self) -> None:
+        """Drop every block (no removal events, as vLLM's manager), admission counts and the
+        per-request state; events not yet taken are kept."""
+        if self._events_on:
+            self._drain_events()
+        self.manager.reset_cache()
+        if self._counts is not None:
+            self._counts.clear()
+        self._generation += 1
+
+    def get_stats(self) -> OffloadingConnectorStats:
+        """vLLM's CPU metrics: cache usage (pinned + pending share of the tier), its write
+        (pending) and read (pinned) parts, allocation sizes since the last call and, with
+        admission, stores skipped since the last call."""
+        s = self.manager.stats()
+        stats = OffloadingConnectorStats()
+        num = self.num_blocks
+        usage = (s.pending + s.pinned) / num
+        write_usage = s.pending / num
+        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC, usage)
+        for size in self._allocation_sizes:
+            stats.observe_histogram(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE, size)
+        self._allocation_sizes.clear()
+        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC, write_usage)
+        stats.set_gauge(
+            CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC, max(usage - write_usage, 0.0)
+        )
+        if self.store_threshold >= 2:
+            stats.increase_counter(CPUOffloadingMetrics.STORES_SKIPPED, self._skipped)
+            self._skipped = 0
+        return stats
+
+    def config_info(self) -> Sequence[ConfigInfoMapping]:
+        return [self._config_info]
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+class KVTierOffloadingSpec(CPUOffloadingSpec):
+    """vLLM's CPU offloading spec with kvtier's manager (:class:`KVTierOffloadingManager`).
+
+    Everything else is ``CPUOffloadingSpec``'s: ``cpu_bytes_to_use`` sizes the tier, the worker
+    (``get_worker``) and the metrics are vLLM's. Options in ``kv_connector_extra_config``:
+
+    * ``kvtier_policy``: registered kvtier policy name (default ``"lru"``; see
+      :func:`kvtier.available_policies`);
+    * ``store_threshold``: int >= 0, vLLM's meaning (offers before a block is stored; < 2:
+      store everything);
+    * ``max_tracker_size``: int >= 1 (default 64,000), keys the admission tracker remembers.
+
+    Raises:
+        ValueError: at construction (engine start), an option of the wrong type or range, an
+            unknown ``kvtier_*`` option, an unknown policy, or ``eviction_policy`` /
+            ``cache_policy_module_path`` (those select vLLM's own manager's policy; use
+            ``kvtier_policy``). The message names the option.
+    """
+
+    OPTIONS: ClassVar[tuple[str, ...]] = ("kvtier_policy", "store_threshold", "max_tracker_size")
+
+    def __init__(self, config: OffloadingConfig) -> None:
+        self.kvtier_options = parse_options(config.extra_config)
+        super().__init__(config)
+
+    def get_manager(self) -> OffloadingManager:
+        if not self._manager:
+            if self.num_chunks < 1:
+                raise ValueError(
+                    f"KVTierOffloadingSpec: cpu_bytes_to_use="
+                    f"{self.extra_config.get('cpu_bytes_to_use')!r} holds no chunk of "
+                    f"{self.kv_bytes_per_chunk} bytes (num_chunks={self.num_chunks})"
+                )
+            opts = self.kvtier_options
+            self._manager = KVTierOffloadingManager(
+                self.num_chunks,
+                opts["kvtier_policy"],
+                enable_events=self.kv_events_config.enable_kv_cache_events,
+                store_threshold=opts["store_threshold"],
+                max_tracker_size=opts["max_tracker_size"],
+                info=self.cpu_info,
+            )
+        return self._manager
+
+
+def parse_options(extra_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate :class:`KVTierOffloadingSpec`'s options in ``kv_connector_extra_config``.
+
+    Returns:
+        ``{"kvtier_policy": str, "store_threshold": int, "max_tracker_size": int}``.
+
+    Raises:
+        ValueError: see :class:`KVTierOffloadingSpec`.
+    """
+    for key in ("eviction_policy", "cache_policy_module_path"):
+        if key in extra_config:
+            raise ValueError(
+                f"KVTierOffloadingSpec: {key!r} selects the policy of vLLM's own manager; "
+                "with spec_name KVTierOffloadingSpec set 'kvtier_policy' instead"
+            )
+    unknown = sorted(
+        k for k in extra_config if k.startswith("kvtier_") and k not in KVTierOffloadingSpec.OPTIONS
+    )
+    if unknown:
+        raise ValueError(
+            f"KVTierOffloadingSpec: unknown option(s) {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(KVTierOffloadingSpec.OPTIONS)}"
+        )
+    policy = extra_config.get("kvtier_policy", "lru")
+    if not isinstance(policy, str) or policy not in available_policies():
+        raise ValueError(
+            f"KVTierOffloadingSpec: kvtier_policy must be one of "
+            f"{', '.join(available_policies())}, got {policy!r}"
+        )
+    opts = {"kvtier_policy": policy}
+    for key, default, minimum in (("store_threshold", 0, 0), ("max_tracker_size", 64_000, 1)):
+        value = extra_config.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(
+                f"KVTierOffloadingSpec: {key} must be an int >= {minimum}, got {value!r}"
+            )
+        opts[key] = value
+    return opts

@@ -1,0 +1,170 @@
+"""kvtier.analyze: known answers on hand-made traces, and agreement with the replay."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from kvtier.analyze import Analyzer, analyze, percentile, plot_analysis
+from kvtier.replay import replay
+from kvtier.trace import Request, embedded_sample_path, read_trace
+
+
+def _reqs(key_lists, stamps=None):
+    stamps = stamps or [None] * len(key_lists)
+    return [Request(list(k), None, None, t) for k, t in zip(key_lists, stamps)]
+
+
+def naive_reuse_distances(refs):
+    out, last = [], {}
+    for i, k in enumerate(refs):
+        if k in last:
+            out.append(len(set(refs[last[k] + 1:i])))
+        last[k] = i
+    return sorted(out)
+
+
+def test_hand_made_trace_without_timestamps():
+    # refs a b c | a b d | e | a
+    r = analyze(_reqs([["a", "b", "c"], ["a", "b", "d"], ["e"], ["a"]]), window_requests=2)
+    assert (r.requests, r.block_refs, r.distinct_blocks) == (4, 8, 5)
+    assert list(r.reuse_distances) == [2, 2, 3]  # a: {b,c}; b: {c,a}; a: {b,d,e}
+    assert r.one_hit_blocks == 3 and r.one_hit_share == pytest.approx(0.6)  # c, d, e
+    assert list(r.sharing_depths) == [0, 2, 0, 1]
+    assert r.shared_blocks == 3
+    assert [r.lru_hits(c) for c in (1, 2, 3, 4)] == [0, 0, 2, 3]
+    assert not r.has_timestamps and len(r.reuse_times_s) == 0
+    assert r.window_unit == "requests"
+    assert [(w["start"], w["requests"], w["distinct"], w["new"], w["footprint"])
+            for w in r.windows] == [(0, 2, 4, 4, 4), (2, 2, 2, 1, 5)]
+    d = r.to_dict()
+    assert d["reuse_time_s"] is None
+    assert d["sharing_depth_blocks"]["requests_sharing"] == 2
+    assert d["reuse_distance_blocks"]["p50"] == 2 and d["reuse_distance_blocks"]["max"] == 3
+
+
+def test_hand_made_trace_with_timestamps():
+    # refs 1 2 | 1 3 | 1 | 2 at 0 s, 1 s, 61 s, 125 s
+    r = analyze(_reqs([[1, 2], [1, 3], [1], [2]], [0, 1000, 61000, 125000]), window_s=60)
+    assert list(r.reuse_times_s) == [1.0, 60.0, 125.0]
+    assert list(r.reuse_distances) == [1, 1, 2]
+    assert r.window_unit == "s"
+    assert [(w["start"], w["requests"], w["distinct"]) for w in r.windows] == [
+        (0, 2, 3), (60, 1, 1), (120, 1, 1)]
+    d = r.to_dict()
+    assert d["reuse_time_s"]["p50"] == 60.0 and d["reuse_time_s"]["max"] == 125.0
+    json.dumps(d)  # JSON-ready
+
+
+def test_reuse_distances_match_a_naive_count():
+    rng = random.Random(3)
+    for _ in range(30):
+        lists = [[rng.randrange(12) for _ in range(rng.randint(1, 5))]
+                 for _ in range(rng.randint(1, 300))]
+        r = analyze(_reqs(lists))
+        refs = [k for keys in lists for k in keys]
+        assert list(r.reuse_distances) == naive_reuse_distances(refs)
+        assert r.distinct_blocks == len(set(refs))
+
+
+def test_lru_curve_and_sharing_equal_the_replay_on_the_sample():
+    reqs = list(read_trace(embedded_sample_path()))
+    r = analyze(reqs)  # 14,162 refs: the Fenwick tree grows several times
+    for cap in (1, 50, 600, 3000, 11879):
+        assert r.lru_hits(cap) == replay(reqs, "lru", cap, protocol="get").hit_blocks
+    # an unbounded tier under the prefix protocol hits exactly the shared prefixes
+    assert r.shared_blocks == replay(reqs, "lru", r.distinct_blocks).hit_blocks == 2283
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile([1, 2, 3, 4], 50) == 2
+    assert percentile([1, 2, 3, 4], 99) == 4
+    assert percentile([5], 1) == 5
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError, match="percentile"):
+        percentile([1], 0)
+
+
+def test_bad_windows_are_refused():
+    with pytest.raises(ValueError, match="window_s"):
+        Analyzer(window_s=0)
+    with pytest.raises(ValueError, match="window_requests"):
+        Analyzer(window_requests=0)
+
+
+def test_plot_writes_an_image(tmp_path):
+    r = analyze(list(read_trace(embedded_sample_path()))[:200])
+    out = plot_analysis(r, tmp_path / "a.png", title="t")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r2 = analyze(_reqs([["a"], ["a"]]))  # no timestamps, tiny
+    assert plot_analysis(r2, tmp_path / "b.png").stat().st_size > 0
+
+
+# -- the command ---------------------------------------------------------------------------
+def test_analyze_command_json_and_plot(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    png = tmp_path / "a.png"
+    res = CliRunner().invoke(app, ["analyze", "--json", "-", "--plot", str(png),
+                                   "--no-progress"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    expect = analyze(read_trace(embedded_sample_path())).to_dict()
+    got = data["analysis"]
+    for key in ("requests", "block_refs", "distinct_blocks", "one_hit_blocks"):
+        assert got[key] == expect[key]
+    assert got["reuse_distance_blocks"]["p90"] == expect["reuse_distance_blocks"]["p90"]
+    assert got["sharing_depth_blocks"]["shared_blocks"] == 2283
+    assert png.stat().st_size > 0
+    res = CliRunner().invoke(app, ["analyze", "--window-s", "0"])
+    assert res.exit_code == 2  # typer's range check
+    res = CliRunner().invoke(app, ["analyze", "--plot", str(tmp_path / "x.nope")])
+    assert res.exit_code == 1 and "cannot write .nope" in res.output
+
+
+def test_analyze_command_with_progress_bar_and_limit(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    res = CliRunner().invoke(app, ["analyze", "--progress", "--limit", "50", "--json", "-"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["analysis"]["requests"] == 50
+    expect = analyze(list(read_trace(embedded_sample_path()))[:50]).to_dict()
+    assert data["analysis"]["block_refs"] == expect["block_refs"]
+
+
+def test_readme_capacity_examples_match_the_code():
+    import re
+
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+    def block(command):
+        m = re.search(r"```console\n\$ " + re.escape(command) + r"\n(.*?)```", text, re.S)
+        assert m, command
+        return m.group(1).rstrip("\n").splitlines()
+
+    def clean(lines):
+        return [ln.rstrip() for ln in lines]
+
+    shown = block("kvtier analyze")
+    got = CliRunner().invoke(app, ["analyze", "--no-progress"]).stdout.splitlines()
+    assert clean(shown[:-1]) == clean(got[:-1])  # the last line is the elapsed time
+    shown = block("kvtier replay -p lru,belady -c 5%,50% --cost")
+    got = CliRunner().invoke(app, ["replay", "-p", "lru,belady", "-c", "5%,50%", "--cost",
+                                   "--no-progress"]).stdout.splitlines()
+    start = next(i for i, ln in enumerate(shown) if ln.startswith("cost model —"))
+    assert clean(shown[start:]) == clean(got[got.index(next(
+        ln for ln in got if ln.startswith("cost model —"))):])
+    # hit columns of the replay table (timings differ from run to run)
+    assert [ln.split()[:9] for ln in shown[4:8]] == [ln.split()[:9] for ln in got[4:8]]

@@ -1,0 +1,126 @@
+"""kvtier.costmodel: the formulas on hand-computed cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtier.costmodel import PROFILES, CostModel, evaluate, input_lengths
+from kvtier.trace import Request
+
+
+def test_profiles_kv_bytes_per_token():
+    # 2 (K, V) x layers x kv_heads x head_dim x 2 bytes (bf16)
+    assert PROFILES["llama-3.1-8b"].kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131_072
+    assert PROFILES["llama-3.1-70b"].kv_bytes_per_token == 327_680
+    assert PROFILES["qwen2.5-7b"].kv_bytes_per_token == 57_344
+    assert all(p.source.startswith("https://huggingface.co/") for p in PROFILES.values())
+
+
+M = CostModel(kv_bytes_per_token=1000, prefill_tokens_per_s=1000, read_gb_per_s=1.0,
+              instances=1, block_tokens=512)
+
+
+def test_no_timestamps_no_queue():
+    # L = 1000, 2000 tokens; hits 0 and 2 blocks (1,024 tokens); 3 blocks stored
+    c = evaluate(M, [1000, 2000], [0, 2], None, stored_blocks=3)
+    assert c["hit_tokens"] == 1024 and c["input_tokens"] == 3000
+    assert c["read_bytes"] == 1024 * 1000
+    assert c["write_bytes"] == 3 * 512 * 1000
+    assert c["bytes_moved"] == c["read_bytes"] + c["write_bytes"]
+    assert c["prefill_s_no_tier"] == pytest.approx(3.0)
+    # request 2: 976 tokens computed (0.976 s) + 1,024 tokens loaded at 1 us each
+    assert c["prefill_s_with_tier"] == pytest.approx(1 + 0.976 + 0.001024)
+    assert c["load_s"] == pytest.approx(0.001024)
+    assert c["prefill_s_saved"] == pytest.approx(1.024 - 0.001024)
+    assert c["queue"] == "none" and c["utilization_no_tier"] is None
+    assert c["ttft_no_tier_s"]["median"] == 1.0 and c["ttft_no_tier_s"]["p99"] == 2.0
+    assert c["ttft_with_tier_s"]["median"] == pytest.approx(0.977024)
+    assert c["ttft_with_tier_s"]["p99"] == 1.0
+
+
+def test_fifo_queue_over_arrivals():
+    # arrivals 0 and 0.5 s: without the tier request 2 waits until 1 s and ends at 3 s
+    c = evaluate(M, [1000, 2000], [0, 2], [0, 500], stored_blocks=3)
+    assert c["queue"] == "fifo" and c["instances"] == 1
+    assert c["ttft_no_tier_s"]["p99"] == pytest.approx(2.5)
+    assert c["ttft_with_tier_s"]["p99"] == pytest.approx(1.477024)
+    assert c["utilization_no_tier"] == pytest.approx(3.0 / 0.5)
+    two = CostModel(1000, 1000, 1.0, instances=2)
+    c2 = evaluate(two, [1000, 2000], [0, 2], [0, 500], stored_blocks=3)
+    assert c2["ttft_no_tier_s"]["p99"] == pytest.approx(2.0)  # no wait with two instances
+    auto = CostModel(1000, 1000, 1.0, instances=None)
+    c3 = evaluate(auto, [1000, 2000], [0, 2], [0, 500], stored_blocks=3)
+    assert c3["instances"] == 8 and c3["instances_auto"]  # ceil(3 s / (0.8 * 0.5 s))
+    # a missing timestamp: treated as a trace without timestamps
+    assert evaluate(M, [1000, 2000], [0, 2], [0, None], 3)["queue"] == "none"
+
+
+def test_hit_tokens_capped_at_input_and_lengths_from_requests():
+    c = evaluate(M, [1000], [3], None, stored_blocks=0)  # 3 blocks = 1,536 > 1,000 tokens
+    assert c["hit_tokens"] == 1000
+    reqs = [Request([1, 2], 700, None, None), Request([1, 2, 3], None, None, None)]
+    assert input_lengths(reqs, 512) == [700, 1536]
+
+
+def test_bad_parameters():
+    with pytest.raises(ValueError, match="kv_bytes_per_token"):
+        CostModel(kv_bytes_per_token=0)
+    with pytest.raises(ValueError, match="read_gb_per_s"):
+        CostModel(1000, read_gb_per_s=float("nan"))
+    with pytest.raises(ValueError, match="instances"):
+        CostModel(1000, instances=0)
+    with pytest.raises(ValueError, match="known: llama-3.1-70b"):
+        CostModel.build(model="gpt-x")
+    with pytest.raises(ValueError, match="not both"):
+        CostModel.build(model="llama-3.1-8b", kv_bytes_per_token=5)
+    with pytest.raises(ValueError, match="differ in length"):
+        evaluate(M, [1, 2], [0], None, 0)
+    built = CostModel.build()
+    assert built.model == "llama-3.1-8b" and built.kv_bytes_per_token == 131_072
+    assert "10,000 tokens/s" in built.describe() and "25 GB/s" in built.describe()
+    assert built.to_dict()["source"].endswith("Llama-3.1-8B/blob/main/config.json")
+
+
+# -- kvtier replay --cost ------------------------------------------------------------------
+def test_replay_cost_table_and_json():
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+    from kvtier.replay import replay
+    from kvtier.trace import embedded_sample_path, read_trace
+
+    res = CliRunner().invoke(app, ["replay", "-p", "lru,belady", "-c", "600", "--cost",
+                                   "--prefill-tps", "5000", "--json", "-", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["cost_model"]["prefill_tokens_per_s"] == 5000
+    assert data["cost_model"]["read_gb_per_s"] == 25.0  # default, carried in the JSON
+    assert data["cost_model"]["model"] == "llama-3.1-8b"
+    reqs = list(read_trace(embedded_sample_path()))
+    model = CostModel.build(prefill_tokens_per_s=5000)
+    for row in data["results"]:
+        hits: list = []
+        r = replay(reqs, row["policy"], 600, hits_out=hits)
+        assert len(hits) == 500 and sum(hits) == r.hit_blocks
+        expect = evaluate(model, input_lengths(reqs), hits, [q.timestamp for q in reqs],
+                          r.stored_blocks)
+        assert row["cost"] == expect  # same floats: the same computation
+    lru, bel = data["results"]
+    assert bel["cost"]["prefill_s_saved"] > lru["cost"]["prefill_s_saved"] > 0
+    assert "cost model: model llama-3.1-8b" in res.output  # the assumptions are printed
+
+
+def test_replay_cost_and_belady_errors():
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    res = CliRunner().invoke(app, ["replay", "--model", "gpt-x"])
+    assert res.exit_code == 1 and "unknown model profile 'gpt-x'" in res.output
+    res = CliRunner().invoke(app, ["replay", "--model", "qwen2.5-7b", "--kv-bytes-per-token",
+                                   "10"])
+    assert res.exit_code == 1 and "not both" in res.output
+    res = CliRunner().invoke(app, ["replay", "-p", "belady", "--stream"])
+    assert res.exit_code == 1 and "whole trace up front" in res.output
