@@ -591,3 +591,20 @@ def test_vllm_backpressure_detector_sees_disk_store_jobs(tmp_path):
         assert tier.bp_detector.stats["consecutive_store_failures"] == 0
     finally:
         m.shutdown()
+
+
+def test_second_engine_on_an_open_disk_directory_is_refused(tmp_path):
+    """Two engines cannot share one disk-tier directory at once (its lock): the second's
+    manager fails to build with DiskTierError naming the directory, the first is unharmed."""
+    from kvtier.tiers.disk import DiskTierError
+
+    entry = disk_entry(tmp_path)
+    m1 = make_spec([entry]).get_manager()
+    try:
+        with pytest.raises(DiskTierError, match="open in another process"):
+            make_spec([entry]).get_manager()
+        keys, blocks = keys_and_blocks(2, "locked", m1.secondary_tiers[0].block_size_bytes)
+        offload(m1, keys, blocks, "w")
+        assert m1.secondary_tiers[0].tier.stats().writes_completed == 2
+    finally:
+        m1.shutdown()

@@ -406,8 +406,12 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._io_thread.join()
         with self._io_lock:
             self._tier.close()
+        self._release_rows()
+
+    def _release_rows(self) -> None:
+        """Drop our export of the primary tier's shared-memory buffer (so vLLM can unmap it)."""
         if self._rows is not self._primary_kv_view:
-            self._rows.release()  # our export of the primary tier's shared-memory buffer
+            self._rows.release()
 
     # -- metrics -----------------------------------------------------------------------------
     @classmethod
@@ -614,12 +618,17 @@ class KvtierDiskTier(KvtierSecondaryTier):
             tmp = layout_file.with_suffix(".tmp")
             tmp.write_text(json.dumps({"fingerprint": fingerprint}, indent=1) + "\n")
             os.replace(tmp, layout_file)
-        tier = DiskTier(self.path, capacity_blocks, self.block_size_bytes, policy=policy,
-                        fsync=fsync, workers=workers, name=f"{tier_type}")
+        try:
+            tier = DiskTier(self.path, capacity_blocks, self.block_size_bytes, policy=policy,
+                            fsync=fsync, workers=workers, name=f"{tier_type}")
+        except BaseException:  # e.g. DiskTierError: the directory is open in another engine
+            self._release_rows()
+            raise
         try:
             self._start(tier)
         except BaseException:
             tier.close()
+            self._release_rows()
             raise
 
 
@@ -695,12 +704,17 @@ class KvtierRedisTier(KvtierSecondaryTier):
             tier = RedisTier.from_url(url, block_bytes=self.block_size_bytes,
                                       fingerprint=self.fingerprint, name=tier_type, **options)
         except (ValueError, TypeError) as exc:
+            self._release_rows()
             raise ValueError(f"{name}: {exc}") from None
+        except BaseException:
+            self._release_rows()
+            raise
         logger.info("%s: Redis tier %s", tier_type, tier)  # repr redacts the password
         try:
             self._start(tier)
         except BaseException:
             tier.close()
+            self._release_rows()
             raise
 
     def _store_failed(self, before: TierStats, after: TierStats) -> int:
