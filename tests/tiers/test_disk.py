@@ -353,7 +353,7 @@ def test_random_operations_against_a_model(tmp_path, seed):
                 t.close()
                 t = DiskTier(tmp_path, cap, bb, workers=2)
                 assert set(t.manager._slot_of) == set(model)
-                order = [k for k, _ in t.manager.policy.snapshot()["order"]]
+                order = list(t.manager.policy.snapshot()["order"])
                 model = OrderedDict((k, model[k]) for k in order)
             assert len(t) == len(model) <= cap
         assert t.stats().read_errors == 0

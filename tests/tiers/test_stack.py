@@ -98,10 +98,10 @@ def test_events_and_stats_per_tier(tmp_path):
     tiered.wait(10)
     tiered.flush(10)
     events = tiered.take_events()
-    assert TierEvent("host", ["a", "b"], False) in events
-    assert TierEvent("host", ["b"], True) in events
-    assert TierEvent("host", ["c"], False) in events
-    assert TierEvent("disk", ["b"], False) in events
+    assert TierEvent("host", ("a", "b"), False) in events
+    assert TierEvent("host", ("b",), True) in events
+    assert TierEvent("host", ("c",), False) in events
+    assert TierEvent("disk", ("b",), False) in events
     tiered.offload(["d", "e"], [3, 4])  # host evicts a, c -> disk (2 slots) evicts b
     tiered.wait(10)
     tiered.flush(10)

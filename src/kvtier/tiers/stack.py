@@ -49,7 +49,7 @@ class TierEvent(NamedTuple):
     """Blocks that became readable (``removed=False``) or left (``removed=True``) a tier."""
 
     tier: str
-    keys: list[Hashable]
+    keys: tuple[Hashable, ...]  # immutable, as the manager's events
     removed: bool
 
 
@@ -263,7 +263,7 @@ class TierStack:
         tier now (keys no longer in the host are skipped). No-op under write-back."""
         if self.demotion != "write-through" or not self.lower:
             return
-        get = self.host.policy.get
+        get = self.host.slot_of
         read = self._read_slot
         pairs = [(k, read(s)) for k in keys if (s := get(k)) is not None]
         if pairs:
