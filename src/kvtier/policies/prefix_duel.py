@@ -19,7 +19,9 @@ class (0: the inner policy's choice; 1, 2, ...: a rule's choice) and the evictio
 have given a prefix hit; a key after a miss would be stored again whatever the policy). A rule's
 rate ``h_r / e_r`` (ghost hits per recorded victim) is the hits its victims cost; the inner
 class's rate ``h_0 / e_0`` is what one more block of room would have earned at the cold end of
-the inner order. A rule is allowed (:meth:`allows`) while ``h_r / e_r <= h_0 / e_0``, once both
+the inner order. A ghost hit scores the prefix hits it gives: one for the block plus one for each
+resident block after it in the touch up to the next missing one (keeping the head of a chain
+keeps its cached tail reachable). A rule is allowed (:meth:`allows`) while ``h_r / e_r <= h_0 / e_0``, once both
 classes have :data:`DUEL_MIN` recorded victims (before that: allowed, the rule's own default).
 
 While a rule is not allowed its picks are still recorded, as *virtual* victims that stay
@@ -128,29 +130,38 @@ class EvictionDuel:
     def on_touch(self, keys: Sequence[Key], resident: Container[Key]) -> None:
         """A touch named ``keys`` (head first); ``resident`` answers residency now.
 
-        A ghost named here leaves the record; it counts as a hit of its class when every key
-        before it is resident (or itself a counted ghost), and when it is still in the state
-        its record says (an evicted victim not stored again, a virtual one still resident).
+        A ghost named here leaves the record. It scores when every key before it is resident
+        (or itself a scoring ghost) and it is still in the state its record says (an evicted
+        victim not stored again, a virtual one still resident): one hit for itself plus one per
+        resident key after it up to the next missing key or ghost, the prefix hits that keeping
+        it gives (or, for a virtual victim, that evicting it would have cost).
         """
         ghost = self._ghost
         if not ghost:
             return
         ok = True
         hits = self._hits
-        counted = False
+        cls = -1  # class of the ghost the current run of resident keys is credited to
+        scored = False
         for key in keys:
             value = ghost.pop(key, None)
             if value is None:
-                if ok and key not in resident:
-                    ok = False
+                if ok:
+                    if key not in resident:
+                        ok = False
+                    elif cls >= 0:
+                        hits[cls] += 1
                 continue
             is_res = key in resident
             if ok and is_res == bool(value & _VIRTUAL):
-                hits[value & 3] += 1
-                counted = True
+                cls = value & 3
+                hits[cls] += 1
+                scored = True
             elif not is_res:
                 ok = False
-        if counted:
+            else:
+                cls = -1  # a resident, stale ghost: its run is nobody's
+        if scored:
             self._decide()
 
     def stats(self) -> dict:
