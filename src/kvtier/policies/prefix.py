@@ -427,7 +427,10 @@ class PrefixAwarePolicy(CachePolicy):
                     break
         leaves_act = (not guarded or self.leaf_mode == "always"
                       or duel.allowed[LEAF_RULE])
-        act = (orphans if orphans_act else []) + (leaves if leaves_act else [])
+        if leaves and leaves_act:
+            act = orphans + leaves if orphans_act else leaves
+        else:
+            act = orphans if orphans_act else []
         chosen: list[tuple[Key, int]] = []
         inner = self.inner
         if len(act) < n:
@@ -458,7 +461,7 @@ class PrefixAwarePolicy(CachePolicy):
         if cut:
             self._orphan_children(cut)
         if guarded:
-            duel.record([key for key, _ in chosen], 0)
+            duel.record_pairs(chosen)
             if orphans:
                 if orphans_act:
                     duel.record(orphans, ORPHAN_RULE)

@@ -105,14 +105,23 @@ class EvictionDuel:
 
     def record(self, keys: Sequence[Key], cls: int, virtual: bool = False) -> None:
         """``keys`` were evicted (or, ``virtual``, only picked) as class ``cls`` victims."""
-        if not keys:
-            return
+        if keys:
+            self._record(keys, cls, virtual)
+
+    def record_pairs(self, victims: Sequence[tuple[Key, int]]) -> None:
+        """The inner policy evicted ``victims`` (``(key, slot)`` pairs, as its ``evict``
+        returns them)."""
+        if victims:
+            self._record([key for key, _ in victims], INNER, False)
+
+    def _record(self, keys: Sequence[Key], cls: int, virtual: bool) -> None:
         ghost = self._ghost
+        pop = ghost.pop
         if not virtual:
             self._clock += len(keys)
         value = self._clock << _SHIFT | (_VIRTUAL if virtual else 0) | cls
         for key in keys:
-            ghost.pop(key, None)
+            pop(key, None)
             ghost[key] = value
         e = self._evicted
         if e[cls] >= DUEL_WINDOW:
@@ -120,7 +129,7 @@ class EvictionDuel:
             self._hits[cls] //= 2
         e[cls] += len(keys)
         oldest = (self._clock - self.horizon) << _SHIFT
-        while ghost:
+        while ghost:  # expired ghosts leave, oldest first (amortized one per recorded key)
             first = next(iter(ghost))
             if ghost[first] >= oldest:
                 break
@@ -139,12 +148,13 @@ class EvictionDuel:
         ghost = self._ghost
         if not ghost:
             return
+        pop = ghost.pop
         ok = True
         hits = self._hits
         cls = -1  # class of the ghost the current run of resident keys is credited to
         scored = False
         for key in keys:
-            value = ghost.pop(key, None)
+            value = pop(key, None)
             if value is None:
                 if ok:
                     if key not in resident:
