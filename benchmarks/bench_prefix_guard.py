@@ -9,7 +9,7 @@ as ``tests/policies/test_prefix_guard.py`` (600 sessions), more seeds by default
 
 Usage::
 
-    python benchmarks/bench_prefix_guard.py                  # 5 seeds, 2 jobs (~10 min, 2 cores)
+    python benchmarks/bench_prefix_guard.py                  # 5 seeds, 2 worker processes
     python benchmarks/bench_prefix_guard.py --seeds 3 --policy lru --policy arc
 """
 

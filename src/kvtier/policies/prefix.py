@@ -52,15 +52,15 @@ them, return ``None`` with nothing changed. Orphans and leaves leave
 the inner policy by ``block_unevictable`` + ``remove`` (no ghost entry: their eviction says
 nothing about the inner policy's lists).
 
-Cost: links, leaf flags, probe and ghost updates and touches are O(1) per key (amortized). Entries examined by
-:meth:`evict` (added to :attr:`visited`) are the orphans and leaves examined (each queue
-walked at most once; a leaf already taken as an orphan is skipped, at most k of them) plus
-what the inner policy examines: O(k + protected), as the inner policy. Memory: leaf flags and
-the leaf queue hold resident blocks only; the probe at most ``capacity`` keys, the duel's ghosts
-at most ``2 * capacity``; all are freed by :meth:`clear`. Marking the descendants of a victim (or of a failed store) as
-orphans, and un-marking them when their ancestor returns, costs O(descendants): each such block
-is then first in line for eviction, so in a full tier this is paid by the evictions it saves
-the inner policy. With the manager's request order a victim rarely has cached descendants (a
+Cost: links, leaf flags, probe and ghost updates and touches are O(1) per key (amortized).
+Entries examined by :meth:`evict` (added to :attr:`visited`) are the orphans and leaves
+examined (each queue walked at most once; a leaf already taken as an orphan is skipped, at most
+k of them) plus what the inner policy examines: O(k + protected), as the inner policy. Memory:
+leaf flags and the leaf queue hold resident blocks only; the probe at most ``capacity`` keys,
+the duel's ghosts at most ``2 * capacity``; all are freed by :meth:`clear`. Marking the
+descendants of a victim (or of a failed store) as orphans, and un-marking them when their
+ancestor returns, costs O(descendants): each such block is then first in line for eviction, so
+in a full tier this is paid by the evictions it saves the inner policy. With the manager's request order a victim rarely has cached descendants (a
 tail is older than its head in every built-in policy), and usually none.
 
 Registered as ``prefix-<inner>`` for every built-in policy (``prefix-lru``, ``prefix-arc``,
@@ -94,7 +94,10 @@ ORPHAN_RULE = 1
 LEAF_RULE = 2
 """The dead-leaf rule's class in the :class:`~kvtier.policies.prefix_duel.EvictionDuel`."""
 
-__all__ = ["LEAF_MIN_STORES", "LEAF_MODES", "PrefixAwarePolicy", "prefix_aware"]
+__all__ = [
+    "LEAF_MIN_STORES", "LEAF_MODES", "PrefixARCPolicy", "PrefixAwarePolicy", "PrefixLFUPolicy",
+    "PrefixLRUPolicy", "PrefixS3FIFOPolicy", "PrefixSievePolicy", "prefix_aware",
+]
 
 
 class PrefixAwarePolicy(CachePolicy):

@@ -21,8 +21,12 @@ rate ``h_r / e_r`` (ghost hits per recorded victim) is the hits its victims cost
 class's rate ``h_0 / e_0`` is what one more block of room would have earned at the cold end of
 the inner order. A ghost hit scores the prefix hits it gives: one for the block plus one for each
 resident block after it in the touch up to the next missing one (keeping the head of a chain
-keeps its cached tail reachable). A rule is allowed (:meth:`allows`) while ``h_r / e_r <= h_0 / e_0``, once both
-classes have :data:`DUEL_MIN` recorded victims (before that: allowed, the rule's own default).
+keeps its cached tail reachable). A rule is allowed (:meth:`allows`) while ``h_r / e_r <=
+DUEL_RATIO * h_0 / e_0``, once both classes have :data:`DUEL_MIN` recorded victims (before
+that: allowed, the rule's own default). :data:`DUEL_RATIO` (one half: "clearly lower") is a
+margin for what the score does not see: a block the wrapper evicts leaves the inner policy
+without a ghost entry of its own (S3-FIFO's G, ARC's B1), and the equal horizon of both classes
+is exact for LRU only (a block's remaining life in the inner order is unknown to the wrapper).
 
 While a rule is not allowed its picks are still recorded, as *virtual* victims that stay
 resident (DIP keeps its leader sets on both policies for the same reason): a virtual victim
@@ -32,8 +36,8 @@ halved when the class reaches :data:`DUEL_WINDOW` victims, so old traffic fades.
 
 The constants are generic, not tuned on any trace: the horizon is one tier's worth of
 evictions (ARC's ghost bound), 256 victims per class before the duel decides (a rate's
-standard error below 3 points), a window of 4,096 victims (a few tier turnovers at the sizes the
-tests use; at a rate of 5 % its standard error is under 0.4 points).
+standard error below 3 points), a window of 4,096 victims (at a rate of 5 % its standard error
+is under 0.4 points) and "at most half" (as the leaf estimator's ``LEAF_RATIO``).
 
 Cost: O(1) per recorded victim (amortized: expired ghosts leave in order); :meth:`on_touch` one
 dict lookup per key while ghosts exist, plus a residency test per key up to the first miss.
