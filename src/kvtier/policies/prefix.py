@@ -60,8 +60,9 @@ leaf flags and the leaf queue hold resident blocks only; the probe at most ``cap
 the duel's ghosts at most ``2 * capacity``; all are freed by :meth:`clear`. Marking the
 descendants of a victim (or of a failed store) as orphans, and un-marking them when their
 ancestor returns, costs O(descendants): each such block is then first in line for eviction, so
-in a full tier this is paid by the evictions it saves the inner policy. With the manager's request order a victim rarely has cached descendants (a
-tail is older than its head in every built-in policy), and usually none.
+in a full tier this is paid by the evictions it saves the inner policy. With the manager's
+request order a victim rarely has cached descendants (a tail is older than its head in every
+built-in policy), and usually none.
 
 Registered as ``prefix-<inner>`` for every built-in policy (``prefix-lru``, ``prefix-arc``,
 ``prefix-s3fifo``, ``prefix-sieve``, ``prefix-lfu``); wrap any other policy with
