@@ -298,3 +298,89 @@ def test_demotion_does_not_hide_the_reuse_of_live_leaves():
     r_leaf = stats["reused"]["leaf"] / stats["stored"]["leaf"]
     r_inner = stats["reused"]["parent"] / stats["stored"]["parent"]
     assert r_inner > 0.1 and abs(r_leaf - r_inner) < 0.05
+
+
+# -- the safeguard (policies/prefix_duel.py) -----------------------------------------------
+
+from kvtier.policies.prefix_duel import DUEL_MIN, DUEL_RATIO, EvictionDuel  # noqa: E402
+
+
+def test_duel_counts_a_ghost_hit_only_when_the_keys_before_it_are_resident():
+    d = EvictionDuel(100, rules=2)
+    d.record(["a", "b"], 0)  # inner victims
+    d.record(["x"], 2)  # a leaf-rule victim
+    d.on_touch(["h", "a", "x"], {"h"})  # a counted (h resident); x counted (a was a ghost hit)
+    d.on_touch(["b"], {"h"})  # b: first key, counted
+    assert d.stats()["hits"] == {"inner": 2, "rule1": 0, "rule2": 1}
+    d.record(["y"], 2)
+    d.on_touch(["gone", "y"], {"h"})  # y follows a miss: stored again anyway, not counted
+    assert d.stats()["hits"]["rule2"] == 1 and d.snapshot()["ghost"] == []
+
+
+def test_duel_virtual_victims_count_while_resident_and_stale_ghosts_do_not():
+    d = EvictionDuel(100, rules=1)
+    d.record(["v"], 1, virtual=True)  # picked, not evicted: still resident
+    d.record(["e"], 1)  # evicted
+    d.on_touch(["v", "e"], {"v", "e"})  # e is resident again (stored since): stale, not counted
+    assert d.stats()["hits"]["rule1"] == 1
+    d.record(["w"], 1, virtual=True)
+    d.on_touch(["w"], set())  # the inner policy evicted w since: no difference, not counted
+    assert d.stats()["hits"]["rule1"] == 1
+
+
+def test_duel_ghosts_expire_after_a_tier_of_evictions_and_memory_is_bounded():
+    d = EvictionDuel(10, rules=1)
+    for i in range(100):
+        d.record([("i", i)], 0)
+        d.record([("r", i)], 1, virtual=True)
+    assert len(d.snapshot()["ghost"]) <= 2 * 10 + 2
+    d.on_touch([("i", 0), ("r", 0)], set())  # long expired
+    assert d.stats()["hits"] == {"inner": 0, "rule1": 0}
+    d.on_touch([("i", 99)], set())
+    assert d.stats()["hits"]["inner"] == 1
+
+
+def test_duel_turns_a_rule_off_while_its_victims_are_hit_more_and_on_again():
+    d = EvictionDuel(10_000, rules=1)
+    # the inner policy's victims: 20 % hit again; the rule's: 15 % (> half of 20 %): off
+    for i in range(DUEL_MIN * 2):
+        d.record([("i", i)], 0)
+        d.record([("r", i)], 1)
+        if i % 5 == 0:
+            d.on_touch([("i", i)], set())
+        if i % 20 < 3:
+            d.on_touch([("r", i)], set())
+    assert not d.allows(1)
+    # the rule's victims go dead (still recorded, virtually, while it is off): on again
+    for i in range(DUEL_MIN * 2, DUEL_MIN * 8):
+        d.record([("i", i)], 0)
+        d.record([("r", i)], 1, virtual=True)
+        if i % 5 == 0:
+            d.on_touch([("i", i)], set())
+    assert d.allows(1)
+    hits, ev = d.stats()["hits"], d.stats()["evicted"]
+    assert hits["rule1"] * ev["inner"] <= DUEL_RATIO * hits["inner"] * ev["rule1"]
+
+
+def test_guard_is_validated_and_off_means_the_previous_wrapper():
+    with pytest.raises(ValueError, match="guard"):
+        PrefixLRUPolicy(4, guard=1)
+    with pytest.raises(ValueError, match="guard"):
+        prefix_aware(LRUPolicy, guard="yes")
+    assert not PrefixLRUPolicy(4, guard=False).guard and PrefixLRUPolicy(4).guard
+
+
+def test_a_held_back_leaf_rule_only_records_its_picks():
+    p = PrefixLRUPolicy(16)
+    chain(p, list("abc"))
+    chain(p, list("de"))
+    p.touch(list("abc"))  # LRU: e d c b a; leaves c, e
+    p._leaf_est.demoting = True  # leaves measured dead ...
+    p._duel.allowed[2] = False  # ... but the safeguard holds the rule back
+    assert not p.demoting
+    assert keys_of(p.evict(2, ())) == ["e", "d"]  # the inner LRU's choice
+    snap = p.snapshot()
+    # c was picked by the rule: recorded as a virtual victim, out of the leaf queue, resident
+    assert snap["leaf_queue"] == [] and "c" in snap["resident"]
+    ghosts = dict(snap["duel"]["ghost"])
+    assert set(ghosts) == {"c", "d", "e"} and ghosts["c"] & 3 == 2

@@ -13,7 +13,8 @@ name                policy (source in each module's docstring)
 ``sieve``           SIEVE (Zhang et al., NSDI'24)
 ``lfu``             LFU with dynamic aging, O(1) frequency buckets
 ``prefix-<name>``   any of the above, evicting prefix orphans first, then leaves while
-                    they are measured dead (:mod:`.prefix`)
+                    they are measured dead, each only while a safeguard finds it costs
+                    no hits against the inner policy's choice (:mod:`.prefix`)
 ``belady``          Belady's MIN, offline: furthest next use first (needs the whole trace;
                     :mod:`.belady`, :mod:`kvtier.oracle`)
 ==================  ==================================================================

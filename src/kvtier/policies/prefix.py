@@ -26,52 +26,44 @@ orphans join it when they become evictable.
 
 Dead leaves. A *leaf* is a resident block that no call has named a key after since it was
 stored: a block with no known child. Every stored request has one (its last stored block). In
-an engine that stores full blocks only (vLLM), the leaf of one turn is the parent of the next
-turn's blocks and is reused like them. In traces whose last block is a partial one (its hash
-changes once the next turn fills it; e.g. 12,009 of the 12,031 requests of the Mooncake
-conversation trace) leaves are dead: such a block is named again 1 % of the time, against
-38 % for the other blocks. Dead leaves only take room from live blocks. So the wrapper measures
-online, per class, how often a block is named again, and evicts leaves right after orphans
-(before the inner policy's choice, oldest evictable leaf first) only while the leaves' rate is
-clearly below the other blocks'. Otherwise it changes nothing: the inner policy's order is
-kept as is.
+an engine that stores full blocks only (vLLM) a turn's leaf is the parent of the next turn's
+blocks and is reused like them; where the last block is a partial one (its hash changes once
+the next turn fills it) leaves are dead and only take room from live blocks. The
+:class:`~kvtier.policies.leaf_reuse.LeafReuseEstimator` measures online, per sampled store, how
+often the leaf and its parent are named again; while leaves are clearly deader than their
+parents the wrapper evicts leaves right after orphans (oldest evictable leaf first). Otherwise
+it changes nothing: the inner policy's order is kept as is. ``leaf_mode="never"`` turns
+demotion off (orphans only), ``"always"`` demotes every leaf (for comparisons).
 
-The measurement is matched-pair sampling in the spirit of DIP's set dueling (Qureshi et al.,
-"Adaptive Insertion Policies for High Performance Caching", ISCA'07, which compares a small
-sample of sets run under each insertion policy): each :meth:`on_store` that stores both its
-last key (a leaf) and the key before it (its parent, the control) puts the two keys in a probe
-(a FIFO of keys only, at most ``capacity`` entries, i.e. the last ``capacity / 2`` such
-stores). A key is *reused* when a later :meth:`touch` names it while it is in the probe (it
-then leaves the probe). The probe records keys whether or not they are still resident, and a
-request touches all its keys, hits and misses, so demoting leaves cannot make their reuse look
-lower than it is (no self-fulfilling demotion). Counts per class are halved every
-:data:`LEAF_WINDOW` pairs. Leaves are demoted (:attr:`demoting`) when at least
-:data:`LEAF_MIN_STORES` pairs are counted and ``(r_leaf + LEAF_Z * sqrt(r_leaf) + 1) / s_leaf <
-LEAF_RATIO * r_parent / s_parent`` (``r``: reused, ``s``: stored): the leaves' rate, taken at
-the pessimistic end of its sampling noise (a Poisson bound), is below half the parents'. The
-four constants are generic statistics choices, not tuned on any trace: a window of ~1,000
-pairs and a floor of 256 (standard error of a rate below 3 points), a ~98 % one-sided bound and
-"less than half". ``leaf_mode="never"`` turns demotion off (orphans only), ``"always"`` demotes
-every leaf (for comparisons).
+Safeguard. Orphans and demoted leaves are evicted *out of the inner policy's order*; that pays
+only when they are less likely to be hit again than the inner policy's own next victims. The
+:class:`~kvtier.policies.prefix_duel.EvictionDuel` measures exactly that (ghost hits of each
+rule's victims against the inner policy's, set dueling in the spirit of DIP) and turns a rule
+off while its victims are hit more often; a rule that is off keeps recording its would-be
+victims (they stay resident), so it is turned on again when it stops losing. ``guard=False``
+turns the safeguard off (for comparisons); ``leaf_mode="always"`` bypasses it for leaves.
 
-Eviction (:meth:`evict`): take unprotected orphans from the queue, then, while demoting,
-unprotected leaves from the leaf queue (evictable leaves in the order they became evictable),
-then ask the inner policy for the rest (with the chosen blocks added to ``protected``). The
-base class has checked that ``n`` eligible blocks exist (the wrapper's evictable blocks are
-the inner policy's), so the inner policy always finds them. Orphans and leaves leave the inner
-policy by ``mark_non_evictable`` + ``remove`` (no ghost entry: their eviction says nothing
-about the inner policy's lists).
+Eviction (:meth:`evict`): take unprotected orphans from the queue (while the safeguard allows
+the orphan rule), then, while demoting, unprotected leaves from the leaf queue (evictable leaves
+in the order they became evictable), then ask the inner policy for the rest (with the chosen
+blocks added to ``protected``). A rule the safeguard holds back picks the same blocks, which
+only leave its queue and are recorded as virtual victims. The base class has checked that
+``n`` eligible blocks exist (the wrapper's evictable blocks are the inner policy's), so the
+inner policy always finds them. Orphans and leaves leave the inner policy by
+``mark_non_evictable`` + ``remove`` (no ghost entry: their eviction says nothing about the
+inner policy's lists).
 
-Cost: links, leaf flags, probe updates and touches are O(1) per key. Entries examined by
-:meth:`evict` (added to :attr:`examined`) are the orphans and leaves examined (each queue
-walked at most once; a leaf already taken as an orphan is skipped, at most k of them) plus
-what the inner policy examines: O(k + protected), as the inner policy. Memory: leaf flags and
-the leaf queue hold resident blocks only; the probe at most ``capacity`` keys; all are freed by
-:meth:`clear`. Marking the descendants of a victim (or of a failed store) as
-orphans, and un-marking them when their ancestor returns, costs O(descendants): each such block
-is then first in line for eviction, so in a full tier this is paid by the evictions it saves
-the inner policy. With the manager's request order a victim rarely has cached descendants (a
-tail is older than its head in every built-in policy), and usually none.
+Cost: links, leaf flags, probe and ghost updates and touches are O(1) per key (amortized).
+Entries examined by :meth:`evict` (added to :attr:`examined`) are the orphans and leaves
+examined (each queue walked at most once; a leaf already taken as an orphan is skipped, at most
+k of them) plus what the inner policy examines: O(k + protected), as the inner policy. Memory:
+leaf flags and the leaf queue hold resident blocks only; the probe at most ``capacity`` keys,
+the duel's ghosts at most ``2 * capacity``; all are freed by :meth:`clear`. Marking the
+descendants of a victim (or of a failed store) as orphans, and un-marking them when their
+ancestor returns, costs O(descendants): each such block is then first in line for eviction, so
+in a full tier this is paid by the evictions it saves the inner policy. With the manager's
+request order a victim rarely has cached descendants (a tail is older than its head in every
+built-in policy), and usually none.
 
 Registered as ``prefix-<inner>`` for every built-in policy (``prefix-lru``, ``prefix-arc``,
 ``prefix-s3fifo``, ``prefix-sieve``, ``prefix-lfu``); wrap any other policy with
@@ -80,15 +72,16 @@ Registered as ``prefix-<inner>`` for every built-in policy (``prefix-lru``, ``pr
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from typing import ClassVar
 
 from kvtier.policies.arc import ARCPolicy
 from kvtier.policies.base import CachePolicy, Key
+from kvtier.policies.leaf_reuse import LEAF_MIN_STORES, LeafReuseEstimator
 from kvtier.policies.lfu import LFUPolicy
 from kvtier.policies.lru import LRUPolicy
+from kvtier.policies.prefix_duel import INNER, EvictionDuel
 from kvtier.policies.s3fifo import S3FIFOPolicy
 from kvtier.policies.sieve import SievePolicy
 
@@ -97,17 +90,16 @@ _NO_PARENT = object()  # "no learned parent" (None is a valid block key)
 LEAF_MODES = ("adaptive", "never", "always")
 """Accepted values of ``leaf_mode`` (see the module docstring, *Dead leaves*)."""
 
-LEAF_RATIO = 0.5
-"""Leaves are demoted when their reuse rate is below this share of the other blocks' rate."""
+ORPHAN_RULE = 1
+"""The orphan rule's class in the :class:`~kvtier.policies.prefix_duel.EvictionDuel`."""
 
-LEAF_Z = 2.0
-"""Standard deviations added to the leaves' reuse count before comparing (one-sided, ~98 %)."""
+LEAF_RULE = 2
+"""The dead-leaf rule's class in the :class:`~kvtier.policies.prefix_duel.EvictionDuel`."""
 
-LEAF_MIN_STORES = 256
-"""Stores of each class needed (in the decayed counts) before leaves may be demoted."""
-
-LEAF_WINDOW = 1024
-"""A class's counts are halved when its stores reach this many, so old traffic fades."""
+__all__ = [
+    "LEAF_MIN_STORES", "LEAF_MODES", "PrefixARCPolicy", "PrefixAwarePolicy", "PrefixLFUPolicy",
+    "PrefixLRUPolicy", "PrefixS3FIFOPolicy", "PrefixSievePolicy", "prefix_aware",
+]
 
 
 class PrefixAwarePolicy(CachePolicy):
@@ -121,6 +113,9 @@ class PrefixAwarePolicy(CachePolicy):
         leaf_mode: ``"adaptive"`` (demote leaves only while their measured reuse is clearly
             below their parents'), ``"never"`` or ``"always"``; defaults to the class
             attribute ``leaf_mode`` (``"adaptive"``).
+        guard: whether the safeguard (:mod:`~kvtier.policies.prefix_duel`) may hold back the
+            orphan rule and the adaptive leaf rule while their victims are hit more often
+            than the inner policy's; defaults to the class attribute ``guard`` (True).
 
     Raises:
         ValueError: ``capacity`` is not a positive int, or ``leaf_mode`` is not one of
@@ -130,13 +125,14 @@ class PrefixAwarePolicy(CachePolicy):
     Attributes:
         inner: the inner policy instance (its state is part of :meth:`snapshot`).
         leaf_mode: as given.
-        demoting: whether leaves are evicted before the inner policy's choice right now.
+        guard: as given.
     """
 
     name = "prefix"
     inner_class: ClassVar[type[CachePolicy]] = LRUPolicy
 
     leaf_mode: ClassVar[str] = "adaptive"
+    guard: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -144,6 +140,7 @@ class PrefixAwarePolicy(CachePolicy):
         inner: type[CachePolicy] | None = None,
         *,
         leaf_mode: str | None = None,
+        guard: bool | None = None,
     ) -> None:
         super().__init__(capacity)
         inner_cls = self.inner_class if inner is None else inner
@@ -152,6 +149,9 @@ class PrefixAwarePolicy(CachePolicy):
         mode = self.leaf_mode if leaf_mode is None else leaf_mode
         if not isinstance(mode, str) or mode not in LEAF_MODES:
             raise ValueError(f"leaf_mode must be one of {', '.join(LEAF_MODES)}, got {mode!r}")
+        guard = self.guard if guard is None else guard
+        if not isinstance(guard, bool):
+            raise ValueError(f"guard must be a bool, got {guard!r}")
         self.inner: CachePolicy = inner_cls(capacity)
         self._res: dict[Key, bool] = {}  # resident key -> evictable?
         self._parent: dict[Key, Key] = {}  # resident child -> parent
@@ -159,13 +159,12 @@ class PrefixAwarePolicy(CachePolicy):
         self._orphans: set[Key] = set()  # resident orphans, any state
         self._queue: OrderedDict[Key, None] = OrderedDict()  # evictable orphans, first out first
         self.leaf_mode = mode
+        self.guard = guard
         self._leaf: set[Key] = set()  # resident blocks with no known child, any state
         self._leafq: OrderedDict[Key, None] = OrderedDict()  # evictable leaves, oldest first
         self._fresh: dict[Key, None] = {}  # inserted, not yet classified by on_store
-        self._probe: OrderedDict[Key, int] = OrderedDict()  # sampled key -> class, <= capacity
-        self._stored = [0, 0]  # sampled stores per class (0 = parent, 1 = leaf), decayed
-        self._reused = [0, 0]  # of those, named again by a touch while in the probe
-        self.demoting: bool = mode == "always"
+        self._leaf_est = LeafReuseEstimator(capacity, mode == "adaptive", mode == "always")
+        self._duel = EvictionDuel(capacity, rules=2)
 
     # -- queries -------------------------------------------------------------------------
     def count_eligible(self, protected: Collection[Key] = ()) -> int:
@@ -266,51 +265,44 @@ class PrefixAwarePolicy(CachePolicy):
         return key in self._leaf
 
     def leaf_stats(self) -> dict:
-        """The reuse estimate behind :attr:`demoting`, in sampled blocks: the decayed counts of
+        """The reuse estimate behind leaf demotion, in sampled blocks: the decayed counts of
         sampled leaves and of their parents (``stored``), and of those named again by a touch
-        while still in the probe (``reused``); plus the current decision."""
-        return {
-            "stored": {"parent": self._stored[0], "leaf": self._stored[1]},
-            "reused": {"parent": self._reused[0], "leaf": self._reused[1]},
-            "demoting": self.demoting,
-        }
+        while still in the probe (``reused``); ``demoting``: the current decision
+        (:attr:`demoting`). See :mod:`~kvtier.policies.leaf_reuse`."""
+        stats = self._leaf_est.stats()
+        stats["demoting"] = self.demoting
+        return stats
+
+    def duel_stats(self) -> dict:
+        """The safeguard's decayed counts: recorded victims and ghost hits of the inner
+        policy's choice (``inner``), the orphan rule (``orphan``) and the leaf rule
+        (``leaf``), and whether each rule is allowed. See :mod:`~kvtier.policies.prefix_duel`.
+        """
+        raw = self._duel.stats()
+        names = {"inner": "inner", "rule1": "orphan", "rule2": "leaf"}
+        return {part: {names[k]: v for k, v in counts.items()} for part, counts in raw.items()}
+
+    @property
+    def demoting(self) -> bool:
+        """Whether leaves are evicted before the inner policy's choice right now: measured
+        dead (or ``leaf_mode="always"``) and, in adaptive mode with the guard on, allowed by
+        the safeguard."""
+        if not self._leaf_est.demoting:
+            return False
+        return self.leaf_mode == "always" or not self.guard or self._duel.allowed[LEAF_RULE]
 
     def _has_child(self, key: Key) -> None:
         # a call named a key after ``key``: it is a parent, not a leaf (any more)
         self._leaf.discard(key)
         self._leafq.pop(key, None)
 
-    def _decide(self) -> None:
-        if self.leaf_mode != "adaptive":
-            return
-        s_inner, s_leaf = self._stored
-        r_inner, r_leaf = self._reused
-        self.demoting = (
-            s_leaf >= LEAF_MIN_STORES
-            and s_inner >= LEAF_MIN_STORES
-            and (r_leaf + LEAF_Z * math.sqrt(r_leaf) + 1) * s_inner
-            < LEAF_RATIO * r_inner * s_leaf
-        )
-
     def _sample_pair(self, keys: Sequence[Key]) -> None:
         """After a store: when the call stored both its last key (a leaf) and the key before it
-        (its parent), record the pair in the probe, one block per class."""
+        (its parent), hand the pair to the leaf estimator."""
         fresh = self._fresh
         tail = keys[-1] if keys else None
         if len(keys) >= 2 and tail in fresh and tail in self._leaf and keys[-2] in fresh:
-            probe, stored, reused = self._probe, self._stored, self._reused
-            for key, cls in ((keys[-2], 0), (tail, 1)):
-                probe.pop(key, None)
-                probe[key] = cls
-            if stored[1] >= LEAF_WINDOW:
-                for counts in (stored, reused):
-                    counts[0] //= 2
-                    counts[1] //= 2
-            stored[0] += 1
-            stored[1] += 1
-            for _ in range(len(probe) - self.capacity):
-                probe.popitem(last=False)
-            self._decide()
+            self._leaf_est.sample_pair(keys[-2], tail)
         fresh.clear()
 
     # -- state changes -------------------------------------------------------------------
@@ -358,23 +350,16 @@ class PrefixAwarePolicy(CachePolicy):
     def touch(self, keys: Sequence[Key]) -> None:
         self.inner.touch(keys)
         res, parents, leaf = self._res, self._parent, self._leaf
-        probe, reused = self._probe, self._reused
         last = len(keys) - 1
         prev = None
-        hit_probe = False
         for i, key in enumerate(keys):
             if i and key in res and prev in res and parents.get(key, _NO_PARENT) != prev:
                 self._link(key, prev)
             if i < last and key in leaf:
                 self._has_child(key)
-            if probe:
-                cls = probe.pop(key, None)
-                if cls is not None:
-                    reused[cls] += 1
-                    hit_probe = True
             prev = key
-        if hit_probe:
-            self._decide()
+        self._leaf_est.on_touch(keys)
+        self._duel.on_touch(keys, res)
 
     def on_store(self, keys: Sequence[Key]) -> None:
         self.inner.on_store(keys)
@@ -391,8 +376,12 @@ class PrefixAwarePolicy(CachePolicy):
             self._sample_pair(keys)
 
     def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
-        orphans: list[Key] = []
+        duel = self._duel
+        guarded = self.guard
         examined = 0
+        # the orphan rule's picks, then the leaf rule's: evicted when the rule is allowed,
+        # else only recorded as virtual victims (see the module docstring, *Safeguard*)
+        orphans: list[Key] = []
         for key in self._queue:
             examined += 1
             if key in protected:
@@ -400,42 +389,72 @@ class PrefixAwarePolicy(CachePolicy):
             orphans.append(key)
             if len(orphans) == n:
                 break
-        if len(orphans) < n and self.demoting and self._leafq:
-            # demoted leaves next (an orphan leaf may already be chosen: skip it)
+        orphans_act = not guarded or duel.allowed[ORPHAN_RULE]
+        taken = len(orphans) if orphans_act else 0
+        leaves: list[Key] = []
+        if taken < n and self._leafq and self._leaf_est.demoting:
+            # an orphan leaf may already be picked: skip it
             picked = set(orphans) if orphans else ()
             for key in self._leafq:
                 examined += 1
                 if key in protected or key in picked:
                     continue
-                orphans.append(key)
-                if len(orphans) == n:
+                leaves.append(key)
+                if taken + len(leaves) == n:
                     break
+        leaves_act = (not guarded or self.leaf_mode == "always"
+                      or duel.allowed[LEAF_RULE])
+        if leaves and leaves_act:
+            act = orphans + leaves if orphans_act else leaves
+        else:
+            act = orphans if orphans_act else []
         chosen: list[Key] = []
         inner = self.inner
-        if len(orphans) < n:  # n eligible blocks exist (checked), so the inner policy has these
+        if len(act) < n:  # n eligible blocks exist (checked), so the inner policy has these
             shield: Collection[Key] = protected
-            if orphans:
+            if act:
                 shield = set(protected)
-                shield.update(orphans)
+                shield.update(act)
             before = inner.examined
-            chosen = inner.evict(n - len(orphans), shield)  # type: ignore[assignment]
+            chosen = inner.evict(n - len(act), shield)  # type: ignore[assignment]
             examined += inner.examined - before
         self.examined += examined
 
         cut = []
-        if orphans:  # orphans, then demoted leaves
-            inner.mark_non_evictable(orphans)
-            inner.remove(orphans)
-            for key in orphans:
+        if act:  # orphans, then demoted leaves
+            inner.mark_non_evictable(act)
+            inner.remove(act)
+            for key in act:
                 if self._unlink(key) and key in self._children:  # a leaf has none; to be safe
                     cut.append(key)
         cut.extend(key for key in chosen if self._unlink(key))
+        victims = act + chosen if chosen else act
         if cut:
             self._orphan_children(cut)
-        return orphans + chosen if chosen else orphans
+        if guarded:
+            duel.record(chosen, INNER)
+            if orphans:
+                if orphans_act:
+                    duel.record(orphans, ORPHAN_RULE)
+                else:  # virtual victims (unless the inner policy took them): they leave the queue
+                    res, queue = self._res, self._queue
+                    orphans = [key for key in orphans if key in res]
+                    for key in orphans:
+                        del queue[key]
+                    duel.record(orphans, ORPHAN_RULE, virtual=True)
+            if leaves and self.leaf_mode != "always":
+                if leaves_act:
+                    duel.record(leaves, LEAF_RULE)
+                else:
+                    res, leafq = self._res, self._leafq
+                    leaves = [key for key in leaves if key in res]
+                    for key in leaves:
+                        del leafq[key]
+                    duel.record(leaves, LEAF_RULE, virtual=True)
+        return victims
 
     def snapshot(self) -> dict:
-        return {
+        snap = {
             "inner": self.inner.snapshot(),
             "resident": dict(self._res),
             "parent": dict(self._parent),
@@ -445,25 +464,25 @@ class PrefixAwarePolicy(CachePolicy):
             "leaf": set(self._leaf),
             "leaf_queue": list(self._leafq),
             "fresh": list(self._fresh),
-            "probe": list(self._probe.items()),
-            "stored": list(self._stored),
-            "reused": list(self._reused),
-            "demoting": self.demoting,
+            "duel": self._duel.snapshot(),
         }
+        snap.update(self._leaf_est.snapshot())  # probe, stored, reused, demoting
+        snap["demoting"] = self.demoting
+        return snap
 
     def clear(self) -> None:
         self.inner.clear()
         for part in (self._res, self._parent, self._children, self._orphans, self._queue,
-                     self._leaf, self._leafq, self._fresh, self._probe):
+                     self._leaf, self._leafq, self._fresh):
             part.clear()
-        self._stored = [0, 0]
-        self._reused = [0, 0]
-        self.demoting = self.leaf_mode == "always"
+        self._leaf_est.clear()
+        self._duel.clear()
         self.examined = 0
 
 
 def prefix_aware(
-    inner: type[CachePolicy], name: str | None = None, leaf_mode: str = "adaptive"
+    inner: type[CachePolicy], name: str | None = None, leaf_mode: str = "adaptive",
+    guard: bool = True,
 ) -> type[PrefixAwarePolicy]:
     """Return a :class:`PrefixAwarePolicy` subclass around ``inner``, constructible as
     ``cls(capacity)`` (register it with :func:`~kvtier.policies.register_policy`).
@@ -473,20 +492,25 @@ def prefix_aware(
         name: the policy name; defaults to ``"prefix-" + inner.name``.
         leaf_mode: the class's default ``leaf_mode`` (:data:`LEAF_MODES`); ``"never"`` gives
             the orphans-only wrapper, ``"always"`` demotes every leaf (for comparisons).
+        guard: the class's default ``guard``: False turns the safeguard off (the wrapper
+            before it; for comparisons).
 
     Raises:
         TypeError: ``inner`` is not a :class:`CachePolicy` subclass.
-        ValueError: ``leaf_mode`` is not one of :data:`LEAF_MODES`.
+        ValueError: ``leaf_mode`` is not one of :data:`LEAF_MODES`, or ``guard`` is not a
+            bool.
     """
     if not (isinstance(inner, type) and issubclass(inner, CachePolicy)):
         raise TypeError(f"inner must be a CachePolicy subclass, got {inner!r}")
     if not isinstance(leaf_mode, str) or leaf_mode not in LEAF_MODES:
         raise ValueError(f"leaf_mode must be one of {', '.join(LEAF_MODES)}, got {leaf_mode!r}")
+    if not isinstance(guard, bool):
+        raise ValueError(f"guard must be a bool, got {guard!r}")
     policy_name = name or f"prefix-{inner.name}"
     return type(
         f"Prefix{inner.__name__}",
         (PrefixAwarePolicy,),
-        {"name": policy_name, "inner_class": inner, "leaf_mode": leaf_mode,
+        {"name": policy_name, "inner_class": inner, "leaf_mode": leaf_mode, "guard": guard,
          "__module__": __name__,
          "__doc__": f"Prefix-aware eviction around {inner.__name__} (``{policy_name}``)."},
     )
