@@ -466,3 +466,18 @@ def test_huge_tier_allocates_nothing_per_slot():
     assert m.prepare_load([keys[-1], keys[170_000], keys[-1]]) == [199_999, 170_000, 199_999]
     assert m.ref_count(keys[-1]) == 2 and m.ref_count(keys[170_000]) == 1
     assert m.stats().pinned == 2 and m.stats().evictable == 200_000 - 2
+
+
+def test_complete_store_refuses_a_numpy_bool_context_and_names_a_pending_block_on_release():
+    """Found by a newcomer session: numpy.bool_(False) in the req_context position stored the
+    block; complete_load of a pending block reported 'ref count -1'."""
+    np = pytest.importorskip("numpy")
+    m = OffloadingManager(4, "lru")
+    m.prepare_store([1])
+    before = m.snapshot()
+    with pytest.raises(TypeError, match="by keyword"):
+        m.complete_store([1], np.bool_(False))
+    assert m.snapshot() == before
+    with pytest.raises(BlockStateError, match="still in flight"):
+        m.complete_load([1])
+    assert m.snapshot() == before

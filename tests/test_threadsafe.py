@@ -133,3 +133,23 @@ def test_every_call_holds_the_lock():
     assert done.wait(10)
     t.join()
     assert "x" in m
+
+
+def test_wrapper_refuses_what_is_not_a_manager():
+    with pytest.raises(TypeError, match="wraps an OffloadingManager"):
+        ThreadSafeManager(None)  # type: ignore[arg-type]
+
+
+def test_metrics_collector_takes_the_thread_safe_wrapper():
+    from prometheus_client import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    from kvtier.metrics import TierCollector
+
+    m = ThreadSafeManager(OffloadingManager(4, "lru"))
+    out = m.prepare_store([1, 2])
+    m.complete_store(out.keys_to_store)
+    registry = CollectorRegistry()
+    registry.register(TierCollector({"host": m}))
+    text = generate_latest(registry).decode()
+    assert 'tier="host"' in text

@@ -398,6 +398,10 @@ class OffloadingManager:
             pins.update(item for item in zip(keys, counts) if item[1])
             for key in keys:
                 if key not in pins:  # pending, or ready and not pinned
+                    if key in self._pending_keys:
+                        raise BlockStateError(
+                            key, "complete_load: its store is still in flight (HIT_PENDING), "
+                            "so it was never loaded (complete_load must follow prepare_load)")
                     raise BlockStateError(
                         key,
                         "complete_load: block is not pinned (ref count "
@@ -604,9 +608,11 @@ class OffloadingManager:
 
         Raises:
             TypeError: a key is not hashable, ``success`` is not a bool, or ``req_context``
-                is a bool (nothing changed).
+                is a bool or ``numpy.bool_`` (nothing changed).
         """
-        if req_context is True or req_context is False:
+        if type(req_context).__name__ in ("bool", "bool_"):
+            # bool, and numpy's bool (no bool subclass; named bool_ before numpy 2): a success
+            # flag in the context's place
             raise TypeError(
                 f"complete_store: req_context is {req_context!r}; the order is "
                 "complete_store(keys, req_context=None, success=True) as in vLLM: pass "

@@ -39,6 +39,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from kvtier.manager import OffloadingManager
+from kvtier.threadsafe import ThreadSafeManager
 from kvtier.tiers.base import LatencyHistogram, TierStats
 
 PREFIX = "kvtier:kv_offload_tiering_"
@@ -73,9 +74,10 @@ class TierCollector(Collector):
     ) -> None:
         managers = dict(managers or {})
         for name, m in managers.items():
-            if not isinstance(m, OffloadingManager):
+            if not isinstance(m, (OffloadingManager, ThreadSafeManager)):
                 raise TypeError(
-                    f"managers[{name!r}] must be an OffloadingManager, got {type(m).__name__}"
+                    f"managers[{name!r}] must be an OffloadingManager or a ThreadSafeManager "
+                    f"(a KVOffloader's is .manager), got {type(m).__name__}"
                 )
         sources = list(tiers)
         names = list(managers)

@@ -65,6 +65,11 @@ class ThreadSafeManager:
             lock = threading.RLock()
         elif not (hasattr(lock, "__enter__") and hasattr(lock, "__exit__")):
             raise TypeError(f"lock must be a context manager (e.g. threading.RLock), got {lock!r}")
+        if not all(callable(getattr(manager, m, None)) for m in ("lookup", "prepare_store",
+                                                                 "complete_store", "stats")):
+            raise TypeError(
+                f"ThreadSafeManager wraps an OffloadingManager (lookup, prepare_store, ...), "
+                f"got {type(manager).__name__}")
         self.manager = manager
         self.lock = lock
 

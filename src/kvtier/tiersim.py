@@ -386,8 +386,20 @@ def replay_tiers_cli(command, tiers: str, demotion: str, capacity_given: bool = 
                          "and store completed at once: leave --inflight and --protocol")
     if demotion not in DEMOTION_MODES:
         raise ValueError(f"--demotion {demotion!r}: choose {' or '.join(DEMOTION_MODES)}")
+    # options the tier simulation does not model: refused, never silently ignored
+    if opts.admission != "all":
+        raise ValueError("--tiers simulates admit-all stores (or --store-threshold): leave "
+                         f"--admission {opts.admission}")
+    if command.cost_model is not None:
+        raise ValueError("--cost models one tier: leave it out with --tiers")
     spec = parse_tiers(tiers)
     cli._check_policies(command.policies)
+    from kvtier.policies import get_policy
+
+    offline = [p for p in command.policies if getattr(get_policy(p), "needs_future", False)]
+    if offline:
+        raise ValueError(f"--policy {offline[0]} (offline, needs the trace's future) is not "
+                         "simulated with --tiers; replay it on one tier without --tiers")
     json_out = command.output.json
     cli._check_writable(json_out, "--json")
     stream = command.stream

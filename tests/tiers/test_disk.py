@@ -154,7 +154,7 @@ def test_restart_recovers_blocks_in_write_order(tmp_path):
 
 def test_layout_mismatch_and_second_opener_are_refused(tmp_path):
     t = DiskTier(tmp_path, 4, BB)
-    with pytest.raises(DiskTierError, match="open in another process"):
+    with pytest.raises(DiskTierError, match="already open"):
         DiskTier(tmp_path, 4, BB)
     t.close()
     with pytest.raises(DiskTierError, match="block_bytes is 4096 there, 8192 asked"):

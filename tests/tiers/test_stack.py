@@ -324,3 +324,20 @@ def test_write_back_demotes_exactly_the_evicted_blocks_under_every_policy(tmp_pa
     assert len(evicted) == 20 == tiered.stack.demoted == len(disk)
     assert disk.read(evicted) == [data[int(k[1:])] for k in evicted]
     tiered.close()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["-p", "belady,lru"], "belady"),
+    (["--admission", "adaptive"], "--admission"),
+    (["--cost"], "--cost"),
+])
+def test_tiers_replay_refuses_options_it_does_not_simulate(extra, message):
+    """--tiers used to ignore these silently (belady rows equal to lru's; found by a newcomer
+    session): every option the simulation does not model is refused."""
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    result = CliRunner().invoke(app, ["replay", "--tiers", "host:2%,disk:20%", *extra])
+    assert result.exit_code == 1
+    assert message in result.output

@@ -195,7 +195,9 @@ class DiskTier(BlockTier):
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self._lock_fd)
-            raise DiskTierError(f"disk tier {self.path} is open in another process") from None
+            raise DiskTierError(
+                f"disk tier {self.path} is already open (in another process, or by another "
+                "DiskTier in this one: close it first)") from None
         try:
             self._open_files()
             recovered = self._load_index()
