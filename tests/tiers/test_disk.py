@@ -359,3 +359,13 @@ def test_random_operations_against_a_model(tmp_path, seed):
         assert t.stats().read_errors == 0
     finally:
         t.close()
+
+
+def test_a_lone_str_is_not_a_key_list(tmp_path):
+    """Found by a newcomer session: write("g", [...]) stored key 'g'; "ab" would be two keys."""
+    with DiskTier(tmp_path, 8, 64) as t:
+        for call in (lambda: t.write("ab", [b"z" * 64, b"y" * 64]), lambda: t.read("ab"),
+                     lambda: t.lookup_prefix("ab")):
+            with pytest.raises(TypeError, match="wrap it in a list"):
+                call()
+        assert t.stats().writes == 0

@@ -49,6 +49,7 @@ from typing import Any
 
 import xxhash
 
+from kvtier.checks import key_list
 from kvtier.manager import OffloadingManager
 from kvtier.policies import CachePolicy
 from kvtier.tiers.base import BlockTier, Key, TierStats, encode_key
@@ -323,9 +324,9 @@ class DiskTier(BlockTier):
             ValueError: the tier is closed.
             TypeError: an examined key is not hashable.
         """
+        if type(keys) is not list and type(keys) is not tuple:  # a lone str: TypeError
+            keys = key_list(keys, "DiskTier.lookup_prefix")
         self._check_open()
-        if type(keys) is not list and type(keys) is not tuple:
-            keys = list(keys)
         self._drain()
         n = self.manager.lookup_prefix(keys)
         if self._bad and n:
@@ -348,6 +349,8 @@ class DiskTier(BlockTier):
             ValueError: the tier is closed.
             TypeError: a key is not hashable.
         """
+        if type(keys) is not list and type(keys) is not tuple:  # a lone str: TypeError
+            keys = key_list(keys, "DiskTier.read")
         self._check_open()
         self._drain()
         keys = list(keys)
@@ -418,6 +421,8 @@ class DiskTier(BlockTier):
                 is longer than 216 bytes, or the tier is closed. Nothing is written then.
             TypeError: a key has no stable encoding or is not hashable. Nothing is written.
         """
+        if type(keys) is not list and type(keys) is not tuple:  # a lone str: TypeError
+            keys = key_list(keys, "DiskTier.write")
         self._check_open()
         keys = list(keys)
         blocks = list(blocks)

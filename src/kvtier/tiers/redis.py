@@ -52,6 +52,7 @@ import xxhash
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from kvtier.checks import key_list
 from kvtier.tiers.base import BlockTier, Key, TierStats, encode_key
 
 logger = logging.getLogger(__name__)
@@ -588,6 +589,8 @@ class RedisTier(BlockTier):
         Raises:
             TypeError: a key has no stable encoding. RuntimeError: the tier is closed.
         """
+        if type(keys) is not list and type(keys) is not tuple:  # a lone str: TypeError
+            keys = key_list(keys, "RedisTier.lookup_prefix")
         self._check_open()
         rkeys = [self.redis_key(k) for k in keys]
         if not rkeys:
@@ -624,6 +627,8 @@ class RedisTier(BlockTier):
         Raises:
             TypeError: a key has no stable encoding. RuntimeError: the tier is closed.
         """
+        if type(keys) is not list and type(keys) is not tuple:  # a lone str: TypeError
+            keys = key_list(keys, "RedisTier.read")
         self._check_open()
         rkeys = [self.redis_key(k) for k in keys]
         if not rkeys:
@@ -726,6 +731,8 @@ class RedisTier(BlockTier):
             ValueError: lengths differ, or a block is not ``block_bytes`` long (names it).
             TypeError: a key has no stable encoding. RuntimeError: the tier is closed.
         """
+        if type(keys) is not list and type(keys) is not tuple:  # a lone str: TypeError
+            keys = key_list(keys, "RedisTier.write")
         self._check_open()
         if len(keys) != len(blocks):
             raise ValueError(f"write got {len(keys)} keys but {len(blocks)} blocks")
