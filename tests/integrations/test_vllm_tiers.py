@@ -601,7 +601,7 @@ def test_second_engine_on_an_open_disk_directory_is_refused(tmp_path):
     entry = disk_entry(tmp_path)
     m1 = make_spec([entry]).get_manager()
     try:
-        with pytest.raises(DiskTierError, match="open in another process"):
+        with pytest.raises(DiskTierError, match="already open"):
             make_spec([entry]).get_manager()
         keys, blocks = keys_and_blocks(2, "locked", m1.secondary_tiers[0].block_size_bytes)
         offload(m1, keys, blocks, "w")

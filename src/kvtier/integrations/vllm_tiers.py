@@ -558,7 +558,7 @@ class KvtierDiskTier(KvtierSecondaryTier):
 
     Raises:
         ValueError: a missing, bad or unknown option (named).
-        kvtier.tiers.disk.DiskTierError: the directory is open in another process.
+        kvtier.tiers.disk.DiskTierError: the directory is already open (another process or DiskTier).
     """
 
     medium: ClassVar[Medium] = Medium.STORAGE

@@ -153,7 +153,7 @@ class DiskTier(BlockTier):
 
     Raises:
         ValueError: a bad argument (named), e.g. an unknown fsync mode or policy.
-        DiskTierError: the directory is open in another process (``flock``), or holds a tier
+        DiskTierError: the directory is already open (another process or DiskTier: ``flock``), or holds a tier
             of another format, block size or slot count.
         OSError: the files cannot be created or read.
 
