@@ -153,8 +153,8 @@ class DiskTier(BlockTier):
 
     Raises:
         ValueError: a bad argument (named), e.g. an unknown fsync mode or policy.
-        DiskTierError: the directory is already open (another process or DiskTier: ``flock``), or holds a tier
-            of another format, block size or slot count.
+        DiskTierError: the directory is already open (another process or DiskTier:
+            ``flock``), or holds a tier of another format, block size or slot count.
         OSError: the files cannot be created or read.
 
     Thread safety: the public methods are meant for one thread (the engine's); writes run on
