@@ -42,6 +42,8 @@ status instead of aborting inside a torch op.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import operator
 import threading
 import weakref
@@ -179,7 +181,7 @@ class _Completions:
             return self.cv.wait_for(lambda: self.outstanding == 0, timeout)
 
 
-class _CopyBackend:
+class _CopyBackend(ABC):
     """How the copies of a checked job are made. The engine calls, on the caller's thread:
     ``submit(job)`` (queue the copies), ``reap()`` (report jobs that finished, non-blocking),
     ``wait(timeout)`` (block until every job finished), ``stop(timeout)`` (no job will come).
@@ -197,8 +199,10 @@ class _CopyBackend:
         self.single = len(kv_caches) == 1 and pool_views[0] is pool.tensor
         self.before_copy: Callable[[Hashable, str, int], None] | None = None
 
+    @abstractmethod
     def submit(self, job: _Job) -> None:
-        raise NotImplementedError
+        """Queue the copies of ``job`` (the CPU back end: to its worker thread; CUDA: on
+        its copy stream)."""
 
     def reap(self) -> None:
         """Report the jobs that finished (nothing to do where a thread reports them)."""

@@ -566,7 +566,8 @@ class KVTierOffloadingManager(OffloadingManager):
 
     def _record_offer(self, keys: Sequence[OffloadKey]) -> None:
         counts = self._counts
-        assert counts is not None
+        if counts is None:  # only called with admission on (store_threshold >= 2)
+            raise RuntimeError("_record_offer without an admission tracker")
         for key in keys:
             counts[key] = counts.pop(key, 0) + 1
         for _ in range(len(counts) - self.max_tracker_size):
