@@ -1,8 +1,9 @@
 """Property-based test: random operation sequences against an obviously-correct model.
 
 Runs on every registered policy. The model keeps, per stored key, its ref count
-(-1 pending, 0 evictable, >0 pinned) and, for LRU, a use stamp, so LRU's victims are predicted
-exactly; for every other policy the contract is checked: atomic failure, only evictable and
+(-1 pending, 0 evictable, >0 pinned) and, for LRU, a use stamp set only by a use (a store or
+a touch: logical recency, pins and completions never move a block), so LRU's victims are
+predicted exactly; for every other policy the contract is checked: atomic failure, only evictable and
 unprotected victims, exactly the shortfall evicted, and all counts consistent.
 """
 
@@ -132,7 +133,7 @@ def run(policy: str, capacity: int, ops) -> None:
             assert m.lookup_prefix(op[1]) == expected
         elif name == "touch":
             m.touch(op[1])
-            model.use([k for k in op[1] if model.ref.get(k) == 0])
+            model.use([k for k in op[1] if k in model.ref])  # pinned and pending ones too
         elif name == "prepare_load":
             keys = op[1]
             ok = all(model.ref.get(k, -1) >= 0 for k in keys)
@@ -155,13 +156,8 @@ def run(policy: str, capacity: int, ops) -> None:
             before = m.snapshot()
             if ok:
                 m.complete_load(keys)
-                became = []
-                for k in reversed(keys):
+                for k in keys:  # a release moves nothing
                     model.ref[k] -= 1
-                    if model.ref[k] == 0:
-                        became.append(k)
-                for k in became:
-                    model.stamp[k] = next(model.clock)
             else:
                 with pytest.raises(BlockStateError):
                     m.complete_load(keys)
@@ -190,21 +186,19 @@ def run(policy: str, capacity: int, ops) -> None:
                 del model.ref[k]
             for k in new:
                 model.ref[k] = -1
+            model.use(new)  # stored: a use, the call's first new key most recent
             if name == "store":  # prepare_store immediately followed by complete_store
                 m.complete_store(out.keys_to_store)
-                for k in reversed(new):
+                for k in new:
                     model.ref[k] = 0
-                    model.stamp[k] = next(model.clock)
         elif name == "complete_store":
             keys, success = op[1], op[2]
             m.complete_store(keys, success=success)
-            # each pending key once, at its first occurrence; applied in reverse, so the
-            # call's first key ends most recent (as touch)
+            # each pending key once; a completed store moves nothing
             done = [k for k in dict.fromkeys(keys) if model.ref.get(k) == -1]
-            for k in reversed(done):
+            for k in done:
                 if success:
                     model.ref[k] = 0
-                    model.stamp[k] = next(model.clock)
                 else:
                     del model.ref[k]
         elif name == "reset_cache":

@@ -112,16 +112,19 @@ def test_pending_block_touched_stays_in_t1():
     assert 1 in m.policy.snapshot()["t2_all"]
 
 
-def test_pinned_t1_block_touched_moves_to_t2_and_reenters_t2_mru_on_unpin():
+def test_pinned_t1_block_touched_moves_to_t2_at_once_and_unpin_moves_nothing():
+    # logical recency (issue #11 section 1): a use moves a block, a pin's release does not
     m = OffloadingManager(4, "arc")
     store(m, [1, 2])
     store(m, [3])
+    m.touch([2])
     m.prepare_load([1])
     m.touch([1])
     snap = m.policy.snapshot()
-    assert 1 in snap["t2_all"] and snap["t2"] == []
+    assert 1 in snap["t2_all"] and snap["t2"] == [2, 1]
+    m.touch([2])
     m.complete_load([1])
-    assert m.policy.snapshot()["t2"] == [1]
+    assert m.policy.snapshot()["t2"] == [1, 2]
 
 
 def test_target_zero_one_eligible_t1_block_then_t2_each_list_walked_once():
@@ -136,8 +139,13 @@ def test_target_zero_one_eligible_t1_block_then_t2_each_list_walked_once():
     m.policy.examined = 0
     out = m.prepare_store([3, 5, 11, 12, 13])
     assert out.evicted_keys == [4, 10, 9]
-    # T1 walked once: 3 (skipped), 4 (victim), 5 (skipped) -> exhausted; T2: 10, 9.
-    assert m.policy.examined == 5
+    # T1 walked once: 5 (skipped), 4 (victim), 3 (skipped), 2 and 1 (pinned: set aside, in
+    # place) -> exhausted; T2: 10, 9.
+    assert m.policy.examined == 7
+    m.complete_store([11, 12, 13])
+    m.policy.examined = 0
+    assert m.prepare_store([14]).evicted_keys == [5]  # the pinned blocks are not met again
+    assert m.policy.examined == 1
 
 
 def test_each_list_walked_once_in_a_large_batch():
@@ -149,8 +157,13 @@ def test_each_list_walked_once_in_a_large_batch():
     m.policy.examined = 0
     out = m.prepare_store(list(range(n, n + 500)))
     assert len(out.evicted_keys) == 500
-    # 10 eligible T1 blocks + 490 from T2: exactly one visit per victim
-    assert m.policy.examined == 500
+    # 10 eligible T1 blocks + 490 from T2: one visit per victim, plus one per pinned T1 block
+    # met (set aside in place, not met again)
+    assert m.policy.examined == 500 + (n // 2 - 10)
+    m.complete_store(out.keys_to_store)
+    m.policy.examined = 0
+    out = m.prepare_store(list(range(n + 500, n + 600)))
+    assert len(out.evicted_keys) == 100 and m.policy.examined == 100
 
 
 def test_pending_blocks_stay_in_t1_after_reset_cache():

@@ -25,6 +25,7 @@ from kvtier.policies.base import CachePolicy
 from kvtier.policies.belady import BeladyPolicy
 from kvtier.policies.lfu import LFUPolicy
 from kvtier.policies.lru import LRUPolicy
+from kvtier.policies.order import LogicalOrder
 from kvtier.policies.prefix import (
     PrefixARCPolicy,
     PrefixAwarePolicy,
@@ -68,6 +69,7 @@ __all__ = [
     "CachePolicy",
     "LFUPolicy",
     "LRUPolicy",
+    "LogicalOrder",
     "PolicyPluginError",
     "PolicyPluginWarning",
     "PrefixAwarePolicy",

@@ -1,4 +1,4 @@
-"""ARC: Adaptive Replacement Cache (Megiddo & Modha, FAST'03), over evictable blocks.
+"""ARC: Adaptive Replacement Cache (Megiddo & Modha, FAST'03), with logical recency.
 
 T1 holds blocks seen once, T2 blocks seen again; the ghost lists B1 and B2 remember the keys
 recently evicted from each (keys only, no data). A touch that hits B1 means T1 was too small,
@@ -8,11 +8,13 @@ is at or above its target, else from T2.
 Differences from the paper and from vLLM's ``ARCCachePolicy``, all required by the offloading
 contract:
 
-* T1 and T2 each keep their eviction order over *evictable* blocks only. Their sizes, used for
-  the target comparison, count every resident block (pinned and pending included).
+* Logical recency: T1 and T2 hold every resident block, pinned and pending ones included, in
+  :class:`~kvtier.policies.order.LogicalOrder` s; a block's place changes only when it is
+  used (stored, touched, or used by a finished request), never when a pin is taken or
+  released or its store completes. A use of a pinned T1 block moves it to T2 at once.
 * When the preferred list has no eligible victim (all pinned, pending or protected), eviction
   falls back to the other list; each list is walked at most once per call.
-* A pending block touched again stays in T1 (it has not been read yet).
+* A touch of a pending block in T1 refreshes it within T1 (it has not been read yet).
 * Ghost lists are bounded to ``capacity`` entries each (oldest dropped).
 """
 
@@ -20,40 +22,22 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Collection, Iterator, Sequence
-from itertools import islice
+from collections.abc import Collection, Sequence
 
 from kvtier.policies.base import CachePolicy, Key
-
-
-def _take(keys: Iterator[Key], want: int, protected: Collection[Key]) -> tuple[list[Key], int]:
-    """Up to ``want`` keys of ``keys`` (an iterator over one list) not in ``protected``, and
-    the number of entries examined. The common case, no protected key among the first
-    ``want``, is one C-level slice."""
-    if want <= 0:
-        return [], 0
-    taken = list(islice(keys, want))
-    if not protected or not any(map(protected.__contains__, taken)):
-        return taken, len(taken)
-    examined = len(taken)
-    taken = [key for key in taken if key not in protected]
-    for key in keys:
-        examined += 1
-        if key not in protected:
-            taken.append(key)
-            if len(taken) == want:
-                break
-    return taken, examined
+from kvtier.policies.order import LogicalOrder
 
 
 class ARCPolicy(CachePolicy):
-    """Adaptive Replacement Cache over the evictable blocks of the tier.
+    """Adaptive Replacement Cache over the blocks of the tier, logical recency.
 
     State: ``_resident`` (every resident key, T1 and T2, pinned and pending included -> True
     while its store is pending), ``_t2_keys`` (the resident keys of T2; T1 is the rest), the
-    evictable orders ``_t1`` / ``_t2`` and the ghost lists ``_b1`` / ``_b2`` (keys, least
-    recent first), and ``target`` (adaptive target size of T1, in blocks, within
-    ``[0, capacity]``). O(1) per key; :meth:`evict` is O(k + protected keys skipped).
+    orders ``_t1`` / ``_t2`` (:class:`~kvtier.policies.order.LogicalOrder`, least recent
+    first, held blocks in place), the ghost lists ``_b1`` / ``_b2`` (keys, least recent
+    first), and ``target`` (adaptive target size of T1, in blocks, within
+    ``[0, capacity]``). O(1) per key; :meth:`evict` is O(k + protected keys skipped)
+    amortized.
     """
 
     name = "arc"
@@ -64,8 +48,8 @@ class ARCPolicy(CachePolicy):
         # a set each (docs/performance.md, "Contract refactor")
         self._resident: dict[Key, bool] = {}
         self._t2_keys: set[Key] = set()
-        self._t1: OrderedDict[Key, None] = OrderedDict()
-        self._t2: OrderedDict[Key, None] = OrderedDict()
+        self._t1 = LogicalOrder()
+        self._t2 = LogicalOrder()
         self._b1: OrderedDict[Key, None] = OrderedDict()
         self._b2: OrderedDict[Key, None] = OrderedDict()
         self.target: float = 0.0
@@ -83,57 +67,74 @@ class ARCPolicy(CachePolicy):
 
     # -- state changes -------------------------------------------------------------------
     def insert(self, keys: Sequence[Key]) -> None:
-        # one loop for residency and ghost hits: cheaper than C-level set operations for the
-        # few keys of a store call (docs/performance.md, "Contract refactor")
+        # one loop for residency, ghost hits and order: cheaper than C-level set operations
+        # for the few keys of a store call (docs/performance.md, "Contract refactor")
         resident, b1, b2, t2_keys = self._resident, self._b1, self._b2, self._t2_keys
-        for key in keys:
+        t1, t2 = self._t1, self._t2
+        t1_live, t2_live = t1.live, t2.live
+        for key in reversed(keys):  # keys[0] ends most recent
             resident[key] = True  # pending
             if key in b1:  # a key stored while in B1 or B2 enters T2
                 del b1[key]
                 t2_keys.add(key)
+                t2_live[key] = None
+                t2.held.add(key)
             elif key in b2:
                 del b2[key]
                 t2_keys.add(key)
+                t2_live[key] = None
+                t2.held.add(key)
+            else:
+                t1_live[key] = None
+                t1.held.add(key)
 
     def remove(self, keys: Sequence[Key]) -> None:
-        resident = self._resident
+        resident, t2_keys, t1, t2 = self._resident, self._t2_keys, self._t1, self._t2
         for key in keys:
             del resident[key]
-        self._t2_keys.difference_update(keys)
+            if key in t2_keys:
+                t2_keys.remove(key)
+                t2.discard(key)
+            else:
+                t1.discard(key)
 
     def mark_evictable(self, keys: Sequence[Key]) -> None:
-        resident, t2_keys, t1, t2 = self._resident, self._t2_keys, self._t1, self._t2
-        for key in reversed(keys):
+        resident = self._resident
+        for key in keys:
             resident[key] = False  # no longer pending
-            if key in t2_keys:
-                t2[key] = None
-            else:
-                t1[key] = None
+        self._t1.release(keys)  # a key not held in an order is a no-op there
+        self._t2.release(keys)
 
     def mark_non_evictable(self, keys: Sequence[Key]) -> None:
-        t1, t2 = self._t1, self._t2
+        t2_keys, t1_held, t2_held = self._t2_keys, self._t1.held, self._t2.held
         for key in keys:
-            if key in t1:
-                del t1[key]
+            if key in t2_keys:
+                t2_held.add(key)
             else:
-                del t2[key]
+                t1_held.add(key)
 
     def touch(self, keys: Sequence[Key]) -> None:
-        t1, t2, resident, t2_keys = self._t1, self._t2, self._resident, self._t2_keys
+        resident, t2_keys = self._resident, self._t2_keys
+        t1, t2 = self._t1, self._t2
+        t1_live, t2_live = t1.live, t2.live
         b1, b2 = self._b1, self._b2
         for key in reversed(keys):
             # resident first: a missed key then costs three membership tests, not four (and
             # `in`, not resident.get: no method call per key, docs/performance.md)
             if key in resident:
-                if key in t2:
-                    t2.move_to_end(key)
-                # a T2 block that is pinned or pending needs nothing; a pending T1 block stays
-                # in T1 (it has not been read yet)
-                elif not resident[key] and key not in t2_keys:
+                if key in t2_keys:
+                    if key in t2_live:
+                        t2_live.move_to_end(key)
+                    else:
+                        t2.use(key)
+                elif resident[key]:  # pending: refreshed within T1 (not read yet)
+                    if key in t1_live:
+                        t1_live.move_to_end(key)
+                    else:
+                        t1.use(key)
+                else:  # seen again: to T2's MRU end, pinned or not
                     t2_keys.add(key)
-                    if key in t1:  # evictable: to T2's MRU end (a pinned one waits)
-                        del t1[key]
-                        t2[key] = None
+                    t2.append(key, t1.discard(key))
             # ghost hits adapt the target (conditional expressions, not min/max: builtin
             # calls that parse keyword arguments each time, docs/performance.md)
             elif key in b1:  # T1 was too small: target += max(1, |B2| / |B1|), <= capacity
@@ -156,55 +157,37 @@ class ARCPolicy(CachePolicy):
         #   3. T1 again (fallback once T2 is exhausted), continuing where phase 1 stopped.
         t1, t2 = self._t1, self._t2
         quota = len(self._resident) - len(self._t2_keys) - math.floor(self.target) + 1
-        if n == 1 and not protected:  # the usual one-key store: the preferred list's LRU end
-            # (its own branch: 32,580 -> ~20,000 instructions per one-key store + complete,
-            # docs/performance.md)
-            if t1 and (quota > 0 or not t2):
-                key = t1.popitem(False)[0]
-                ghost = self._b1
+        if n == 1 and not protected and not t1.heap and not t2.heap:
+            # the usual one-key store: the preferred list's LRU end (its own branch: 32,580 ->
+            # ~20,000 instructions per one-key store + complete, docs/performance.md)
+            if quota > 0 and len(t1) or not len(t2):
+                live, held, ghost = t1.live, t1.held, self._b1
+                while True:
+                    key = live.popitem(False)[0]
+                    if key not in held:
+                        break
+                    t1._set_aside(key)
+                    self.examined += 1
             else:
-                key = t2.popitem(False)[0]
+                live, held, ghost = t2.live, t2.held, self._b2
+                while True:
+                    key = live.popitem(False)[0]
+                    if key not in held:
+                        break
+                    t2._set_aside(key)
+                    self.examined += 1
                 self._t2_keys.remove(key)
-                ghost = self._b2
             del self._resident[key]
             ghost[key] = None
             if len(ghost) > self.capacity:
                 ghost.popitem(False)
             self.examined += 1
             return [key]
-        if protected:  # the walk: each phase passes over protected keys
-            t1_keys = iter(t1)
-            first, examined = _take(t1_keys, quota if quota < n else n, protected)
-            from_t2, seen = _take(iter(t2), n - len(first), protected)
-            late, seen_late = _take(t1_keys, n - len(first) - len(from_t2), protected)
-            self.examined += examined + seen + seen_late
-            for key in first:
-                del t1[key]
-            for key in from_t2:
-                del t2[key]
-            for key in late:
-                del t1[key]
-            from_t1 = first + late
-        else:
-            # every entry is eligible: each phase's share follows from the list sizes, and the
-            # victims are the lists' LRU ends (popitem, no walk: docs/performance.md); spelled
-            # out, not min/max (builtin calls parse keyword arguments)
-            take_t1 = quota if quota < n else n
-            if take_t1 > len(t1):
-                take_t1 = len(t1)
-            if take_t1 < 0:
-                take_t1 = 0
-            take_t2 = n - take_t1
-            if take_t2 > len(t2):
-                take_t2 = len(t2)
-            late_count = n - take_t1 - take_t2  # phase 3: T1 again
-            self.examined += n
-            pop = t1.popitem
-            from_t1 = [pop(False)[0] for _ in range(take_t1 + late_count)]
-            pop = t2.popitem
-            from_t2 = [pop(False)[0] for _ in range(take_t2)]
-            first, late = from_t1[:take_t1], from_t1[take_t1:]
-
+        first, examined = t1.take(quota if quota < n else n, protected)
+        from_t2, seen = t2.take(n - len(first), protected)
+        late, seen_late = t1.take(n - len(first) - len(from_t2), protected)
+        self.examined += examined + seen + seen_late
+        from_t1 = first + late if late else first
         # commit: victims leave the resident keys for the MRU end of B1 / B2, each ghost list
         # trimmed to the capacity
         resident, b1, b2, capacity = self._resident, self._b1, self._b2, self.capacity
@@ -230,8 +213,9 @@ class ARCPolicy(CachePolicy):
         return {
             "t1_all": {key for key in resident if key not in t2_keys},
             "t2_all": set(t2_keys),
-            "t1": list(self._t1),
-            "t2": list(self._t2),
+            "t1": self._t1.keys(),
+            "t2": self._t2.keys(),
+            "held": self._t1.held | self._t2.held,
             "b1": list(self._b1),
             "b2": list(self._b2),
             "pending": {key for key, pending in resident.items() if pending},

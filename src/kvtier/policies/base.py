@@ -75,8 +75,9 @@ def count_eligible(protected: Collection[Key], *orders: Collection[Key]) -> int:
 
 def _frozen(value: Any) -> Any:
     """A comparable copy of ``value`` for :meth:`CachePolicy.snapshot` (dict order kept)."""
-    if isinstance(value, CachePolicy):
-        return value.snapshot()
+    snapshot = getattr(value, "snapshot", None)
+    if callable(snapshot):  # a policy (wrapped), a LogicalOrder
+        return snapshot()
     if isinstance(value, dict):  # OrderedDict included: order matters for an eviction order
         return [(key, _frozen(item)) for key, item in value.items()]
     if isinstance(value, (set, frozenset)):

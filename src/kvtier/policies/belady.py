@@ -10,8 +10,10 @@ replay (:func:`kvtier.replay.replay` with ``policy="belady"``) builds it from th
 advances its clock (see :mod:`kvtier.oracle` for the hand-off). The policy only orders
 evictable blocks and chooses victims, like every policy:
 
-* order: a max-heap of evictable blocks keyed by ``(next use, recency)``; a block's entry is
-  pushed when it becomes evictable and again when it is touched (its next use changed), and
+* order: a max-heap of evictable blocks keyed by ``(next use, recency)``, where recency is
+  the block's last use (stored or touched; logical recency: pins and completed stores do not
+  count); a block's entry is pushed when it becomes evictable and again when it is touched
+  (its next use changed), and
   older entries of the same block are left in the heap and skipped when popped (lazy
   deletion, :mod:`heapq`). The heap is rebuilt from the live entries when it holds more than
   twice as many entries as evictable blocks (plus 64), so it stays O(evictable blocks).
@@ -53,9 +55,9 @@ _NEVER = (1 << 62) - 1  # == kvtier.oracle.NEVER (not imported: keeps this file 
 class BeladyPolicy(CachePolicy):
     """Belady's MIN over evictable blocks, reading next uses from a bound oracle.
 
-    State: ``_entry`` (evictable key -> its live heap entry ``(-next_use, seq, key)``; ``seq``
-    is a counter, so entries never compare keys and equal next uses go least recent first)
-    and ``_heap`` (live and stale entries).
+    State: ``_stamp`` (resident key -> its last use, a counter: entries never compare keys and
+    equal next uses go least recent first), ``_entry`` (evictable key -> its live heap entry
+    ``(-next_use, stamp, key)``) and ``_heap`` (live and stale entries).
     """
 
     name = "belady"
@@ -64,6 +66,7 @@ class BeladyPolicy(CachePolicy):
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
+        self._stamp: dict[Key, int] = {}
         self._entry: dict[Key, tuple] = {}
         self._orders = (self._entry,)
         self._heap: list[tuple] = []
@@ -82,27 +85,41 @@ class BeladyPolicy(CachePolicy):
             raise TypeError(f"bind() needs a NextUseOracle (with a next_use map), got {oracle!r}")
         self._oracle = oracle
         self._next_use = next_use
-        # entries pushed before the binding carry stale next uses: re-key them, oldest first
-        self._push_many([entry[2] for entry in sorted(self._entry.values(),
-                                                      key=lambda e: e[1], reverse=True)])
+        # entries pushed before the binding carry stale next uses: re-key them
+        self._push_many(list(self._entry))
 
     # -- the order -----------------------------------------------------------------------
     def _push_many(self, keys: Sequence[Key]) -> None:
-        """(Re-)enter ``keys`` with their current next use; ``keys[0]`` ends most recent."""
+        """(Re-)enter evictable ``keys`` with their current next use and last use."""
         # one loop, one compaction check: a push per key was 1/3 of the replay time
         get = self._next_use.get
+        stamp = self._stamp
         entries = self._entry
         heap = self._heap
-        seq = self._seq
-        for key in reversed(keys):
-            seq += 1
-            entry = (-get(key, _NEVER), seq, key)
+        for key in keys:
+            entry = (-get(key, _NEVER), stamp[key], key)
             entries[key] = entry
             heappush(heap, entry)
-        self._seq = seq
         if len(heap) > 2 * len(entries) + 64:  # mostly stale: rebuild from live entries
             heap[:] = entries.values()
             heapify(heap)
+
+    def _use(self, keys: Sequence[Key]) -> None:
+        """A use of resident ``keys``: ``keys[0]`` ends most recent."""
+        stamp = self._stamp
+        seq = self._seq
+        for key in reversed(keys):
+            seq += 1
+            stamp[key] = seq
+        self._seq = seq
+
+    def insert(self, keys: Sequence[Key]) -> None:
+        self._use(keys)
+
+    def remove(self, keys: Sequence[Key]) -> None:
+        stamp = self._stamp
+        for key in keys:
+            del stamp[key]
 
     def mark_evictable(self, keys: Sequence[Key]) -> None:
         self._push_many(keys)
@@ -113,10 +130,14 @@ class BeladyPolicy(CachePolicy):
             del entry[key]  # its heap entry goes stale
 
     def touch(self, keys: Sequence[Key]) -> None:
-        entry = self._entry
-        live = [key for key in keys if key in entry]
-        if live:
-            self._push_many(live)
+        stamp = self._stamp
+        used = [key for key in keys if key in stamp]
+        if used:
+            self._use(used)
+            entry = self._entry
+            evictable = [key for key in used if key in entry]
+            if evictable:
+                self._push_many(evictable)
 
     def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
         entry = self._entry
@@ -134,6 +155,7 @@ class BeladyPolicy(CachePolicy):
                 skipped.append(item)
                 continue
             del entry[key]
+            del self._stamp[key]
             victims.append(key)
         for item in skipped:
             heappush(heap, item)
@@ -145,6 +167,7 @@ class BeladyPolicy(CachePolicy):
         return {"order": [(key, -neg) for neg, _, key in live]}
 
     def clear(self) -> None:
+        self._stamp.clear()
         self._entry.clear()
         self._heap.clear()
         self._seq = 0

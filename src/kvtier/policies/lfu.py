@@ -29,11 +29,14 @@ lowest-set-bit on a 256-bit int, O(1).
 
 How it maps to the offloading contract:
 
-* Buckets hold **evictable blocks only**. A pending or pinned block keeps its ``K`` outside
-  them; a touch still adds one. When it becomes evictable (:meth:`mark_evictable`) it enters
-  the most recent end of bucket ``max(K, L)`` (a call's keys in reverse, so ``keys[0]`` ends
-  most recent) -- a block that sat pinned while the floor rose is
-  aged like the others.
+* Buckets hold every resident block, pinned and pending ones included (logical recency: a
+  block's place changes only when it is used, never by a pin or a completed store); a touch
+  of a held block moves it to its next bucket like any other. An eviction walk that meets a
+  held block sets it aside, O(1); when it becomes evictable again it re-enters the *oldest*
+  end of bucket ``max(K, L)`` -- it was older than every block of its bucket when it was set
+  aside, and a block that sat pinned while the floor rose is aged like the others. (Two
+  blocks released into one bucket in the other order than they were set aside come back in
+  release order: ties among them are not kept exactly.)
 * :meth:`evict` walks buckets from the lowest, skipping protected keys, then commits the
   victims (the base class has checked that ``n`` eligible blocks exist). The floor becomes the lowest of the last victim's ``K`` and the first skipped
   protected block's ``K``, so no evictable block is ever below it. Entries examined (added to
@@ -61,7 +64,8 @@ class LFUPolicy(CachePolicy):
         floor: the aging floor ``L`` (priority of the last victim, in uses; starts at 0).
 
     State: ``_prio`` (every resident key -> priority ``K``), ``_held`` (pending or pinned
-    keys), ``_buckets`` (ring of ``WINDOW`` LRU lists of evictable keys, oldest first)
+    keys), ``_aside`` (held keys an eviction walk met, out of the buckets), ``_buckets``
+    (ring of ``WINDOW`` LRU lists of resident keys, oldest first)
     and ``_mask`` (bit ``i`` set when bucket ``i`` is non-empty). O(1) per touched key;
     :meth:`evict` is O(k + protected keys skipped).
     """
@@ -72,6 +76,7 @@ class LFUPolicy(CachePolicy):
         super().__init__(capacity)
         self._prio: dict[Key, int] = {}
         self._held: set[Key] = set()
+        self._aside: set[Key] = set()
         self._buckets: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(WINDOW)]
         self._mask = 0
         self.floor = 0
@@ -104,40 +109,56 @@ class LFUPolicy(CachePolicy):
     # -- state changes -------------------------------------------------------------------
     def insert(self, keys: Sequence[Key]) -> None:
         self._held.update(keys)
-        self._prio.update(dict.fromkeys(keys, self.floor + 1))
+        k = self.floor + 1
+        prio = self._prio
+        bucket = self._buckets[k & _MOD]
+        for key in reversed(keys):  # keys[0] ends most recent
+            prio[key] = k
+            bucket[key] = None
+        self._mask |= 1 << (k & _MOD)
+
+    def _unbucket(self, key: Key) -> None:
+        """Take ``key`` out of its bucket or out of the keys aside."""
+        if key in self._aside:
+            self._aside.remove(key)
+            return
+        i = self._prio[key] & _MOD
+        bucket = self._buckets[i]
+        del bucket[key]
+        if not bucket:
+            self._mask &= ~(1 << i)
 
     def remove(self, keys: Sequence[Key]) -> None:
-        self._held.difference_update(keys)
         for key in keys:
+            self._unbucket(key)
             del self._prio[key]
+        self._held.difference_update(keys)
 
     def mark_evictable(self, keys: Sequence[Key]) -> None:
         self._held.difference_update(keys)
+        aside = self._aside
+        if not aside:
+            return
         prio, buckets, floor = self._prio, self._buckets, self.floor
         mask = self._mask
-        for key in reversed(keys):
-            k = prio[key]
-            if k < floor:
-                k = prio[key] = floor
-            i = k & _MOD
-            buckets[i][key] = None
-            mask |= 1 << i
+        for key in keys:
+            if key in aside:  # back at the oldest end of bucket max(K, floor)
+                aside.remove(key)
+                k = prio[key]
+                if k < floor:
+                    k = prio[key] = floor
+                i = k & _MOD
+                bucket = buckets[i]
+                bucket[key] = None
+                bucket.move_to_end(key, last=False)
+                mask |= 1 << i
         self._mask = mask
 
     def mark_non_evictable(self, keys: Sequence[Key]) -> None:
-        prio, buckets = self._prio, self._buckets
-        mask = self._mask
-        for key in keys:
-            i = prio[key] & _MOD
-            bucket = buckets[i]
-            del bucket[key]
-            if not bucket:
-                mask &= ~(1 << i)
-        self._mask = mask
         self._held.update(keys)
 
     def touch(self, keys: Sequence[Key]) -> None:
-        prio, held, buckets = self._prio, self._held, self._buckets
+        prio, aside, buckets = self._prio, self._aside, self._buckets
         floor = self.floor
         top = floor + WINDOW - 1
         mask = self._mask
@@ -149,13 +170,14 @@ class LFUPolicy(CachePolicy):
             if nk > top:
                 nk = top
             prio[key] = nk
-            if key in held:
-                continue
-            i = k & _MOD
-            bucket = buckets[i]
-            del bucket[key]
-            if not bucket:
-                mask &= ~(1 << i)
+            if key in aside:
+                aside.remove(key)
+            else:
+                i = k & _MOD
+                bucket = buckets[i]
+                del bucket[key]
+                if not bucket:
+                    mask &= ~(1 << i)
             j = nk & _MOD
             buckets[j][key] = None
             mask |= 1 << j
@@ -165,12 +187,17 @@ class LFUPolicy(CachePolicy):
         buckets = self._buckets
         victims: list[Key] = []
         victim_prio: list[int] = []
+        met_held: list[tuple[Key, int]] = []
         first_skipped: int | None = None
         examined = 0
+        held = self._held
         k = self._lowest_from(self.floor)
         while k is not None:  # select, lowest bucket first
             for key in buckets[k & _MOD]:
                 examined += 1
+                if key in held:  # set aside below: not met again
+                    met_held.append((key, k))
+                    continue
                 if key in protected:
                     if first_skipped is None:
                         first_skipped = k
@@ -192,6 +219,14 @@ class LFUPolicy(CachePolicy):
             if not bucket:
                 mask &= ~(1 << i)
             del prio[key]
+        aside = self._aside
+        for key, vk in met_held:
+            i = vk & _MOD
+            bucket = buckets[i]
+            del bucket[key]
+            if not bucket:
+                mask &= ~(1 << i)
+            aside.add(key)
         self._mask = mask
         last = victim_prio[-1]
         self.floor = last if first_skipped is None or last < first_skipped else first_skipped
@@ -206,6 +241,7 @@ class LFUPolicy(CachePolicy):
         return {
             "prio": dict(self._prio),
             "held": set(self._held),
+            "aside": set(self._aside),
             "buckets": order,
             "floor": self.floor,
         }
@@ -213,6 +249,7 @@ class LFUPolicy(CachePolicy):
     def clear(self) -> None:
         self._prio.clear()
         self._held.clear()
+        self._aside.clear()
         for bucket in self._buckets:
             bucket.clear()
         self._mask = 0

@@ -1,71 +1,69 @@
 """LRU: evict the least recently used evictable block first.
 
-The classic policy, as in vLLM's ``LRUCachePolicy``, but the order holds evictable blocks only:
-pinned and pending blocks wait outside it and re-enter at the most-recently-used end when they
-become evictable again, so eviction never walks past them.
+The classic policy, as in vLLM's ``LRUCachePolicy``, with logical recency: a block's place
+changes only when it is used -- stored (:meth:`insert`, the call's ``keys[0]`` ends most
+recent), touched, or used by a finished request -- never when a pin is taken or released or
+its store completes. Pinned and pending blocks keep their place in the order; eviction passes
+over them at O(1) amortized each (:class:`~kvtier.policies.order.LogicalOrder`).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Collection, Sequence
-from itertools import islice
 
 from kvtier.policies.base import CachePolicy, Key
+from kvtier.policies.order import LogicalOrder
 
 
 class LRUPolicy(CachePolicy):
-    """Least-recently-used eviction over evictable blocks.
+    """Least-recently-used eviction, logical recency.
 
-    State: ``_order``, the evictable keys, least recent first (an ``OrderedDict`` whose values
-    are unused). Every hook is O(1) per key; :meth:`evict` is O(k + protected keys skipped).
+    State: ``_order``, a :class:`~kvtier.policies.order.LogicalOrder` of every resident key,
+    least recent first (pinned and pending ones held in place). Every hook is O(1) per key;
+    :meth:`evict` is O(k + protected keys skipped) amortized.
     """
 
     name = "lru"
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self._order: OrderedDict[Key, None] = OrderedDict()
+        self._order = LogicalOrder()
         self._orders = (self._order,)
 
-    def mark_evictable(self, keys: Sequence[Key]) -> None:
+    def insert(self, keys: Sequence[Key]) -> None:
         # a plain loop: OrderedDict.update goes through the generic mapping protocol, slower
-        order = self._order
+        live = self._order.live
         for key in reversed(keys):
-            order[key] = None
+            live[key] = None
+        self._order.held.update(keys)
+
+    def remove(self, keys: Sequence[Key]) -> None:
+        discard = self._order.discard
+        for key in keys:
+            discard(key)
+
+    def mark_evictable(self, keys: Sequence[Key]) -> None:
+        self._order.release(keys)
 
     def mark_non_evictable(self, keys: Sequence[Key]) -> None:
-        order = self._order
-        for key in keys:
-            del order[key]
+        self._order.held.update(keys)
 
     def touch(self, keys: Sequence[Key]) -> None:
         order = self._order
+        live, aside = order.live, order.aside
         for key in reversed(keys):
-            if key in order:
-                order.move_to_end(key)
+            if key in live:
+                live.move_to_end(key)
+            elif aside and key in aside:
+                order.use(key)
 
     def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
-        order = self._order
-        if protected:  # select from the LRU end, passing over protected keys
-            victims = []
-            examined = 0
-            for key in order:
-                examined += 1
-                if key not in protected:
-                    victims.append(key)
-                    if len(victims) == n:
-                        break
-        else:
-            victims = list(islice(order, n))
-            examined = n
-        for key in victims:  # commit
-            del order[key]
+        victims, examined = self._order.take(n, protected)
         self.examined += examined
         return victims
 
     def snapshot(self) -> dict:
-        return {"order": list(self._order)}
+        return {"order": self._order.keys(), "held": set(self._order.held)}
 
     def clear(self) -> None:
         self._order.clear()

@@ -29,13 +29,15 @@ The algorithm, in blocks (every block has size 1):
 
 How it maps to the offloading contract:
 
-* S and M keep their FIFO order over **evictable blocks only**; a block's membership (S or M)
-  and its frequency are kept while it is pending or pinned, and a touch of a pending or pinned
-  block still counts. When it becomes evictable (:meth:`mark_evictable`: store completed or
-  last pin released) it enters the tail of its queue, as a new block does -- the FIFO meaning
-  of "the MRU end" (a call's keys enter tail first, so ``keys[0]`` ends newest). The share
-  test ("M holds more than its share") counts every resident block of M, pinned and pending
-  included, like ARC's list sizes.
+* S and M keep their FIFO order over every resident block, pinned and pending ones included
+  (:class:`~kvtier.policies.order.LogicalOrder`): a block's place is set when it is stored (a
+  call's keys enter tail first, so ``keys[0]`` ends newest) or moved by the algorithm itself
+  (promotion to M, reinsertion in M), never by a pin or a completed store. Membership (S or
+  M) and frequency are kept while a block is pending or pinned, and a touch of a pending or
+  pinned block still counts. An eviction walk that meets a held block sets it aside in O(1);
+  it comes back at its place when it becomes evictable. The share test ("M holds more than
+  its share") counts every resident block of M, pinned and pending included, like ARC's list
+  sizes.
 * If the chosen queue has no eligible block (all pinned, pending or protected), eviction falls
   back to the other queue. A protected block that would be evicted stays at the head of its
   queue (it is passed over, not moved); one that would be promoted or reinserted is, as usual.
@@ -62,6 +64,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
 from kvtier.policies.base import CachePolicy, Key
+from kvtier.policies.order import LogicalOrder
 
 #: frequency cap (2-bit counter)
 MAX_FREQ = 3
@@ -84,7 +87,8 @@ class S3FIFOPolicy(CachePolicy):
         ValueError: ``capacity`` is not a positive int.
 
     State: resident membership ``_in_small`` / ``_in_main`` (sets, every resident block),
-    evictable FIFO orders ``_small`` / ``_main`` (keys, oldest first), ``_freq`` (key -> 0..3)
+    FIFO orders ``_small`` / ``_main`` (:class:`~kvtier.policies.order.LogicalOrder`, oldest
+    first, held blocks in place), ``_freq`` (key -> 0..3)
     and the ghost queue ``_ghost`` (oldest first). O(1) per touched key;
     :meth:`evict` is O(k + protected) amortized (see the module docstring).
     """
@@ -98,8 +102,8 @@ class S3FIFOPolicy(CachePolicy):
         self.ghost_capacity = int(capacity * GHOST_RATIO)
         self._in_small: set[Key] = set()
         self._in_main: set[Key] = set()
-        self._small: OrderedDict[Key, None] = OrderedDict()
-        self._main: OrderedDict[Key, None] = OrderedDict()
+        self._small = LogicalOrder()
+        self._main = LogicalOrder()
         self._freq: dict[Key, int] = {}
         self._ghost: OrderedDict[Key, None] = OrderedDict()
         self._has_evicted = False
@@ -124,13 +128,16 @@ class S3FIFOPolicy(CachePolicy):
     # -- state changes -------------------------------------------------------------------
     def insert(self, keys: Sequence[Key]) -> None:
         in_small, in_main, freq, ghost = self._in_small, self._in_main, self._freq, self._ghost
+        small, main = self._small, self._main
         for key in reversed(keys):  # tail first: while S is filling, the tail takes its room
             if ghost.pop(key, 0) is None or (
                 not self._has_evicted and len(in_small) >= self.small_capacity
             ):
                 in_main.add(key)
+                main.append(key, True)
             else:
                 in_small.add(key)
+                small.append(key, True)
             freq[key] = 0
 
     def remove(self, keys: Sequence[Key]) -> None:
@@ -138,24 +145,22 @@ class S3FIFOPolicy(CachePolicy):
             del self._freq[key]
             if key in self._in_small:
                 self._in_small.remove(key)
+                self._small.discard(key)
             else:
                 self._in_main.remove(key)
+                self._main.discard(key)
 
     def mark_evictable(self, keys: Sequence[Key]) -> None:
-        in_small, small, main = self._in_small, self._small, self._main
-        for key in reversed(keys):
-            if key in in_small:
-                small[key] = None
-            else:
-                main[key] = None
+        self._small.release(keys)  # a key not held in a queue is a no-op there
+        self._main.release(keys)
 
     def mark_non_evictable(self, keys: Sequence[Key]) -> None:
-        small, main = self._small, self._main
+        in_small, small_held, main_held = self._in_small, self._small.held, self._main.held
         for key in keys:
-            if key in small:
-                del small[key]
+            if key in in_small:
+                small_held.add(key)
             else:
-                del main[key]
+                main_held.add(key)
 
     def touch(self, keys: Sequence[Key]) -> None:
         freq = self._freq
@@ -173,23 +178,26 @@ class S3FIFOPolicy(CachePolicy):
         in_small, in_main, freq, ghost = self._in_small, self._in_main, self._freq, self._ghost
         main_capacity = self.main_capacity
         victims: list[Key] = []
-        small_passed: list[Key] = []
-        main_passed: list[Key] = []
-        examined = 0
+        small_passed: list = []
+        main_passed: list = []
+        examined = -small.parked - main.parked  # blocks set aside count as examined
         while len(victims) < n:
-            if (len(in_main) <= main_capacity or not main) and small:
+            if (len(in_main) <= main_capacity or not len(main)) and len(small):
                 # evict from S: promote frequent blocks until one leaves
                 found = False
-                while small:
-                    key = small.popitem(False)[0]
+                while True:
+                    item = small.pop_front()
+                    if item is None:
+                        break
+                    key = item[0]
                     examined += 1
                     if freq[key] >= MOVE_TO_MAIN:
                         in_small.remove(key)
                         in_main.add(key)
-                        main[key] = None
+                        main.append(key)
                         freq[key] = 0
                     elif key in protected:
-                        small_passed.append(key)
+                        small_passed.append(item)
                     else:
                         in_small.remove(key)
                         del freq[key]
@@ -200,35 +208,37 @@ class S3FIFOPolicy(CachePolicy):
                 if found:
                     continue
             # evict from M: reinsert blocks with frequency left until one leaves
-            while main:
-                key = main.popitem(False)[0]
+            while True:
+                item = main.pop_front()
+                if item is None:
+                    break
+                key = item[0]
                 examined += 1
                 f = freq[key]
                 if f > 0:
                     freq[key] = f - 1
-                    main[key] = None
+                    main.append(key)
                 elif key in protected:
-                    main_passed.append(key)
+                    main_passed.append(item)
                 else:
                     in_main.remove(key)
                     del freq[key]
                     victims.append(key)
                     break
         # protected blocks passed over keep their place at the head of their queue
-        for queue, passed in ((small, small_passed), (main, main_passed)):
-            for key in reversed(passed):
-                queue[key] = None
-                queue.move_to_end(key, last=False)
+        small.restore_front(small_passed)
+        main.restore_front(main_passed)
         self._has_evicted = True
-        self.examined += examined
+        self.examined += examined + small.parked + main.parked
         return victims
 
     def snapshot(self) -> dict:
         return {
             "in_small": set(self._in_small),
             "in_main": set(self._in_main),
-            "small": list(self._small),
-            "main": list(self._main),
+            "small": self._small.keys(),
+            "main": self._main.keys(),
+            "held": self._small.held | self._main.held,
             "freq": dict(self._freq),
             "ghost": list(self._ghost),
             "has_evicted": self._has_evicted,

@@ -11,11 +11,14 @@ around to the tail.
 
 How it maps to the offloading contract (each choice is also what keeps :meth:`evict` bounded):
 
-* The queue holds **evictable blocks only**. A pending or pinned block is out of the queue; a
-  touch still sets its visited bit, so a use while pinned is not lost. When it becomes evictable
-  again (:meth:`mark_evictable`: store completed or last pin released) it re-enters at the
-  queue's head, as a newly inserted block does -- the FIFO meaning of "the MRU end" (a
-  call's keys enter tail first, so ``keys[0]`` ends at the head).
+* The queue holds every resident block, pinned and pending ones included: a block's place is
+  set when it is stored (a call's keys enter tail first, so ``keys[0]`` ends at the head) and
+  never moved by a pin or a completed store; a touch sets the visited bit whatever the state.
+  When the hand meets a held (pending or pinned) block it sets it aside, O(1), bit kept; when
+  that block becomes evictable again it re-enters just behind the hand, i.e. where the hand
+  met it if the hand has not moved on since, else after the blocks the hand passed meanwhile
+  (a FIFO with a hand has no O(1) way back to the exact spot; this errs on keeping the block
+  longer, and at most by one lap).
 * The queue is kept as two ordered maps split at the hand: ``_ahead`` (the hand's block, then
   every newer block up to the head) and ``_behind`` (the blocks the hand has passed in this lap,
   oldest first). Passing a block moves it from the front of ``_ahead`` to the end of
@@ -46,9 +49,9 @@ from kvtier.policies.base import CachePolicy, Key
 class SievePolicy(CachePolicy):
     """SIEVE eviction (Zhang et al., NSDI'24) over the evictable blocks of the tier.
 
-    State: ``_ahead`` / ``_behind`` (evictable keys, the queue split at the hand, see the
-    module docstring), ``_held`` (pending or pinned keys) and ``_bits`` (keys whose visited
-    bit is set, any state). O(1) per touched key; :meth:`evict` examines at most twice
+    State: ``_ahead`` / ``_behind`` (resident keys, the queue split at the hand, see the
+    module docstring), ``_aside`` (held keys the hand met), ``_held`` (pending or pinned
+    keys) and ``_bits`` (keys whose visited bit is set, any state). O(1) per touched key; :meth:`evict` examines at most twice
     each queue entry (O(k + protected), amortized over touches).
     """
 
@@ -58,9 +61,18 @@ class SievePolicy(CachePolicy):
         super().__init__(capacity)
         self._ahead: OrderedDict[Key, None] = OrderedDict()
         self._behind: OrderedDict[Key, None] = OrderedDict()
+        self._aside: set[Key] = set()
         self._held: set[Key] = set()
         self._bits: set[Key] = set()
-        self._orders = (self._ahead, self._behind)  # the same two maps, whichever is ahead
+
+    def count_eligible(self, protected: Collection[Key] = ()) -> int:
+        # evictable = in the queue or aside, and not held
+        ahead, behind, aside, held = self._ahead, self._behind, self._aside, self._held
+        eligible = len(ahead) + len(behind) + len(aside) - len(held)
+        for key in protected:
+            if (key in ahead or key in behind or key in aside) and key not in held:
+                eligible -= 1
+        return eligible
 
     def _wrap(self) -> None:
         # invariant: the hand's side is empty only when the whole queue is
@@ -69,39 +81,49 @@ class SievePolicy(CachePolicy):
 
     # -- state changes -------------------------------------------------------------------
     def insert(self, keys: Sequence[Key]) -> None:
+        self._bits.difference_update(keys)
         self._held.update(keys)
-        self._bits.difference_update(keys)
-
-    def remove(self, keys: Sequence[Key]) -> None:
-        self._held.difference_update(keys)
-        self._bits.difference_update(keys)
-
-    def mark_evictable(self, keys: Sequence[Key]) -> None:
-        self._held.difference_update(keys)
         ahead = self._ahead  # the head; _behind is empty if _ahead is
         for key in reversed(keys):
             ahead[key] = None
 
-    def mark_non_evictable(self, keys: Sequence[Key]) -> None:
-        ahead, behind = self._ahead, self._behind
+    def remove(self, keys: Sequence[Key]) -> None:
+        ahead, behind, aside = self._ahead, self._behind, self._aside
         for key in keys:
             if key in ahead:
                 del ahead[key]
-            else:
+            elif key in behind:
                 del behind[key]
-        self._held.update(keys)
+            else:
+                aside.remove(key)
+        self._held.difference_update(keys)
+        self._bits.difference_update(keys)
         self._wrap()
+
+    def mark_evictable(self, keys: Sequence[Key]) -> None:
+        self._held.difference_update(keys)
+        aside = self._aside
+        if aside:
+            back = [key for key in keys if key in aside]
+            if back:  # just behind the hand (see the module docstring)
+                aside.difference_update(back)
+                queue = self._behind if self._ahead else self._ahead
+                for key in back:
+                    queue[key] = None
+
+    def mark_non_evictable(self, keys: Sequence[Key]) -> None:
+        self._held.update(keys)
 
     def touch(self, keys: Sequence[Key]) -> None:
         bits = self._bits
-        ahead, behind, held = self._ahead, self._behind, self._held
+        ahead, behind, aside = self._ahead, self._behind, self._aside
         for key in keys:
-            if key in ahead or key in behind or key in held:
+            if key in ahead or key in behind or key in aside:
                 bits.add(key)
 
     def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
         ahead, behind = self._ahead, self._behind
-        bits = self._bits
+        bits, held, aside = self._bits, self._held, self._aside
         victims: list[Key] = []
         examined = 0
         while len(victims) < n:
@@ -109,7 +131,9 @@ class SievePolicy(CachePolicy):
                 ahead, behind = behind, ahead
             key = ahead.popitem(False)[0]
             examined += 1
-            if key in bits:
+            if key in held:
+                aside.add(key)
+            elif key in bits:
                 bits.discard(key)
                 behind[key] = None
             elif key in protected:
@@ -128,6 +152,7 @@ class SievePolicy(CachePolicy):
         return {
             "queue": list(self._behind) + list(self._ahead),
             "hand": len(self._behind),
+            "aside": set(self._aside),
             "held": set(self._held),
             "visited_bits": set(self._bits),
         }
@@ -135,6 +160,7 @@ class SievePolicy(CachePolicy):
     def clear(self) -> None:
         self._ahead.clear()
         self._behind.clear()
+        self._aside.clear()
         self._held.clear()
         self._bits.clear()
         self.examined = 0
