@@ -355,8 +355,8 @@ class OffloadingManager:
     def complete_load(self, keys: Sequence[Hashable], req_context: Any = None) -> None:
         """Release one pin per key (ref count -1); a block at 0 becomes evictable again.
 
-        Blocks that become evictable reach the policy in the call's order (``keys[0]`` ends
-        most recently used, the key-order rule of :mod:`kvtier.policies.base`).
+        Releasing a pin moves nothing: a block that becomes evictable is eligible at its
+        logical place (recency changes only on a use: store, touch, finished request).
 
         Raises:
             BlockStateError: a key is not stored, is pending, or is released more times than
@@ -600,9 +600,8 @@ class OffloadingManager:
         a bool where ``req_context`` goes is refused (``complete_store(keys, False)`` would
         otherwise read as a context and store the blocks), so pass ``success=`` by keyword.
 
-        With ``success=True`` pending blocks become ready and evictable (``keys[0]`` ends
-        most recently used; a key named twice counts at its first occurrence, as in
-        :meth:`touch`); with ``success=False`` they are dropped and their slots freed. Keys
+        With ``success=True`` pending blocks become ready and evictable at the place their
+        store gave them (a completion moves nothing: logical recency); with ``success=False`` they are dropped and their slots freed. Keys
         that are not pending are ignored (a store may be completed by whichever caller
         finishes first).
 

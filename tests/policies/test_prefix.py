@@ -126,7 +126,7 @@ def test_demoted_leaves_go_after_orphans_and_before_the_inner_choice():
     p.touch(list("abc"))  # LRU: e d c b a
     assert [p.is_leaf(k) for k in "abcde"] == [False, False, True, False, True]
     snap = p.snapshot()
-    assert snap["leaf_queue"] == ["c", "e"]
+    assert snap["leaf_queue"] == (["c", "e"], frozenset())
     # leaves, oldest evictable first, then the inner LRU's choice
     assert keys_of(p.evict(3, ())) == ["c", "e", "d"]
 
@@ -152,18 +152,20 @@ def test_protected_and_pinned_leaves_are_skipped_and_evict_stays_atomic():
     for keys in (["a", "b"], ["c", "d"], ["e", "f"]):
         m.complete_store(m.prepare_store(keys).keys_to_store)
     pol = m.policy
-    assert pol.snapshot()["leaf_queue"] == ["b", "d", "f"]
-    m.prepare_load(["b"])  # pinned: leaves the leaf queue
-    assert pol.snapshot()["leaf_queue"] == ["d", "f"]
+    assert pol.snapshot()["leaf_queue"] == (["b", "d", "f"], frozenset())
+    m.prepare_load(["b"])
+    # pinned: keeps its place in the leaf queue (logical recency), not eligible
+    assert pol.snapshot()["leaf_queue"] == (["b", "d", "f"], frozenset({"b"}))
     before = m.snapshot()
     assert pol.evict(5, ("f",)) is None  # 4 eligible: a, c, d, e
     assert m.snapshot() == before
     pol.examined = 0
     # d is protected (named in the call); f is the only free leaf; then LRU: a (b pinned,
-    # keeps its place and is set aside when the walk meets it: examined once)
+    # keeps its place in both orders and is set aside when a walk meets it: examined once in
+    # the leaf queue, once in the inner LRU)
     out = m.prepare_store(["d", "x", "y"])
     assert out.evicted_keys == ["f", "a"]
-    assert pol.examined <= 2 + 1 + 1
+    assert pol.examined <= 2 + 1 + 2
 
 
 def test_leaf_memory_is_bounded_and_freed():
@@ -177,7 +179,7 @@ def test_leaf_memory_is_bounded_and_freed():
     snap = m.policy.snapshot()
     assert len(snap["probe"]) <= 40
     assert snap["leaf"] <= set(m.snapshot()["slot_of"])
-    assert set(snap["leaf_queue"]) <= snap["leaf"] and snap["fresh"] == []
+    assert set(snap["leaf_queue"][0]) <= snap["leaf"] and snap["fresh"] == []
     m.reset_cache()
     assert m.policy.snapshot() == OffloadingManager(40, policy="prefix-lru").policy.snapshot()
 
@@ -380,6 +382,6 @@ def test_a_held_back_leaf_rule_only_records_its_picks():
     assert keys_of(p.evict(2, ())) == ["e", "d"]  # the inner LRU's choice
     snap = p.snapshot()
     # c was picked by the rule: recorded as a virtual victim, out of the leaf queue, resident
-    assert snap["leaf_queue"] == [] and "c" in snap["resident"]
+    assert snap["leaf_queue"] == ([], frozenset()) and "c" in snap["resident"]
     ghosts = dict(snap["duel"]["ghost"])
     assert set(ghosts) == {"c", "d", "e"} and ghosts["c"] & 3 == 2

@@ -102,8 +102,13 @@ class ARCPolicy(CachePolicy):
         resident = self._resident
         for key in keys:
             resident[key] = False  # no longer pending
-        self._t1.release(keys)  # a key not held in an order is a no-op there
-        self._t2.release(keys)
+        t1, t2 = self._t1, self._t2
+        if t1.aside or t2.aside:
+            t1.release(keys)  # a key not held in an order is a no-op there
+            t2.release(keys)
+        else:  # nothing set aside: only the held flags change (C-level set operations)
+            t1.held.difference_update(keys)
+            t2.held.difference_update(keys)
 
     def mark_non_evictable(self, keys: Sequence[Key]) -> None:
         t2_keys, t1_held, t2_held = self._t2_keys, self._t1.held, self._t2.held

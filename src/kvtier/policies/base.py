@@ -7,10 +7,11 @@ hooks below, so a policy never scans the cache to find out what may be evicted.
 
 The hooks (vLLM 0.33's ``CachePolicy`` names where it has one; 8 in all)::
 
-    insert(keys)              new blocks, store in flight: resident, NOT evictable
-    mark_evictable(keys)      store completed, or last pin released: evictable
-    mark_non_evictable(keys)  pinned by a load (ref count 0 -> 1): leaves the eviction order,
-                              keeps its other state (list membership, frequency, ...)
+    insert(keys)              new blocks, store in flight: resident, NOT evictable; stored is
+                              a use: they take their place in the order
+    mark_evictable(keys)      store completed, or last pin released: evictable, NOT moved
+    mark_non_evictable(keys)  pinned by a load (ref count 0 -> 1): not evictable, keeps its
+                              place and its other state (list membership, frequency, ...)
     remove(keys)              non-evictable blocks dropped without eviction (failed store):
                               no ghost entry, the block was never readable
     touch(keys)               a use; keys may be absent (ghost lists may learn from them),
@@ -21,8 +22,14 @@ The hooks (vLLM 0.33's ``CachePolicy`` names where it has one; 8 in all)::
 
 **Key order, the one rule.** Every hook receives its keys in the caller's order, head of the
 request first, each key once (``touch`` excepted: it may repeat keys and name absent ones).
-A hook that orders blocks (``mark_evictable``, ``touch``) leaves ``keys[0]`` the most recent:
-a request names its blocks head first, and a prefix's head should outlive its tail.
+A hook that uses blocks (``insert``, ``touch``) leaves ``keys[0]`` the most recent: a request
+names its blocks head first, and a prefix's head should outlive its tail.
+
+**Recency is logical.** A block's place in the order changes only when it is used (stored,
+touched, used by a finished request); pins, their release and completed stores never move
+it. Pinned and pending blocks therefore stay in the order: see
+:class:`~kvtier.policies.order.LogicalOrder` for how eviction passes over them at O(1)
+amortized each.
 
 **One eviction shape.** :meth:`CachePolicy.evict` belongs to this base class: it counts the
 eligible blocks (evictable and not protected, O(|protected|)) and returns ``None``, with
@@ -34,9 +41,9 @@ not a few collections overrides :meth:`CachePolicy.count_eligible`).
 
 Rules every policy keeps (tested on every registered policy by ``tests/policies``):
 
-* The eviction order holds **evictable blocks only**, so evicting k blocks costs
-  O(k + protected keys skipped), whatever the cache size and however many blocks are pinned
-  or pending. The entries :meth:`CachePolicy._evict` examines are added to
+* Evicting k blocks costs O(k + protected keys skipped) amortized, whatever the cache size and
+  however many blocks are pinned or pending (each held block in the way is examined once per
+  hold). The entries :meth:`CachePolicy._evict` examines are added to
   :attr:`CachePolicy.examined` so tests can prove the bound.
 * Thread safety: none. A policy is driven by one manager, which serialises the calls.
 """
@@ -119,18 +126,19 @@ class CachePolicy(ABC):
 
     # -- hooks the manager calls ------------------------------------------------------------
     def insert(self, keys: Sequence[Key]) -> None:  # noqa: B027 - optional hook
-        """New blocks, not resident before; their stores are in flight (not evictable).
-        Default: nothing (a policy that orders evictable blocks only may not need it)."""
+        """New blocks, not resident before; their stores are in flight (not evictable). A
+        store is a use: they take their place in the order, ``keys[0]`` the most recent.
+        Default: nothing."""
 
     @abstractmethod
     def mark_evictable(self, keys: Sequence[Key]) -> None:
         """Resident blocks became evictable (store completed, or last pin released): they
-        enter the eviction order, ``keys[0]`` the most recent."""
+        are eligible again where they stand (logical recency: not moved)."""
 
     @abstractmethod
     def mark_non_evictable(self, keys: Sequence[Key]) -> None:
-        """Evictable blocks were pinned: they leave the eviction order and keep the rest of
-        their state."""
+        """Evictable blocks were pinned: not eligible until released; they keep their place
+        and the rest of their state."""
 
     def remove(self, keys: Sequence[Key]) -> None:  # noqa: B027 - optional hook
         """Resident, non-evictable blocks leave without eviction (a failed store): no ghost

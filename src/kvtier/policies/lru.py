@@ -43,7 +43,11 @@ class LRUPolicy(CachePolicy):
             discard(key)
 
     def mark_evictable(self, keys: Sequence[Key]) -> None:
-        self._order.release(keys)
+        order = self._order
+        if order.aside:
+            order.release(keys)
+        else:  # nothing set aside: only the held flags change (one C-level set operation)
+            order.held.difference_update(keys)
 
     def mark_non_evictable(self, keys: Sequence[Key]) -> None:
         self._order.held.update(keys)
@@ -58,7 +62,16 @@ class LRUPolicy(CachePolicy):
                 order.use(key)
 
     def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
-        victims, examined = self._order.take(n, protected)
+        order = self._order
+        if n == 1 and not order.heap and not protected:
+            # the usual one-key store, inline: the LRU end, unless held (then LogicalOrder.take)
+            live = order.live
+            key = next(iter(live))
+            if key not in order.held:
+                del live[key]
+                self.examined += 1
+                return [key]
+        victims, examined = order.take(n, protected)
         self.examined += examined
         return victims
 

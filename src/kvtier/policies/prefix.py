@@ -21,8 +21,9 @@ resident. When a block leaves (evicted, or its store failed) all its resident de
 become orphans; when a block is inserted again, the resident descendants it reconnects stop
 being orphans. Orphans are queued in the order they became orphans, each newly orphaned subtree
 *tail first* (a request's tail before its head, so the part of a prefix most likely to be
-reconnected stays longest). Only evictable orphans are in the queue; pinned and pending
-orphans join it when they become evictable.
+reconnected stays longest). Pinned and pending orphans keep their place in the queue (logical
+recency: a pin, its release or a completed store moves nothing; the queue is a
+:class:`~kvtier.policies.order.LogicalOrder`).
 
 Dead leaves. A *leaf* is a resident block that no call has named a key after since it was
 stored: a block with no known child. Every stored request has one (its last stored block). In
@@ -72,12 +73,12 @@ Registered as ``prefix-<inner>`` for every built-in policy (``prefix-lru``, ``pr
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from typing import ClassVar
 
 from kvtier.policies.arc import ARCPolicy
 from kvtier.policies.base import CachePolicy, Key
+from kvtier.policies.order import LogicalOrder
 from kvtier.policies.leaf_reuse import LEAF_MIN_STORES, LeafReuseEstimator
 from kvtier.policies.lfu import LFUPolicy
 from kvtier.policies.lru import LRUPolicy
@@ -157,11 +158,13 @@ class PrefixAwarePolicy(CachePolicy):
         self._parent: dict[Key, Key] = {}  # resident child -> parent
         self._children: dict[Key, dict[Key, None]] = {}  # parent -> resident children
         self._orphans: set[Key] = set()  # resident orphans, any state
-        self._queue: OrderedDict[Key, None] = OrderedDict()  # evictable orphans, first out first
+        # resident orphans in the order they became orphans, first out first (pinned and
+        # pending ones held in place: logical recency)
+        self._queue = LogicalOrder()
         self.leaf_mode = mode
         self.guard = guard
         self._leaf: set[Key] = set()  # resident blocks with no known child, any state
-        self._leafq: OrderedDict[Key, None] = OrderedDict()  # evictable leaves, oldest first
+        self._leafq = LogicalOrder()  # resident leaves, oldest stored first (held in place)
         self._fresh: dict[Key, None] = {}  # inserted, not yet classified by on_store
         self._leaf_est = LeafReuseEstimator(capacity, mode == "adaptive", mode == "always")
         self._duel = EvictionDuel(capacity, rules=2)
@@ -199,14 +202,14 @@ class PrefixAwarePolicy(CachePolicy):
         orphans, queue, res = self._orphans, self._queue, self._res
         for key in reversed(nodes):  # reversed pre-order: every block after its descendants
             orphans.add(key)
-            if res[key]:
-                queue[key] = None
+            if not queue.has(key):
+                queue.append(key, not res[key])
 
     def _unmark(self, root: Key) -> None:
         orphans, queue = self._orphans, self._queue
         for key in self._subtree(root, False):
             orphans.discard(key)
-            queue.pop(key, None)
+            queue.discard_member(key)
 
     def _link(self, child: Key, parent: Key) -> None:
         old = self._parent.get(child, _NO_PARENT)
@@ -231,12 +234,12 @@ class PrefixAwarePolicy(CachePolicy):
         del self._res[key]
         if key in self._leaf:
             self._leaf.discard(key)
-            self._leafq.pop(key, None)
+            self._leafq.discard_member(key)
         self._fresh.pop(key, None)
         was_orphan = key in self._orphans
         if was_orphan:
             self._orphans.discard(key)
-            self._queue.pop(key, None)
+            self._queue.discard_member(key)
         parent = self._parent.pop(key, _NO_PARENT)
         if parent is not _NO_PARENT:
             siblings = self._children[parent]
@@ -294,7 +297,7 @@ class PrefixAwarePolicy(CachePolicy):
     def _has_child(self, key: Key) -> None:
         # a call named a key after ``key``: it is a parent, not a leaf (any more)
         self._leaf.discard(key)
-        self._leafq.pop(key, None)
+        self._leafq.discard_member(key)
 
     def _sample_pair(self, keys: Sequence[Key]) -> None:
         """After a store: when the call stored both its last key (a leaf) and the key before it
@@ -309,6 +312,7 @@ class PrefixAwarePolicy(CachePolicy):
     def insert(self, keys: Sequence[Key]) -> None:
         self.inner.insert(keys)
         res, children, fresh, leaf = self._res, self._children, self._fresh, self._leaf
+        leafq = self._leafq
         for key in keys:
             res[key] = False
             fresh[key] = None
@@ -316,6 +320,9 @@ class PrefixAwarePolicy(CachePolicy):
                 self._reconnect(key)
             else:
                 leaf.add(key)
+        for key in reversed(keys):  # stored: keys[0] ends newest
+            if key in leaf:
+                leafq.append(key, True)
 
     def remove(self, keys: Sequence[Key]) -> None:
         keys = [key for key in keys if key in self._res]
@@ -328,24 +335,19 @@ class PrefixAwarePolicy(CachePolicy):
 
     def mark_evictable(self, keys: Sequence[Key]) -> None:
         self.inner.mark_evictable(keys)
-        res, orphans, queue = self._res, self._orphans, self._queue
-        leaf, leafq = self._leaf, self._leafq
-        for key in reversed(keys):  # the order in which they became evictable
+        res = self._res
+        for key in keys:
             res[key] = True
-            if key in orphans:
-                queue[key] = None
-            if key in leaf:
-                leafq[key] = None
+        self._queue.release(keys)  # in place (logical recency); a non-member is a no-op
+        self._leafq.release(keys)
 
     def mark_non_evictable(self, keys: Sequence[Key]) -> None:
         self.inner.mark_non_evictable(keys)
-        res, queue, leafq = self._res, self._queue, self._leafq
+        res = self._res
         for key in keys:
             res[key] = False
-            if queue:
-                queue.pop(key, None)
-            if leafq:
-                leafq.pop(key, None)
+        self._queue.hold_members(keys)
+        self._leafq.hold_members(keys)
 
     def touch(self, keys: Sequence[Key]) -> None:
         self.inner.touch(keys)
@@ -381,27 +383,19 @@ class PrefixAwarePolicy(CachePolicy):
         examined = 0
         # the orphan rule's picks, then the leaf rule's: evicted when the rule is allowed,
         # else only recorded as virtual victims (see the module docstring, *Safeguard*)
-        orphans: list[Key] = []
-        for key in self._queue:
-            examined += 1
-            if key in protected:
-                continue
-            orphans.append(key)
-            if len(orphans) == n:
-                break
+        # (each pick leaves its queue: acted on, or recorded as a virtual victim below)
+        orphans, examined = self._queue.take(n, protected)
         orphans_act = not guarded or duel.allowed[ORPHAN_RULE]
         taken = len(orphans) if orphans_act else 0
         leaves: list[Key] = []
         if taken < n and self._leafq and self._leaf_est.demoting:
             # an orphan leaf may already be picked: skip it
-            picked = set(orphans) if orphans else ()
-            for key in self._leafq:
-                examined += 1
-                if key in protected or key in picked:
-                    continue
-                leaves.append(key)
-                if taken + len(leaves) == n:
-                    break
+            skip: Collection[Key] = protected
+            if orphans:
+                skip = set(protected)
+                skip.update(orphans)
+            leaves, seen = self._leafq.take(n - taken, skip)
+            examined += seen
         leaves_act = (not guarded or self.leaf_mode == "always"
                       or duel.allowed[LEAF_RULE])
         if leaves and leaves_act:
@@ -436,20 +430,17 @@ class PrefixAwarePolicy(CachePolicy):
             if orphans:
                 if orphans_act:
                     duel.record(orphans, ORPHAN_RULE)
-                else:  # virtual victims (unless the inner policy took them): they leave the queue
-                    res, queue = self._res, self._queue
+                else:  # virtual victims (unless the inner policy took them): they left the
+                    # queue when picked
+                    res = self._res
                     orphans = [key for key in orphans if key in res]
-                    for key in orphans:
-                        del queue[key]
                     duel.record(orphans, ORPHAN_RULE, virtual=True)
             if leaves and self.leaf_mode != "always":
                 if leaves_act:
                     duel.record(leaves, LEAF_RULE)
                 else:
-                    res, leafq = self._res, self._leafq
+                    res = self._res
                     leaves = [key for key in leaves if key in res]
-                    for key in leaves:
-                        del leafq[key]
                     duel.record(leaves, LEAF_RULE, virtual=True)
         return victims
 
@@ -460,9 +451,9 @@ class PrefixAwarePolicy(CachePolicy):
             "parent": dict(self._parent),
             "children": {p: list(c) for p, c in self._children.items()},
             "orphans": set(self._orphans),
-            "queue": list(self._queue),
+            "queue": self._queue.snapshot(),
             "leaf": set(self._leaf),
-            "leaf_queue": list(self._leafq),
+            "leaf_queue": self._leafq.snapshot(),
             "fresh": list(self._fresh),
             "duel": self._duel.snapshot(),
         }

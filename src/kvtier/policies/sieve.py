@@ -33,9 +33,10 @@ Bound: within one :meth:`evict` call the hand makes at most one full lap plus th
 it has passed every block all visited bits are clear, so every unprotected block it meets next is
 a victim. Each queue entry is therefore examined at most twice per call, and the entries
 examined (added to :attr:`examined`) are ``n`` victims + visited bits cleared + protected blocks
-passed (each at most twice). Cleared bits are paid for by the touches that set them (one bit per
-touch at most), so eviction is O(k + protected) amortized over touches, not worst case: a call
-that meets ``m`` visited blocks examines ``m`` extra entries, as in the paper.
+passed (each at most twice) + held blocks set aside (each once per hold). Cleared bits are
+paid for by the touches that set them (one bit per touch at most), so eviction is
+O(k + protected) amortized over touches and holds, not worst case: a call that meets ``m``
+visited blocks examines ``m`` extra entries, as in the paper.
 """
 
 from __future__ import annotations
