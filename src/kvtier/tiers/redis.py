@@ -4,7 +4,7 @@ Several engine processes, on one machine or many, point a :class:`RedisTier` at 
 and reuse each other's prefixes: a block one process wrote is found by another's
 :meth:`RedisTier.lookup_prefix` and read back verified. Capacity and eviction are Redis's own
 (``maxmemory`` with ``allkeys-lru`` or ``allkeys-lfu``, see docs/redis.md); the tier never
-deletes blocks itself.
+deletes blocks itself, except on request (:meth:`RedisTier.purge`, for a throw-away namespace).
 
 Keys and values (format version 1; docs/redis.md has the byte layout):
 
@@ -545,6 +545,65 @@ class RedisTier(BlockTier):
             TypeError: ``key`` has no stable encoding.
         """
         return self._key_prefix + encode_key(key)
+
+    # -- checks and clean-up (not engine calls: these raise) ---------------------------------
+    def ping(self) -> None:
+        """Check now that the server answers (one ``PING`` at ``timeout_s``; in a cluster,
+        building the client reaches the cluster). The engine-facing calls never raise for a
+        dead server (they answer miss); a tool that must not run against one (the trace
+        simulation ``kvtier replay --tiers``) calls this first. Not counted in the stats and
+        not seen by the breaker.
+
+        Raises:
+            ConnectionError: the server cannot be reached or refused the call (the message
+                names the redacted URL and the cause). RuntimeError: the tier is closed.
+        """
+        self._check_open()
+        try:
+            self._client("lookup").ping()
+        except Exception as exc:
+            raise ConnectionError(
+                f"Redis tier {self._url_redacted} is not reachable: "
+                f"{_scrub(f'{type(exc).__name__}: {exc}', self._url)}"
+            ) from None
+
+    def purge(self, batch: int = 1000) -> int:
+        """Delete every block of this tier's namespace and fingerprint from Redis (``SCAN``
+        with ``MATCH <namespace>:<fingerprint id>:*`` over every node, ``UNLINK`` in batches
+        of ``batch`` keys); returns how many keys were deleted. Other namespaces and
+        fingerprints are left alone. Call :meth:`flush` first, or blocks still queued are
+        written after the purge. Takes one SCAN pass over the whole keyspace: for a tier
+        that is thrown away (a simulation run, a test), not for an engine's hot path.
+
+        Raises:
+            ValueError: ``batch`` is not an int > 0.
+            ConnectionError: the server failed during the purge (names the redacted URL;
+                the keys not reached yet remain). RuntimeError: the tier is closed.
+        """
+        if type(batch) is not int or batch <= 0:
+            raise ValueError(f"batch must be an int > 0, got {batch!r}")
+        self._check_open()
+        # the namespace may hold glob characters: escaped for MATCH
+        pattern = b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c])
+                           for c in self._key_prefix) + b"*"
+        deleted = 0
+        try:
+            client = self._client("write")
+            pending: list[bytes] = []
+            for key in client.scan_iter(match=pattern, count=batch):
+                pending.append(key)
+                if len(pending) >= batch:
+                    deleted += client.unlink(*pending)
+                    pending = []
+            if pending:
+                deleted += client.unlink(*pending)
+        except Exception as exc:
+            raise ConnectionError(
+                f"Redis tier {self._url_redacted}: purge of {self._key_prefix.decode()}* "
+                f"failed after {deleted} keys: "
+                f"{_scrub(f'{type(exc).__name__}: {exc}', self._url)}"
+            ) from None
+        return deleted
 
     # -- guarded server calls --------------------------------------------------------------
     def _call(self, what: str, fn, *args) -> Any:
