@@ -186,6 +186,36 @@ def test_promotion_refused_when_the_host_cannot_make_room():
     assert disk.lookup_prefix(["y"]) == 1  # LRU victim: y (x was named first)
 
 
+@pytest.mark.parametrize("host_slots, restored", [(4, 4), (3, 3), (2, 2)])
+def test_restore_prefix_whose_head_is_only_on_the_disk(tmp_path, host_slots, restored):
+    """Disk holds 10, 11 and the host 12, 13: the prefix [10, 11, 12, 13] is restored from its
+    head, as much of it as the host can hold at once. It used to restore nothing (0, None)
+    when the host could not hold all four (found by a newcomer session)."""
+    tiered, kv, disk = make(tmp_path, host_slots=host_slots)
+    data = {b: block(kv, b) for b in range(16)}
+    disk.write([10, 11], [as_bytes(data[0]), as_bytes(data[1])])
+    assert disk.flush(10)
+    tiered.offload([12, 13], [2, 3])
+    tiered.wait(10)
+    for t in kv:
+        t[4:8] = 0
+    n, job, found = tiered.restore_prefix([10, 11, 12, 13], [4, 5, 6, 7])
+    assert found.runs == [("disk", 2), ("host", 2)]
+    assert n == restored and job is not None
+    tiered.wait(10)
+    for dst, src in zip(range(4, 4 + n), (0, 1, 2, 3)):
+        assert torch.equal(block(kv, dst), data[src]), dst
+    assert all(torch.count_nonzero(block(kv, d)) == 0 for d in range(4 + n, 8))
+    assert tiered.stack.promoted == {"disk": 2}
+    assert tiered.stack.promote_failures == (restored < 4)
+    # write-back: the host blocks the promotion evicted went down with their bytes
+    tiered.flush(10)
+    gone = [k for k in (12, 13) if k not in tiered.offloader.manager]
+    assert len(gone) == 4 - restored
+    assert disk.read(gone) == [as_bytes(data[k - 10]) for k in gone]
+    tiered.close()
+
+
 def test_bad_stack_arguments():
     with pytest.raises(ValueError, match="demotion must be one of"):
         _host_stack(2, [], demotion="write-around")
