@@ -141,6 +141,7 @@ def test_vllm_spec_factory_loads_kvtier_spec(name):
     [
         ({"kvtier_policy": "nope"}, ["kvtier_policy", "lru", "'nope'"]),
         ({"kvtier_policy": 3}, ["kvtier_policy"]),
+        ({"kvtier_policy": "belady"}, ["kvtier_policy", "'belady'", "offline"]),
         ({"store_threshold": -1}, ["store_threshold", ">= 0"]),
         ({"store_threshold": "2"}, ["store_threshold"]),
         ({"store_threshold": True}, ["store_threshold"]),
