@@ -136,6 +136,32 @@ def test_replay_of_bare_key_lists_is_a_clear_type_error():
         replay([[1, 2]], "lru", 4)
 
 
+@pytest.mark.parametrize("limit", [[], ["--limit", "100"]])
+def test_analyze_warns_when_block_tokens_disagree_with_the_trace(limit):
+    """The embedded sample's hash_ids are 512-token blocks: --block-tokens 16 is a warning
+    line (also when --limit stops the pass early), --strict an error (found by a newcomer
+    session: analyze gave no such warning)."""
+    res = run("analyze", "--block-tokens", "16", *limit, "--json", "-")
+    assert res.exit_code == 0
+    n = 100 if limit else 500
+    assert "warning: " in res.stderr
+    assert f"{n} of {n} requests have an input_length" in res.stderr.replace("\n", " ")
+    assert "--block-tokens 512" in res.stderr
+    assert json.loads(res.stdout)["trace"]["length_mismatches"] == n
+    res = run("analyze", "--block-tokens", "512", *limit)
+    assert res.exit_code == 0 and "warning" not in res.stderr
+    res = run("analyze", "--block-tokens", "16", "--strict", *limit)
+    assert res.exit_code == 1 and "needs 423 blocks of 16 tokens" in res.stderr
+
+
+def test_replay_with_limit_still_warns_about_block_tokens():
+    res = run("replay", "--block-tokens", "16", "--limit", "50", "-p", "lru", "-c", "100",
+              "--json", "-")
+    assert res.exit_code == 0
+    assert "50 of 50 requests have an input_length" in res.stderr.replace("\n", " ")
+    assert json.loads(res.stdout)["trace"]["length_mismatches"] == 50
+
+
 def test_length_mismatch_warns_on_the_cli_and_strict_makes_it_an_error(tmp_path):
     trace = tmp_path / "m.jsonl"
     trace.write_text('{"hash_ids": [1, 2, 3], "input_length": 1}\n'

@@ -315,7 +315,14 @@ class TraceSource:
     def open(self):
         """``(reader, iterable of requests)``: the reader keeps the counts (bad lines)."""
         reader = self.options.open(self.path)
-        return reader, (itertools.islice(reader, self.limit) if self.limit else reader)
+        return reader, (_limited(reader, self.limit) if self.limit else reader)
+
+
+def _limited(reader, limit: int):
+    """The first ``limit`` requests of ``reader``; then its warning about lengths that
+    disagree with --block-tokens, which a pass stopped before the end would not give."""
+    yield from itertools.islice(reader, limit)
+    reader.report_lengths()
 
 
 class _Interrupted(Exception):
@@ -650,6 +657,7 @@ def analyze_cmd(
     fmt: FormatOpt = "auto",
     block_tokens: BlockTokensOpt = 512,
     skip_bad_lines: SkipOpt = False,
+    strict: StrictOpt = False,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1,
                                                  help="Analyze only the first N requests.")] = None,
     window_s: Annotated[float, typer.Option(
@@ -670,8 +678,9 @@ def analyze_cmd(
     exactly when it is below C.
     """
     try:
-        _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_requests,
-                 plot, json_out, progress)
+        with _warnings_to_stderr():  # e.g. --block-tokens disagreeing with the trace's lengths
+            _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s,
+                     window_requests, plot, json_out, progress, strict)
     except (_CliError, TraceFormatError, ValueError, OSError) as exc:
         raise _fail(exc) from None
 
@@ -729,7 +738,7 @@ def _analysis_table(d: dict) -> Table:
 
 
 def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_requests, plot,
-             json_out, progress) -> None:
+             json_out, progress, strict=False) -> None:
     from kvtier.analyze import analyze, plot_analysis
 
     path = trace if trace is not None else embedded_sample_path()
@@ -739,9 +748,9 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
     if plot is not None:
         _check_writable(plot, "--plot")
         _check_plot_format(plot)
-    reader = TraceOptions(fmt=fmt, block_tokens=block_tokens,
-                          skip_bad_lines=skip_bad_lines).open(path)
-    it = itertools.islice(reader, limit) if limit else reader
+    reader = TraceOptions(fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines,
+                          strict=strict).open(path)
+    it = _limited(reader, limit) if limit else reader
     if progress is None:
         try:
             progress = Path(path).stat().st_size >= _AUTO_PROGRESS_BYTES
@@ -767,7 +776,9 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
         caption += f"; {_count(reader.bad_lines, 'bad line')} skipped"
     out.print(caption, highlight=False, soft_wrap=True)
     _write_json(json_out, {"trace": {"path": str(path), "format": reader.fmt,
-                                     "bad_lines": reader.bad_lines, "analyze_s": elapsed},
+                                     "bad_lines": reader.bad_lines,
+                                     "length_mismatches": reader.length_mismatches,
+                                     "analyze_s": elapsed},
                            "analysis": d, "plot": str(plot) if plot else None})
     if plot is not None:
         try:
