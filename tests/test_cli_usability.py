@@ -213,3 +213,32 @@ def test_a_real_sigint_during_replay_keeps_the_finished_rows(tmp_path):
     rows = [line for line in stdout.splitlines() if line.startswith(("lru ", "arc "))]
     assert len(rows) == len(data["results"])
     assert f"{len(rows)} of 16 runs finished" in stderr
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("command", ["replay", "sweep", "analyze"])
+def test_help_text_is_wrapped_once(command, width):
+    """Docstring paragraphs kept their hard line breaks and rich wrapped them again ("... is
+    the offline reference" split as "is" / "the" / "offline ..."), and "[default: ...]" in
+    option help was eaten as rich markup (found by a newcomer session)."""
+    res = runner.invoke(app, [command, "--help"], env={"COLUMNS": str(width)}, terminal_width=width)
+    assert res.exit_code == 0
+    lines = res.stdout.splitlines()
+    body = lines[[i for i, ln in enumerate(lines) if "Usage:" in ln][0] + 1:
+                 [i for i, ln in enumerate(lines) if "─ Arguments" in ln][0]]
+    paragraphs = "\n".join(ln.rstrip() for ln in body).strip("\n").split("\n\n")
+    assert len(paragraphs) >= 2
+    for paragraph in paragraphs:
+        for line in paragraph.split("\n")[:-1]:  # every line but a paragraph's last is full
+            assert len(line) >= width - 16, (line, paragraph)
+    text = " ".join(res.stdout.split())
+    if command == "replay":
+        assert "[default: 10,000, an assumption]" in text.replace("│ ", "")
+    if command == "sweep":
+        assert "[default: 12]" in text
+
+
+def test_analyze_counts_are_pluralised():
+    res = run("analyze", "--limit", "3", "--window-s", "100000")
+    assert res.exit_code == 0
+    assert "1 window" in res.stdout and "1 windows" not in res.stdout
