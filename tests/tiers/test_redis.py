@@ -447,6 +447,27 @@ def test_purge_deletes_only_its_namespace_and_fingerprint(shared_redis_server):
             tier.purge(batch=0)
 
 
+def test_no_client_setinfo_and_no_deprecation_warning(shared_redis_server):
+    """The tier skips CLIENT SETINFO on connect (one round trip less) with the option of the
+    installed redis-py: driver_info=None from 7.2 (lib_name/lib_version warn there), else
+    lib_name=None, lib_version=None."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # redis-py 7.x: DeprecationWarning for lib_name
+        with make_tier(shared_redis_server.url) as tier:
+            tier.write([1], blocks_for([1]))
+            assert tier.flush(10)
+            assert tier.lookup_prefix([1]) == 1 and tier.read([1]) == blocks_for([1])
+            for kind in ("lookup", "read", "write"):
+                conn = tier._client(kind).connection_pool.make_connection()
+                if hasattr(redis_py, "DriverInfo"):
+                    assert conn.driver_info is None
+                else:
+                    assert conn.lib_name is None and conn.lib_version is None
+                conn.disconnect()
+
+
 def test_circuit_breaker_states():
     b = CircuitBreaker(failure_threshold=2, cooldown_s=0.05)
     assert b.allow()

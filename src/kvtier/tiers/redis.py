@@ -98,6 +98,20 @@ return #KEYS
 """
 
 
+def _no_client_setinfo() -> dict[str, Any]:
+    """redis-py client options that skip ``CLIENT SETINFO`` on connect: ``driver_info=None``
+    from redis-py 7.2 (``redis.DriverInfo``; ``lib_name``/``lib_version`` are deprecated
+    there and warn), ``lib_name=None, lib_version=None`` before."""
+    try:
+        from redis import DriverInfo  # noqa: F401  (redis-py >= 7.2)
+    except ImportError:
+        return {"lib_name": None, "lib_version": None}
+    return {"driver_info": None}
+
+
+_NO_CLIENT_SETINFO = _no_client_setinfo()
+
+
 def redact_url(url: str) -> str:
     """``url`` with its password (if any) replaced by ``***``; user, host, port, path and
     query are kept. Never raises (an unparsable URL becomes ``"<unparsable redis URL>"``)."""
@@ -398,8 +412,8 @@ class RedisTier(BlockTier):
         # CLIENT SETINFO on connect: one round trip less per new connection.
         base_opts: dict[str, Any] = dict(client_options or {})
         base_opts.setdefault("retry", Retry(NoBackoff(), 0))
-        base_opts.setdefault("lib_name", None)
-        base_opts.setdefault("lib_version", None)
+        for opt, value in _NO_CLIENT_SETINFO.items():
+            base_opts.setdefault(opt, value)
         self._url = url
         # one client (connection pool) per kind of call, each with its own timeouts
         self._opts = {
