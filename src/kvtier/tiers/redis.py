@@ -619,6 +619,14 @@ class RedisTier(BlockTier):
             ) from None
         return deleted
 
+    def _redis_keys(self, keys: Sequence[Key], method: str) -> list[bytes]:
+        """The Redis keys of a call's ``keys`` (a lone str/bytes is refused: TypeError
+        naming ``RedisTier.<method>``), after checking that the tier is open."""
+        if type(keys) is not list and type(keys) is not tuple:  # a lone str: TypeError
+            keys = key_list(keys, f"RedisTier.{method}")
+        self._check_open()
+        return [self.redis_key(k) for k in keys]
+
     # -- guarded server calls --------------------------------------------------------------
     def _call(self, what: str, fn, *args) -> Any:
         """Run ``fn(*args)`` under the breaker; returns ``_FAILED`` when refused or failed."""
@@ -662,10 +670,7 @@ class RedisTier(BlockTier):
         Raises:
             TypeError: a key has no stable encoding. RuntimeError: the tier is closed.
         """
-        if type(keys) is not list and type(keys) is not tuple:  # a lone str: TypeError
-            keys = key_list(keys, "RedisTier.lookup_prefix")
-        self._check_open()
-        rkeys = [self.redis_key(k) for k in keys]
+        rkeys = self._redis_keys(keys, "lookup_prefix")
         if not rkeys:
             return 0
         result = self._call("lookup", self._lookup, rkeys)
@@ -679,11 +684,8 @@ class RedisTier(BlockTier):
         reader = self._client("lookup")
         if self.lookup_mode == "script":
             return int(self._script(keys=rkeys, client=reader))
-        pipe = reader.pipeline(transaction=False)
-        for k in rkeys:
-            pipe.exists(k)
         n = 0
-        for present in pipe.execute():
+        for present in _pipelined(reader, "exists", rkeys):
             if not present:
                 break
             n += 1
@@ -700,10 +702,7 @@ class RedisTier(BlockTier):
         Raises:
             TypeError: a key has no stable encoding. RuntimeError: the tier is closed.
         """
-        if type(keys) is not list and type(keys) is not tuple:  # a lone str: TypeError
-            keys = key_list(keys, "RedisTier.read")
-        self._check_open()
-        rkeys = [self.redis_key(k) for k in keys]
+        rkeys = self._redis_keys(keys, "read")
         if not rkeys:
             return []
         t0 = time.perf_counter()
@@ -744,10 +743,7 @@ class RedisTier(BlockTier):
         reader = self._client("read")
         if not self.cluster:
             return reader.mget(rkeys)
-        pipe = reader.pipeline(transaction=False)
-        for k in rkeys:
-            pipe.get(k)
-        return pipe.execute()
+        return _pipelined(reader, "get", rkeys)
 
     def _decode(self, rkey: bytes, value: bytes) -> bytes | None:
         """The verified block in ``value`` stored under ``rkey``, or ``None``."""
@@ -1039,6 +1035,16 @@ def _pack_sets(
         small = [tail if ttl_s is not None else b"\r\n"]
     chunks.append(b"".join(small))
     return chunks, ncmds
+
+
+def _pipelined(client: Any, command: str, rkeys: list[bytes]) -> list[Any]:
+    """One reply per key of ``client.<command>(key)`` for every key, sent as one pipeline
+    without MULTI (in a cluster, redis-py sends one batch per node)."""
+    pipe = client.pipeline(transaction=False)
+    call = getattr(pipe, command)
+    for k in rkeys:
+        call(k)
+    return pipe.execute()
 
 
 class _Failed:
