@@ -62,6 +62,8 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, NamedTuple
 
+from kvtier.checks import check_positive_int
+
 __all__ = [
     "FORMATS",
     "Request",
@@ -329,8 +331,7 @@ class TraceReader:
             raise TraceFormatError(
                 path, None, f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}"
             )
-        if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
-            raise ValueError(f"block_tokens must be a positive int (tokens), got {block_tokens!r}")
+        check_positive_int("block_tokens", block_tokens, "tokens")
         self.path = Path(path)
         self.fmt = fmt
         self.block_tokens = block_tokens
@@ -704,11 +705,7 @@ class TraceOptions:
                 "<options>", None,
                 f"unknown format {self.fmt!r}; expected one of {', '.join(FORMATS)}",
             )
-        if (isinstance(self.block_tokens, bool) or not isinstance(self.block_tokens, int)
-                or self.block_tokens < 1):
-            raise ValueError(
-                f"block_tokens must be a positive int (tokens), got {self.block_tokens!r}"
-            )
+        check_positive_int("block_tokens", self.block_tokens, "tokens")
 
     def open(self, path: str | os.PathLike) -> TraceReader:
         """``read_trace(path)`` with these options."""
