@@ -8,8 +8,8 @@ host :class:`~kvtier.OffloadingManager` of the given size and, below it, a simul
 written under a namespace of the run's own with the fingerprint ``kvtier-tiersim`` and a
 one-day TTL, each request's writes are flushed before the next request, and the run's keys
 are deleted at its end; an unreachable server is an error before the run, and a tier that
-failed during the run makes ``kvtier replay --tiers`` exit 1 after its table). Per request (engine protocol, every load/store completed before the
-next request)::
+failed during the run makes ``kvtier replay --tiers`` exit 1 after its table). Per request
+(engine protocol, every load/store completed before the next request)::
 
     found = stack.lookup(keys)          # host run, then lower tiers, run by run
     host.touch(keys)

@@ -669,8 +669,8 @@ class KVTierOffloadingSpec(CPUOffloadingSpec):
 
     Raises:
         ValueError: at construction (engine start), an option of the wrong type or range, an
-            unknown ``kvtier_*`` option, an unknown or offline policy (``belady``), or ``eviction_policy`` /
-            ``cache_policy_module_path`` (those select vLLM's own manager's policy; use
+            unknown ``kvtier_*`` option, an unknown or offline policy (``belady``), or
+            ``eviction_policy`` / ``cache_policy_module_path`` (those select vLLM's own manager's policy; use
             ``kvtier_policy``). The message names the option.
     """
 
