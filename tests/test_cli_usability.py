@@ -136,6 +136,32 @@ def test_replay_of_bare_key_lists_is_a_clear_type_error():
         replay([[1, 2]], "lru", 4)
 
 
+@pytest.mark.parametrize("limit", [[], ["--limit", "100"]])
+def test_analyze_warns_when_block_tokens_disagree_with_the_trace(limit):
+    """The embedded sample's hash_ids are 512-token blocks: --block-tokens 16 is a warning
+    line (also when --limit stops the pass early), --strict an error (found by a newcomer
+    session: analyze gave no such warning)."""
+    res = run("analyze", "--block-tokens", "16", *limit, "--json", "-")
+    assert res.exit_code == 0
+    n = 100 if limit else 500
+    assert "warning: " in res.stderr
+    assert f"{n} of {n} requests have an input_length" in res.stderr.replace("\n", " ")
+    assert "--block-tokens 512" in res.stderr
+    assert json.loads(res.stdout)["trace"]["length_mismatches"] == n
+    res = run("analyze", "--block-tokens", "512", *limit)
+    assert res.exit_code == 0 and "warning" not in res.stderr
+    res = run("analyze", "--block-tokens", "16", "--strict", *limit)
+    assert res.exit_code == 1 and "needs 423 blocks of 16 tokens" in res.stderr
+
+
+def test_replay_with_limit_still_warns_about_block_tokens():
+    res = run("replay", "--block-tokens", "16", "--limit", "50", "-p", "lru", "-c", "100",
+              "--json", "-")
+    assert res.exit_code == 0
+    assert "50 of 50 requests have an input_length" in res.stderr.replace("\n", " ")
+    assert json.loads(res.stdout)["trace"]["length_mismatches"] == 50
+
+
 def test_length_mismatch_warns_on_the_cli_and_strict_makes_it_an_error(tmp_path):
     trace = tmp_path / "m.jsonl"
     trace.write_text('{"hash_ids": [1, 2, 3], "input_length": 1}\n'
@@ -187,3 +213,32 @@ def test_a_real_sigint_during_replay_keeps_the_finished_rows(tmp_path):
     rows = [line for line in stdout.splitlines() if line.startswith(("lru ", "arc "))]
     assert len(rows) == len(data["results"])
     assert f"{len(rows)} of 16 runs finished" in stderr
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("command", ["replay", "sweep", "analyze"])
+def test_help_text_is_wrapped_once(command, width):
+    """Docstring paragraphs kept their hard line breaks and rich wrapped them again ("... is
+    the offline reference" split as "is" / "the" / "offline ..."), and "[default: ...]" in
+    option help was eaten as rich markup (found by a newcomer session)."""
+    res = runner.invoke(app, [command, "--help"], env={"COLUMNS": str(width)}, terminal_width=width)
+    assert res.exit_code == 0
+    lines = res.stdout.splitlines()
+    body = lines[[i for i, ln in enumerate(lines) if "Usage:" in ln][0] + 1:
+                 [i for i, ln in enumerate(lines) if "─ Arguments" in ln][0]]
+    paragraphs = "\n".join(ln.rstrip() for ln in body).strip("\n").split("\n\n")
+    assert len(paragraphs) >= 2
+    for paragraph in paragraphs:
+        for line in paragraph.split("\n")[:-1]:  # every line but a paragraph's last is full
+            assert len(line) >= width - 16, (line, paragraph)
+    text = " ".join(res.stdout.split())
+    if command == "replay":
+        assert "[default: 10,000, an assumption]" in text.replace("│ ", "")
+    if command == "sweep":
+        assert "[default: 12]" in text
+
+
+def test_analyze_counts_are_pluralised():
+    res = run("analyze", "--limit", "3", "--window-s", "100000")
+    assert res.exit_code == 0
+    assert "1 window" in res.stdout and "1 windows" not in res.stdout

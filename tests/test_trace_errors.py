@@ -169,3 +169,25 @@ def test_stdin_cannot_be_read_twice_by_one_reader(monkeypatch):
     assert sum(1 for _ in reader) > 0
     with pytest.raises(TraceFormatError, match="standard input can be read only once"):
         iter(reader)
+
+
+def test_report_lengths_warns_for_a_pass_stopped_early_and_only_once_per_pass():
+    import itertools
+    import warnings
+
+    from kvtier.trace import TraceReader
+
+    reader = TraceReader(embedded_sample_path(), block_tokens=16)
+    reader.report_lengths()  # nothing read yet: silent
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert len(list(itertools.islice(reader, 40))) == 40
+        assert caught == []  # the pass has not ended
+        reader.report_lengths()
+        reader.report_lengths()
+        assert len(caught) == 1 and "40 of 40 requests" in str(caught[0].message)
+        assert reader.length_mismatches == 40 and reader.fitting_block_tokens == (512, 40)
+        list(reader)  # the same pass to its end: no second warning, counts of the whole pass
+        assert len(caught) == 1 and reader.length_mismatches == 500
+        list(reader)  # a new pass warns again, for the whole file
+        assert len(caught) == 2 and "500 of 500 requests" in str(caught[1].message)

@@ -16,6 +16,7 @@ Exit status: 0 on success, 1 on bad input or arguments (message on stderr), 2 on
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 from array import array
@@ -315,7 +316,14 @@ class TraceSource:
     def open(self):
         """``(reader, iterable of requests)``: the reader keeps the counts (bad lines)."""
         reader = self.options.open(self.path)
-        return reader, (itertools.islice(reader, self.limit) if self.limit else reader)
+        return reader, (_limited(reader, self.limit) if self.limit else reader)
+
+
+def _limited(reader, limit: int):
+    """The first ``limit`` requests of ``reader``; then its warning about lengths that
+    disagree with --block-tokens, which a pass stopped before the end would not give."""
+    yield from itertools.islice(reader, limit)
+    reader.report_lengths()
 
 
 class _Interrupted(Exception):
@@ -462,19 +470,19 @@ def replay_cmd(
                        "TTFT with/without the tier); on when any cost option is given.")] = False,
     model: Annotated[Optional[str], typer.Option(
         "--model", help="Cost model: KV shape from a built-in profile: "
-                        + ", ".join(sorted(PROFILES)) + ".  [default: llama-3.1-8b]")] = None,
+                        + ", ".join(sorted(PROFILES)) + ".  \\[default: llama-3.1-8b]")] = None,
     kv_bytes: Annotated[Optional[int], typer.Option(
         "--kv-bytes-per-token", min=1, help="Cost model: KV bytes per token (instead of "
                                             "--model).")] = None,
     prefill_tps: Annotated[Optional[float], typer.Option(
         "--prefill-tps", min=0.001, help="Cost model: prefill tokens/s of one instance.  "
-                                         "[default: 10,000, an assumption]")] = None,
+                                         "\\[default: 10,000, an assumption]")] = None,
     read_gbps: Annotated[Optional[float], typer.Option(
         "--read-gbps", min=0.001, help="Cost model: tier read bandwidth, GB/s.  "
-                                       "[default: 25, an assumption]")] = None,
+                                       "\\[default: 25, an assumption]")] = None,
     instances: Annotated[Optional[int], typer.Option(
         "--instances", min=1, help="Cost model: prefill instances serving the arrivals.  "
-                                   "[default: auto, fewest keeping no-tier utilization "
+                                   "\\[default: auto, fewest keeping no-tier utilization "
                                    "<= 0.8]")] = None,
 ) -> None:
     """Replay a trace through the offloading manager: hit ratios and bookkeeping cost.
@@ -650,6 +658,7 @@ def analyze_cmd(
     fmt: FormatOpt = "auto",
     block_tokens: BlockTokensOpt = 512,
     skip_bad_lines: SkipOpt = False,
+    strict: StrictOpt = False,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1,
                                                  help="Analyze only the first N requests.")] = None,
     window_s: Annotated[float, typer.Option(
@@ -670,8 +679,9 @@ def analyze_cmd(
     exactly when it is below C.
     """
     try:
-        _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_requests,
-                 plot, json_out, progress)
+        with _warnings_to_stderr():  # e.g. --block-tokens disagreeing with the trace's lengths
+            _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s,
+                     window_requests, plot, json_out, progress, strict)
     except (_CliError, TraceFormatError, ValueError, OSError) as exc:
         raise _fail(exc) from None
 
@@ -693,7 +703,7 @@ def _analysis_table(d: dict) -> Table:
          f"re-refs {d['reuse_refs']:,} = {d['reuse_refs'] / max(1, d['block_refs']):.1%} of "
          "refs (unbounded tier, get)"),
         ("one-hit wonders", f"{d['one_hit_share']:.1%}",
-         f"{d['one_hit_blocks']:,} distinct blocks referenced once"),
+         f"{_count(d['one_hit_blocks'], 'distinct block')} referenced once"),
     ]
     rd = d["reuse_distance_blocks"]
     rows.append(("reuse distance (blocks)",
@@ -703,13 +713,13 @@ def _analysis_table(d: dict) -> Table:
     for row in rd["lru_get_protocol"]:
         rows.append((f"  LRU hit ratio at {row['capacity_pct']:g}%",
                      f"{row['hit_ratio']:.2%}",
-                     f"{row['capacity_blocks']:,} blocks, get protocol"))
+                     f"{_count(row['capacity_blocks'], 'block')}, get protocol"))
     sd = d["sharing_depth_blocks"]
     rows.append(("prefix-sharing depth (blocks)", f"p50 {_fmt(sd['p50'])}",
                  f"p90 {_fmt(sd['p90'])}, p99 {_fmt(sd['p99'])}, max {_fmt(sd['max'])}; "
                  f"{sd['requests_sharing_share']:.1%} of requests > 0"))
     rows.append(("  shared prefix blocks", f"{sd['shared_block_share']:.2%}",
-                 f"{sd['shared_blocks']:,} refs (unbounded tier, prefix)"))
+                 f"{_count(sd['shared_blocks'], 'ref')} (unbounded tier, prefix)"))
     rt = d["reuse_time_s"]
     if rt is None:
         rows.append(("time between reuses", "-", "no timestamps in this trace"))
@@ -719,17 +729,18 @@ def _analysis_table(d: dict) -> Table:
                      f"max {_fmt(rt['max'], ',.1f')}"))
     ws = d["working_set"]
     dw = ws["distinct_per_window"]
-    unit = "s" if ws["window_unit"] == "s" else " requests"
+    unit = ("s" if ws["window_unit"] == "s"
+            else " request" if ws["window"] == 1 else " requests")
     rows.append((f"working set per {ws['window']:g}{unit}", f"p50 {_fmt(dw['p50'])}",
                  f"min {_fmt(dw['min'])}, max {_fmt(dw['max'])} distinct blocks, "
-                 f"{ws['windows']:,} windows"))
+                 f"{_count(ws['windows'], 'window')}"))
     for row in rows:
         table.add_row(*row)
     return table
 
 
 def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_requests, plot,
-             json_out, progress) -> None:
+             json_out, progress, strict=False) -> None:
     from kvtier.analyze import analyze, plot_analysis
 
     path = trace if trace is not None else embedded_sample_path()
@@ -739,9 +750,9 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
     if plot is not None:
         _check_writable(plot, "--plot")
         _check_plot_format(plot)
-    reader = TraceOptions(fmt=fmt, block_tokens=block_tokens,
-                          skip_bad_lines=skip_bad_lines).open(path)
-    it = itertools.islice(reader, limit) if limit else reader
+    reader = TraceOptions(fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines,
+                          strict=strict).open(path)
+    it = _limited(reader, limit) if limit else reader
     if progress is None:
         try:
             progress = Path(path).stat().st_size >= _AUTO_PROGRESS_BYTES
@@ -767,12 +778,16 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
         caption += f"; {_count(reader.bad_lines, 'bad line')} skipped"
     out.print(caption, highlight=False, soft_wrap=True)
     _write_json(json_out, {"trace": {"path": str(path), "format": reader.fmt,
-                                     "bad_lines": reader.bad_lines, "analyze_s": elapsed},
+                                     "bad_lines": reader.bad_lines,
+                                     "length_mismatches": reader.length_mismatches,
+                                     "analyze_s": elapsed},
                            "analysis": d, "plot": str(plot) if plot else None})
     if plot is not None:
         try:
-            plot_analysis(result, plot, title=f"{Path(path).name}: {d['requests']:,} requests, "
-                          f"{d['block_refs']:,} block refs, {d['distinct_blocks']:,} distinct")
+            plot_analysis(result, plot, title=f"{Path(path).name}: "
+                          f"{_count(d['requests'], 'request')}, "
+                          f"{_count(d['block_refs'], 'block ref')}, "
+                          f"{d['distinct_blocks']:,} distinct")
         except OSError as exc:
             raise _CliError(f"cannot write plot to {plot}: {exc}") from None
         out.print(f"distributions written to {plot}", highlight=False)
@@ -786,11 +801,11 @@ def sweep_cmd(
         "--policy", "-p", help="Policies to compare; repeat or comma-separate. "
                                "Default: every registered policy.")] = None,
     points: Annotated[Optional[int], typer.Option(
-        "--points", min=1, help="Capacities in the log-spaced grid.  [default: 12]")] = None,
+        "--points", min=1, help="Capacities in the log-spaced grid.  \\[default: 12]")] = None,
     cap_min: Annotated[Optional[str], typer.Option(
-        "--min", help="Smallest capacity of the grid (blocks or %).  [default: 0.5%]")] = None,
+        "--min", help="Smallest capacity of the grid (blocks or %).  \\[default: 0.5%]")] = None,
     cap_max: Annotated[Optional[str], typer.Option(
-        "--max", help="Largest capacity of the grid (blocks or %).  [default: 100%]")] = None,
+        "--max", help="Largest capacity of the grid (blocks or %).  \\[default: 100%]")] = None,
     capacity: Annotated[Optional[list[str]], typer.Option(
         "--capacity", "-c", help="Explicit capacities instead of the grid.")] = None,
     fmt: FormatOpt = "auto",
@@ -932,6 +947,19 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
         raise _CliError(f"cannot write plot to {cmd.plot}: {exc}") from None
     out.print(f"miss-ratio curves written to {cmd.plot}", highlight=False)
     return results
+
+
+def _fold_help(doc: str | None) -> str | None:
+    """A command docstring for typer's rich help: the hard line breaks inside each paragraph
+    become spaces (typer keeps them, and rich then wraps the broken lines a second time)."""
+    if not doc:
+        return doc
+    return "\n\n".join(" ".join(p.split("\n")) for p in inspect.cleandoc(doc).split("\n\n"))
+
+
+for _command in app.registered_commands:
+    _command.callback.__doc__ = _fold_help(_command.callback.__doc__)
+del _command
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,10 +19,13 @@ keys mean equal whole prefixes, as in Mooncake's ``hash_ids``):
   last key is a full block, the parent of the next turn's blocks (a full-block engine, vLLM).
 * A share ``one_shot`` of the sessions are single requests whose own blocks (after the system
   prompt) are never named again: one-hit wonders. Their length is ``one_shot_blocks``.
-* Reuse distance: turns of a session are separated by a gap, in requests of the whole trace:
-  geometric with mean ``short_gap`` (an agent or user answering quickly), or, with probability
+* Reuse distance: turns of a session are separated by a gap on a continuous clock that runs
+  at about one request of the whole trace per unit: exponential (``random.expovariate``) with
+  mean ``short_gap`` (an agent or user answering quickly), or, with probability
   ``long_share``, with mean ``long_gap`` (a user coming back later). Session starts are spread
-  uniformly over the trace, and all sessions' turns are merged in time order.
+  uniformly over the trace, and all sessions' turns are merged in time order, so the gap
+  counted in requests between two turns is about that exponential draw (the number of other
+  turns that fall in between).
 
 Everything is drawn from ``random.Random(seed)``: the same arguments give the same trace, on
 any machine and Python version with the same ``random`` algorithm (Mersenne Twister).

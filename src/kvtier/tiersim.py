@@ -5,9 +5,11 @@ tiering logic the data plane uses (:class:`kvtier.dataplane.tiered.TieredOffload
 host :class:`~kvtier.OffloadingManager` of the given size and, below it, a simulated disk tier
 (:class:`SimTier`: a manager of the given size, no bytes) and optionally a real Redis tier
 (``kvtier.tiers.redis.RedisTier``, when that module is importable; 64-byte payloads are
-written under a fresh namespace with the fingerprint ``kvtier-tiersim``, and each request's
-writes are flushed before the next request). Per request (engine protocol, every load/store completed before the
-next request)::
+written under a namespace of the run's own with the fingerprint ``kvtier-tiersim`` and a
+one-day TTL, each request's writes are flushed before the next request, and the run's keys
+are deleted at its end; an unreachable server is an error before the run, and a tier that
+failed during the run makes ``kvtier replay --tiers`` exit 1 after its table). Per request
+(engine protocol, every load/store completed before the next request)::
 
     found = stack.lookup(keys)          # host run, then lower tiers, run by run
     host.touch(keys)
@@ -23,11 +25,12 @@ alone this is exactly ``kvtier replay``'s prefix protocol with ``--inflight 0`` 
 
 from __future__ import annotations
 
-import inspect
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, urlsplit
 
 from kvtier.manager import OffloadingManager
 from kvtier.replay import parse_capacity
@@ -168,6 +171,17 @@ class TierResult:
     promoted: int  # blocks promoted from this tier into the host (0 for the host)
     stats: TierStats
 
+    @property
+    def failures(self) -> int:
+        """Calls and writes that a real tier (Redis) failed, refused or dropped during the
+        run (``backend_errors + calls_refused + writes_failed + writes_skipped`` of its
+        ``RedisTierStats``); 0 for the simulated tiers. Non-zero means the tier's hit
+        figures are lower than a healthy server's would be."""
+        st = self.stats
+        if not hasattr(st, "backend_errors"):
+            return 0
+        return st.backend_errors + st.calls_refused + st.writes_failed + st.writes_skipped
+
 
 @dataclass
 class TiersReplayResult:
@@ -216,29 +230,66 @@ class TiersReplayResult:
                 "hit_blocks": t.hit_blocks, "hit_ratio": self.tier_hit_ratio(t.name),
                 "promoted": t.promoted, "writes": t.stats.writes,
                 "evictions": t.stats.evictions, "lookups": t.stats.lookups,
+                "failures": t.failures,
             } for t in self.tiers],
         }
 
 
+SIM_REDIS_TTL_S = 24 * 3600
+"""Expiry of a simulation's Redis keys (seconds) unless the URL's query sets ``ttl_s``: a run
+that is killed before its clean-up leaves nothing behind for longer than a day."""
+
+
 def _redis_tier(url: str, block_bytes: int) -> BlockTier:
-    """``kvtier.tiers.redis.RedisTier`` for ``url``, under a fresh namespace when the class
-    takes one (so earlier simulations' keys are not found)."""
+    """``kvtier.tiers.redis.RedisTier.from_url(url)`` for a simulation: 64-byte payloads under
+    a namespace of this run only (``<namespace>-<12 hex digits>``, ``<namespace>`` from the
+    URL's query or ``kvtier-tiersim``), fingerprint ``kvtier-tiersim``, keys that expire
+    after :data:`SIM_REDIS_TTL_S` unless the query sets ``ttl_s``. The server is checked
+    before the run (:meth:`RedisTier.ping`): an unreachable one is an error, not a run whose
+    Redis tier answers miss. :func:`replay_tiers` deletes the run's keys at the end
+    (:meth:`RedisTier.purge`).
+
+    Raises:
+        ValueError: redis-py is not installed, or a bad URL or option.
+        ConnectionError: the server does not answer.
+    """
     try:
-        from kvtier.tiers.redis import RedisTier  # type: ignore[import-not-found]
+        from kvtier.tiers.redis import RedisTier
     except ImportError as exc:
         raise ValueError(f"--tiers {url}: the Redis tier (kvtier.tiers.redis.RedisTier) is "
                          f"not available: {exc}") from None
-    params = inspect.signature(RedisTier).parameters
-    kwargs: dict = {}
-    if "block_bytes" in params:
-        kwargs["block_bytes"] = block_bytes
-    if "fingerprint" in params:
-        kwargs["fingerprint"] = "kvtier-tiersim"
-    for name in ("namespace", "prefix"):
-        if name in params:
-            kwargs[name] = f"kvtier-tiersim-{uuid.uuid4().hex[:12]}"
-            break
-    return RedisTier(url, **kwargs)
+    try:
+        query = dict(parse_qsl(urlsplit(url).query))
+    except ValueError:
+        query = {}  # from_url raises the error, password redacted
+    options: dict = {
+        "block_bytes": block_bytes,
+        "fingerprint": "kvtier-tiersim",
+        "namespace": f"{query.get('namespace') or 'kvtier-tiersim'}-{uuid.uuid4().hex[:12]}",
+    }
+    if "ttl_s" not in query:
+        options["ttl_s"] = SIM_REDIS_TTL_S
+    tier = RedisTier.from_url(url, **options)
+    try:
+        tier.ping()
+    except BaseException:
+        tier.close()
+        raise
+    return tier
+
+
+def _clean_up(tier: BlockTier) -> None:
+    """Delete a real tier's keys of this run (a tier with ``purge``), after its writes;
+    a failure is a warning (the keys expire with their TTL)."""
+    purge = getattr(tier, "purge", None)
+    if purge is None:
+        return
+    try:
+        tier.flush(10.0)
+        purge()
+    except Exception as exc:
+        warnings.warn(f"{tier.name} tier: this run's keys were not deleted ({exc}); they "
+                      "expire with their TTL", RuntimeWarning, stacklevel=3)
 
 
 def replay_tiers(
@@ -266,6 +317,8 @@ def replay_tiers(
 
     Raises:
         ValueError: a bad capacity, policy, demotion mode, or an unavailable Redis tier.
+        ConnectionError: the Redis server does not answer before the run (the default
+            ``redis_factory`` pings it).
     """
     if demotion not in DEMOTION_MODES:
         raise ValueError(f"demotion must be one of {', '.join(DEMOTION_MODES)}, got {demotion!r}")
@@ -344,7 +397,10 @@ def replay_tiers(
         return result
     finally:
         for tier in lower:
-            tier.close()
+            try:
+                _clean_up(tier)
+            finally:
+                tier.close()
 
 
 def results_table(results: Sequence[TiersReplayResult], title: str):
@@ -423,3 +479,13 @@ def replay_tiers_cli(command, tiers: str, demotion: str, capacity_given: bool = 
     out.print(cli._trace_caption(info), highlight=False, soft_wrap=True)
     cli._write_json(json_out, {"trace": info, "tiers": [t.__dict__ for t in spec],
                                "results": [r.to_dict() for r in results]})
+    # a Redis tier that failed during the run served less than it would have: the figures
+    # are not the tier's, so the command fails (exit status 1) after showing them
+    failed = [(r.policy, t) for r in results for t in r.tiers if t.failures]
+    if failed:
+        raise ValueError("the Redis tier failed during the run, so its hit figures above are "
+                         "too low: " + "; ".join(
+                             f"{p} run: {t.stats.backend_errors:,} failed calls, "
+                             f"{t.stats.calls_refused:,} refused by the open breaker, "
+                             f"{t.stats.writes_failed + t.stats.writes_skipped:,} block writes "
+                             "lost" for p, t in failed))

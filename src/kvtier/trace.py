@@ -62,6 +62,8 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, NamedTuple
 
+from kvtier.checks import check_positive_int
+
 __all__ = [
     "FORMATS",
     "Request",
@@ -329,8 +331,7 @@ class TraceReader:
             raise TraceFormatError(
                 path, None, f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}"
             )
-        if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
-            raise ValueError(f"block_tokens must be a positive int (tokens), got {block_tokens!r}")
+        check_positive_int("block_tokens", block_tokens, "tokens")
         self.path = Path(path)
         self.fmt = fmt
         self.block_tokens = block_tokens
@@ -343,6 +344,8 @@ class TraceReader:
         self.length_mismatches = 0
         self.fitting_block_tokens: tuple[int, int] | None = None
         self._gen: Iterator[Request] | None = None
+        self._mismatched: dict[tuple[int, int], int] | None = None
+        self._reported = False
         self._passes = 0  # passes started
         self._ended = False  # the current pass ended (exhausted or failed)
 
@@ -371,6 +374,8 @@ class TraceReader:
         self.requests = self.block_refs = self.bad_lines = self.lines = 0
         self.length_mismatches = 0
         self.fitting_block_tokens = None
+        self._mismatched = None
+        self._reported = False  # this pass's length warning was given
         self._gen = self._generate()
 
     # -- internals -----------------------------------------------------------------------
@@ -459,8 +464,19 @@ class TraceReader:
             raise TraceFormatError(shown, None, "empty trace: no request lines")
         self._report_lengths(shown)
 
+    def report_lengths(self) -> None:
+        """Warn now about the lines of the current pass so far whose ``input_length``
+        disagrees with ``block_tokens`` (and set :attr:`length_mismatches` and
+        :attr:`fitting_block_tokens`), for a pass stopped before the end of the file (e.g.
+        ``--limit``); a pass that reaches the end does this by itself. At most one warning
+        per pass; nothing before the first request was read."""
+        if self._gen is None or getattr(self, "_mismatched", None) is None:
+            return
+        self._report_lengths("<stdin>" if str(self.path) in _STDIN_NAMES else self.path)
+
     def _report_lengths(self, shown: object) -> None:
-        """Warn once per pass about Mooncake lines whose length disagrees with block_tokens."""
+        """Count, and warn once per pass about, Mooncake lines whose length disagrees with
+        block_tokens."""
         pairs = self._mismatched
         bad = sum(pairs.values())
         self.length_mismatches = bad
@@ -474,6 +490,9 @@ class TraceReader:
         best = max(_CANDIDATE_BLOCK_TOKENS, key=fitting)  # ties: the smallest block size
         fits = fitting(best)
         self.fitting_block_tokens = (best, fits) if fits else None
+        if self._reported:  # said already in this pass (report_lengths): counts updated only
+            return
+        self._reported = True
         hint = (f"; block size {best} fits {fits:,} of them (--block-tokens {best})" if fits
                 else "; no power-of-two block size up to 65,536 fits any of them")
         warnings.warn(
@@ -686,11 +705,7 @@ class TraceOptions:
                 "<options>", None,
                 f"unknown format {self.fmt!r}; expected one of {', '.join(FORMATS)}",
             )
-        if (isinstance(self.block_tokens, bool) or not isinstance(self.block_tokens, int)
-                or self.block_tokens < 1):
-            raise ValueError(
-                f"block_tokens must be a positive int (tokens), got {self.block_tokens!r}"
-            )
+        check_positive_int("block_tokens", self.block_tokens, "tokens")
 
     def open(self, path: str | os.PathLike) -> TraceReader:
         """``read_trace(path)`` with these options."""

@@ -62,11 +62,13 @@ def test_max_bytes_limit():
 @pytest.mark.parametrize(
     "num_blocks, shape, dtype, exc, match",
     [
-        (0, [4], torch.float32, ValueError, "num_blocks must be a positive int, got 0"),
+        (0, [4], torch.float32, ValueError, r"num_blocks must be a positive int \(slots\), got 0"),
         (True, [4], torch.float32, ValueError, "num_blocks"),
         (2, [], torch.float32, ValueError, "at least one dimension"),
-        (2, [4, 0], torch.float32, ValueError, r"bad dimension 0"),
-        (2, [4, 2.0], torch.float32, ValueError, r"bad dimension 2.0"),
+        (2, [4, 0], torch.float32, ValueError,
+         r"block_shape\[1\] must be a positive int, got 0 \(block_shape \(4, 0\)\)"),
+        (2, [4, 2.0], torch.float32, ValueError,
+         r"block_shape\[1\] must be a positive int, got 2.0"),
         (2, "44", torch.float32, TypeError, "block_shape"),
         (2, [4], "float32", TypeError, "dtype must be a torch.dtype"),
     ],
@@ -82,3 +84,9 @@ def test_slot_index_checked():
         pool[3]
     with pytest.raises(IndexError):
         pool[-1]
+
+
+@pytest.mark.parametrize("max_bytes", [-1, True, 1.5])
+def test_bad_max_bytes_is_named(max_bytes):
+    with pytest.raises(ValueError, match=r"max_bytes \(or None\) must be an int >= 0 \(bytes\)"):
+        HostBlockPool(4, [8], torch.float32, max_bytes=max_bytes)

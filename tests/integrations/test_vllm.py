@@ -7,47 +7,43 @@ KVTIER_REQUIRE_VLLM=1 so that a broken install fails instead of skipping).
 from __future__ import annotations
 
 import logging
-import os
 import random
 from types import SimpleNamespace
 
 import pytest
 
-try:
-    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
-        OffloadingConnectorStats,
-    )
-    from vllm.v1.kv_offload.base import LookupResult as VLookup
-    from vllm.v1.kv_offload.base import (
-        Medium,
-        OffloadingEvent,
-        OffloadingManager as VOffloadingManager,
-        PrepareStoreOutput as VPrepareStoreOutput,
-        ReqContext,
-        RequestOffloadingContext,
-        make_offload_key,
-    )
-    from vllm.v1.kv_offload.config import (
-        OffloadingCacheConfig,
-        OffloadingConfig,
-        OffloadingGroupConfig,
-        OffloadingModelConfig,
-        OffloadingParallelConfig,
-    )
-    from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
-    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
-    from vllm.v1.kv_offload.cpu.policies.arc import ARCCachePolicy
-    from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
-    from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
-    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    if os.environ.get("KVTIER_REQUIRE_VLLM") == "1":
-        raise
-    pytest.skip(
-        f"vLLM 0.33's kv_offload modules are not importable ({exc!r}); install them with "
-        "`pip install --no-deps vllm==0.33.0 && pip install -e '.[vllm]'`",
-        allow_module_level=True,
-    )
+from vllm_support import require_vllm
+
+require_vllm("vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics",
+             "vllm.v1.kv_offload.cpu.manager", "vllm.v1.kv_offload.factory",
+             what="kv_offload modules")
+
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (  # noqa: E402
+    OffloadingConnectorStats,
+)
+from vllm.v1.kv_offload.base import LookupResult as VLookup  # noqa: E402
+from vllm.v1.kv_offload.base import (  # noqa: E402
+    Medium,
+    OffloadingEvent,
+    OffloadingManager as VOffloadingManager,
+    PrepareStoreOutput as VPrepareStoreOutput,
+    ReqContext,
+    RequestOffloadingContext,
+    make_offload_key,
+)
+from vllm.v1.kv_offload.config import (  # noqa: E402
+    OffloadingCacheConfig,
+    OffloadingConfig,
+    OffloadingGroupConfig,
+    OffloadingModelConfig,
+    OffloadingParallelConfig,
+)
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics  # noqa: E402
+from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402
+from vllm.v1.kv_offload.cpu.policies.arc import ARCCachePolicy  # noqa: E402
+from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus  # noqa: E402
+from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory  # noqa: E402
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 
 import kvtier
 from kvtier import BlockStateError, available_policies
@@ -141,6 +137,7 @@ def test_vllm_spec_factory_loads_kvtier_spec(name):
     [
         ({"kvtier_policy": "nope"}, ["kvtier_policy", "lru", "'nope'"]),
         ({"kvtier_policy": 3}, ["kvtier_policy"]),
+        ({"kvtier_policy": "belady"}, ["kvtier_policy", "'belady'", "offline"]),
         ({"store_threshold": -1}, ["store_threshold", ">= 0"]),
         ({"store_threshold": "2"}, ["store_threshold"]),
         ({"store_threshold": True}, ["store_threshold"]),

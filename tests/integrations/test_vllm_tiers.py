@@ -20,17 +20,9 @@ import uuid
 
 import pytest
 
-try:
-    import vllm.v1.kv_offload.tiering.spec  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    # .ci/run sets KVTIER_REQUIRE_VLLM=1: there a broken vLLM install fails instead of skipping
-    if os.environ.get("KVTIER_REQUIRE_VLLM") == "1":
-        raise
-    pytest.skip(
-        f"vLLM 0.33's tiering modules are not importable ({exc!r}); install them with "
-        "`pip install --no-deps vllm==0.33.0 && pip install -e '.[vllm]'`",
-        allow_module_level=True,
-    )
+from vllm_support import require_vllm
+
+require_vllm("vllm.v1.kv_offload.tiering.spec", what="tiering modules")
 
 from vllm.v1.kv_offload.base import (  # noqa: E402
     LookupResult,

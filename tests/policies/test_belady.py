@@ -175,6 +175,25 @@ def test_unbound_belady_evicts_like_lru():
         assert m_b.snapshot()["slot_of"] == m_l.snapshot()["slot_of"]
 
 
+def test_unbound_belady_warns_at_its_first_eviction_and_a_replay_does_not():
+    """Used outside the replay it silently behaved as LRU (found by a newcomer session)."""
+    import warnings
+
+    m = OffloadingManager(2, "belady")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m.complete_store(m.prepare_store(["a", "b"]).keys_to_store)  # no eviction: silent
+        assert caught == []
+    with pytest.warns(RuntimeWarning, match="belady has no oracle bound.*evicts exactly as lru"):
+        m.prepare_store(["c"])
+    reqs = list(read_trace(embedded_sample_path()))[:100]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for protocol in ("prefix", "get"):
+            assert replay(reqs, "belady", 50, protocol=protocol).hit_blocks > 0
+    assert [w for w in caught if "belady" in str(w.message)] == []
+
+
 def test_evicts_furthest_next_use_never_used_first_and_skips_protected():
     oracle = NextUseOracle([["a", "b", "c", "d"], ["b"], ["a"], ["c"]])
     p = BeladyPolicy(4)

@@ -409,6 +409,65 @@ def test_server_down_from_the_start_never_raises(tmp_path):
         assert s.writes_failed + s.writes_skipped == 1
 
 
+def test_ping_raises_for_a_dead_server_and_passes_for_a_live_one(shared_redis_server):
+    from redis_servers import free_port
+
+    url = f"redis://:{SECRET}@127.0.0.1:{free_port()}/0"
+    with make_tier(url) as tier:
+        with pytest.raises(ConnectionError, match="not reachable") as info:
+            tier.ping()
+        assert SECRET not in str(info.value) and "***" in str(info.value)
+        assert tier.stats().backend_errors == 0  # a check, not an engine call
+    with make_tier(shared_redis_server.url) as tier:
+        tier.ping()
+
+
+def test_purge_deletes_only_its_namespace_and_fingerprint(shared_redis_server):
+    r = raw_client(shared_redis_server)
+    ns = f"p*?{uuid.uuid4().hex[:6]}"  # glob characters in the namespace are matched as such
+    keys = list(range(2500))
+    with make_tier(shared_redis_server.url, namespace=ns) as tier, \
+            make_tier(shared_redis_server.url, namespace=ns, fingerprint=FP + "-other") as other, \
+            make_tier(shared_redis_server.url, namespace=ns + "x") as longer:
+        for t in (tier, other, longer):
+            t.write(keys[:10], blocks_for(keys[:10]))
+        tier.write(keys[10:], blocks_for(keys[10:]))
+        for t in (tier, other, longer):
+            assert t.flush(20)
+        decoy = b"pXYZ" + tier.redis_key(0)[3:]  # matched by the namespace as a glob
+        r.set(decoy, b"1")
+        before = r.dbsize()
+        assert tier.purge(batch=300) == 2500
+        assert r.dbsize() == before - 2500
+        assert tier.lookup_prefix(keys) == 0
+        assert other.lookup_prefix(keys[:10]) == 10 and longer.lookup_prefix(keys[:10]) == 10
+        assert tier.purge() == 0 and r.exists(decoy)
+        r.delete(decoy)
+        with pytest.raises(ValueError, match="batch"):
+            tier.purge(batch=0)
+
+
+def test_no_client_setinfo_and_no_deprecation_warning(shared_redis_server):
+    """The tier skips CLIENT SETINFO on connect (one round trip less) with the option of the
+    installed redis-py: driver_info=None from 7.2 (lib_name/lib_version warn there), else
+    lib_name=None, lib_version=None."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # redis-py 7.x: DeprecationWarning for lib_name
+        with make_tier(shared_redis_server.url) as tier:
+            tier.write([1], blocks_for([1]))
+            assert tier.flush(10)
+            assert tier.lookup_prefix([1]) == 1 and tier.read([1]) == blocks_for([1])
+            for kind in ("lookup", "read", "write"):
+                conn = tier._client(kind).connection_pool.make_connection()
+                if hasattr(redis_py, "DriverInfo"):
+                    assert conn.driver_info is None
+                else:
+                    assert conn.lib_name is None and conn.lib_version is None
+                conn.disconnect()
+
+
 def test_circuit_breaker_states():
     b = CircuitBreaker(failure_threshold=2, cooldown_s=0.05)
     assert b.allow()
@@ -497,6 +556,18 @@ def test_cluster_round_trip_across_slots(redis_cluster):
         assert got[5] is None and got[:5] == data[:5] and got[6:] == data[6:10]
         assert tier.stats().read_errors == 1
         rc.close()
+
+
+def test_cluster_purge_reaches_every_node(redis_cluster):
+    keys = list(range(200))
+    with make_tier(redis_cluster.url, cluster=True) as tier:
+        tier.ping()
+        tier.write(keys, blocks_for(keys))
+        assert tier.flush(20)
+        before = sum(int(s.cli("DBSIZE").strip()) for s in redis_cluster.servers)
+        assert tier.purge(batch=50) == 200
+        after = sum(int(s.cli("DBSIZE").strip()) for s in redis_cluster.servers)
+        assert before - after == 200 and tier.lookup_prefix(keys) == 0
 
 
 def test_cluster_down_from_the_start_never_raises():

@@ -13,6 +13,8 @@ from kvtier.tiers.stack import TierEvent, TierStack
 from kvtier.tiersim import SimTier, parse_tiers, replay_tiers
 from kvtier.trace import Request
 
+from redis_servers import redis_server  # noqa: F401  (fixture)
+
 torch = pytest.importorskip("torch")
 
 from kvtier.dataplane import KVOffloader  # noqa: E402
@@ -184,6 +186,36 @@ def test_promotion_refused_when_the_host_cannot_make_room():
     assert disk.lookup_prefix(["y"]) == 1  # LRU victim: y (x was named first)
 
 
+@pytest.mark.parametrize("host_slots, restored", [(4, 4), (3, 3), (2, 2)])
+def test_restore_prefix_whose_head_is_only_on_the_disk(tmp_path, host_slots, restored):
+    """Disk holds 10, 11 and the host 12, 13: the prefix [10, 11, 12, 13] is restored from its
+    head, as much of it as the host can hold at once. It used to restore nothing (0, None)
+    when the host could not hold all four (found by a newcomer session)."""
+    tiered, kv, disk = make(tmp_path, host_slots=host_slots)
+    data = {b: block(kv, b) for b in range(16)}
+    disk.write([10, 11], [as_bytes(data[0]), as_bytes(data[1])])
+    assert disk.flush(10)
+    tiered.offload([12, 13], [2, 3])
+    tiered.wait(10)
+    for t in kv:
+        t[4:8] = 0
+    n, job, found = tiered.restore_prefix([10, 11, 12, 13], [4, 5, 6, 7])
+    assert found.runs == [("disk", 2), ("host", 2)]
+    assert n == restored and job is not None
+    tiered.wait(10)
+    for dst, src in zip(range(4, 4 + n), (0, 1, 2, 3)):
+        assert torch.equal(block(kv, dst), data[src]), dst
+    assert all(torch.count_nonzero(block(kv, d)) == 0 for d in range(4 + n, 8))
+    assert tiered.stack.promoted == {"disk": 2}
+    assert tiered.stack.promote_failures == (restored < 4)
+    # write-back: the host blocks the promotion evicted went down with their bytes
+    tiered.flush(10)
+    gone = [k for k in (12, 13) if k not in tiered.offloader.manager]
+    assert len(gone) == 4 - restored
+    assert disk.read(gone) == [as_bytes(data[k - 10]) for k in gone]
+    tiered.close()
+
+
 def test_bad_stack_arguments():
     with pytest.raises(ValueError, match="demotion must be one of"):
         _host_stack(2, [], demotion="write-around")
@@ -306,6 +338,62 @@ def test_tiny_trace_with_a_real_redis_tier_below(tmp_path):
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def _replay_cli(*args):
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    return CliRunner().invoke(app, ["replay", "-p", "lru", "--limit", "150", *args])
+
+
+def test_tiers_replay_with_an_unreachable_redis_fails_fast():
+    """It used to print 0 Redis hits and exit 0 (found by a newcomer session)."""
+    pytest.importorskip("kvtier.tiers.redis")
+    import time
+
+    from redis_servers import free_port
+
+    t0 = time.monotonic()
+    result = _replay_cli("--tiers", f"host:50,redis://127.0.0.1:{free_port()}/0")
+    assert time.monotonic() - t0 < 5
+    assert result.exit_code == 1
+    assert "not reachable" in result.output and "Connection refused" in result.output
+    assert "lru     redis" not in result.output  # no table of a run that did not happen
+
+
+def test_tiers_replay_deletes_its_redis_keys_and_sets_a_ttl(redis_server):
+    pytest.importorskip("kvtier.tiers.redis")
+    from kvtier.tiersim import SIM_REDIS_TTL_S, _redis_tier
+
+    tier = _redis_tier(redis_server.url, 64)
+    try:
+        assert tier.ttl_s == SIM_REDIS_TTL_S and tier.namespace.startswith("kvtier-tiersim-")
+    finally:
+        tier.close()
+    tier = _redis_tier(redis_server.url + "?ttl_s=60&namespace=mine", 64)
+    try:
+        assert tier.ttl_s == 60 and tier.namespace.startswith("mine-")
+    finally:
+        tier.close()
+    result = _replay_cli("--tiers", f"host:50,{redis_server.url}", "--json", "-")
+    assert result.exit_code == 0, result.output
+    served = json.loads(result.output[result.output.index("{"):])["results"][0]["tiers"][1]
+    assert served["name"] == "redis" and served["hit_blocks"] > 0 and served["failures"] == 0
+    assert redis_server.cli("DBSIZE").strip() == "0"  # the run's keys are gone
+
+
+def test_tiers_replay_fails_when_redis_fails_during_the_run(redis_server):
+    """A server that answers PING but refuses writes (out of memory, noeviction): the table
+    is shown, then the command fails, naming the lost writes."""
+    pytest.importorskip("kvtier.tiers.redis")
+    redis_server.cli("CONFIG", "SET", "maxmemory-policy", "noeviction")
+    redis_server.cli("CONFIG", "SET", "maxmemory", "1")
+    result = _replay_cli("--tiers", f"host:50,{redis_server.url}")
+    assert result.exit_code == 1
+    assert "lru     redis" in result.output  # the figures are shown
+    assert "failed during the run" in result.output and "block writes lost" in result.output
 
 
 @pytest.mark.parametrize("policy", __import__("kvtier").available_policies())

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from kvtier.checks import check_nonnegative_int, check_positive_int
 from kvtier.errors import KVTierError
 
 __all__ = ["HostBlockPool", "PoolAllocationError", "available_host_memory"]
@@ -63,12 +64,11 @@ def _check_block_shape(block_shape: Sequence[int]) -> tuple[int, ...]:
         raise TypeError(f"block_shape must be a sequence of positive ints, got {block_shape!r}")
     if len(block_shape) == 0:
         raise ValueError("block_shape must have at least one dimension, got ()")
-    for dim in block_shape:
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-            raise ValueError(
-                f"block_shape must hold positive ints, got {tuple(block_shape)!r} "
-                f"(bad dimension {dim!r})"
-            )
+    for i, dim in enumerate(block_shape):
+        try:
+            check_positive_int(f"block_shape[{i}]", dim)
+        except ValueError as exc:
+            raise ValueError(f"{exc} (block_shape {tuple(block_shape)!r})") from None
     return tuple(block_shape)
 
 
@@ -106,8 +106,7 @@ class HostBlockPool:
         pin_memory: bool | None = None,
         max_bytes: int | None = None,
     ) -> None:
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
-            raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
+        check_positive_int("num_blocks", num_blocks, "slots")
         shape = _check_block_shape(block_shape)
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
@@ -116,10 +115,8 @@ class HostBlockPool:
             pin_memory = cuda
         elif pin_memory and not cuda:
             raise ValueError("pin_memory=True needs CUDA, but torch.cuda.is_available() is False")
-        if max_bytes is not None and (
-            isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0
-        ):
-            raise ValueError(f"max_bytes must be a non-negative int or None, got {max_bytes!r}")
+        if max_bytes is not None:
+            check_nonnegative_int("max_bytes (or None)", max_bytes, "bytes")
 
         itemsize = torch.empty((), dtype=dtype).element_size()
         block_nbytes = math.prod(shape) * itemsize

@@ -669,8 +669,8 @@ class KVTierOffloadingSpec(CPUOffloadingSpec):
 
     Raises:
         ValueError: at construction (engine start), an option of the wrong type or range, an
-            unknown ``kvtier_*`` option, an unknown policy, or ``eviction_policy`` /
-            ``cache_policy_module_path`` (those select vLLM's own manager's policy; use
+            unknown ``kvtier_*`` option, an unknown or offline policy (``belady``), or
+            ``eviction_policy`` / ``cache_policy_module_path`` (those select vLLM's own manager's policy; use
             ``kvtier_policy``). The message names the option.
     """
 
@@ -728,6 +728,11 @@ def parse_options(extra_config: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(
             f"KVTierOffloadingSpec: kvtier_policy must be one of "
             f"{', '.join(available_policies())}, got {policy!r}"
+        )
+    if getattr(get_policy(policy), "needs_future", False):
+        raise ValueError(
+            f"KVTierOffloadingSpec: kvtier_policy {policy!r} is offline (it needs the trace's "
+            "future, which an engine does not have): use it in 'kvtier replay'"
         )
     opts = {"kvtier_policy": policy}
     for key, default, minimum in (("store_threshold", 0, 0), ("max_tracker_size", 64_000, 1)):

@@ -28,7 +28,11 @@ key until it is touched or becomes evictable again.
 
 Without a bound oracle every next use is unknown (``NEVER``) and the recency tie-break alone
 decides: the policy then evicts exactly like ``lru`` (tested), which is what the manager tests
-that run every registered policy see.
+that run every registered policy see. Since that is not what a user asking for Belady
+expects, the first eviction without an oracle raises a ``RuntimeWarning`` ("belady has no
+oracle bound ...", once per process under Python's default warning filter); only the replay
+binds one. The vLLM spec refuses ``kvtier_policy="belady"`` outright (an engine has no
+future).
 
 Exactness: under ``--protocol get`` (one get-with-insert per reference) this is MIN, and its
 hits equal a brute-force optimum (``tests/policies/test_belady.py``). Under the ``prefix``
@@ -40,6 +44,7 @@ Not thread-safe (the manager serialises calls).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Collection, Mapping, Sequence
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
@@ -49,6 +54,8 @@ from kvtier.policies.base import CachePolicy, Key
 if TYPE_CHECKING:
     from kvtier.oracle import NextUseOracle
 
+UNBOUND_WARNING = ("belady has no oracle bound (BeladyPolicy.bind(NextUseOracle), done by "
+                   "kvtier.replay): with no future known it evicts exactly as lru")
 _NEVER = (1 << 62) - 1  # == kvtier.oracle.NEVER (not imported: keeps this file standalone)
 
 
@@ -140,6 +147,8 @@ class BeladyPolicy(CachePolicy):
                 self._push_many(evictable)
 
     def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
+        if self._oracle is None:  # no future known: LRU order (module doc); say so
+            warnings.warn(UNBOUND_WARNING, RuntimeWarning, stacklevel=3)
         entry = self._entry
         heap = self._heap
         victims: list[Key] = []

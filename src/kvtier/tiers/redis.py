@@ -4,7 +4,7 @@ Several engine processes, on one machine or many, point a :class:`RedisTier` at 
 and reuse each other's prefixes: a block one process wrote is found by another's
 :meth:`RedisTier.lookup_prefix` and read back verified. Capacity and eviction are Redis's own
 (``maxmemory`` with ``allkeys-lru`` or ``allkeys-lfu``, see docs/redis.md); the tier never
-deletes blocks itself.
+deletes blocks itself, except on request (:meth:`RedisTier.purge`, for a throw-away namespace).
 
 Keys and values (format version 1; docs/redis.md has the byte layout):
 
@@ -96,6 +96,20 @@ for i = 1, #KEYS do
 end
 return #KEYS
 """
+
+
+def _no_client_setinfo() -> dict[str, Any]:
+    """redis-py client options that skip ``CLIENT SETINFO`` on connect: ``driver_info=None``
+    from redis-py 7.2 (``redis.DriverInfo``; ``lib_name``/``lib_version`` are deprecated
+    there and warn), ``lib_name=None, lib_version=None`` before."""
+    try:
+        from redis import DriverInfo  # noqa: F401  (redis-py >= 7.2)
+    except ImportError:
+        return {"lib_name": None, "lib_version": None}
+    return {"driver_info": None}
+
+
+_NO_CLIENT_SETINFO = _no_client_setinfo()
 
 
 def redact_url(url: str) -> str:
@@ -398,8 +412,8 @@ class RedisTier(BlockTier):
         # CLIENT SETINFO on connect: one round trip less per new connection.
         base_opts: dict[str, Any] = dict(client_options or {})
         base_opts.setdefault("retry", Retry(NoBackoff(), 0))
-        base_opts.setdefault("lib_name", None)
-        base_opts.setdefault("lib_version", None)
+        for opt, value in _NO_CLIENT_SETINFO.items():
+            base_opts.setdefault(opt, value)
         self._url = url
         # one client (connection pool) per kind of call, each with its own timeouts
         self._opts = {
@@ -546,6 +560,73 @@ class RedisTier(BlockTier):
         """
         return self._key_prefix + encode_key(key)
 
+    # -- checks and clean-up (not engine calls: these raise) ---------------------------------
+    def ping(self) -> None:
+        """Check now that the server answers (one ``PING`` at ``timeout_s``; in a cluster,
+        building the client reaches the cluster). The engine-facing calls never raise for a
+        dead server (they answer miss); a tool that must not run against one (the trace
+        simulation ``kvtier replay --tiers``) calls this first. Not counted in the stats and
+        not seen by the breaker.
+
+        Raises:
+            ConnectionError: the server cannot be reached or refused the call (the message
+                names the redacted URL and the cause). RuntimeError: the tier is closed.
+        """
+        self._check_open()
+        try:
+            self._client("lookup").ping()
+        except Exception as exc:
+            raise ConnectionError(
+                f"Redis tier {self._url_redacted} is not reachable: "
+                f"{_scrub(f'{type(exc).__name__}: {exc}', self._url)}"
+            ) from None
+
+    def purge(self, batch: int = 1000) -> int:
+        """Delete every block of this tier's namespace and fingerprint from Redis (``SCAN``
+        with ``MATCH <namespace>:<fingerprint id>:*`` over every node, ``UNLINK`` in batches
+        of ``batch`` keys); returns how many keys were deleted. Other namespaces and
+        fingerprints are left alone. Call :meth:`flush` first, or blocks still queued are
+        written after the purge. Takes one SCAN pass over the whole keyspace: for a tier
+        that is thrown away (a simulation run, a test), not for an engine's hot path.
+
+        Raises:
+            ValueError: ``batch`` is not an int > 0.
+            ConnectionError: the server failed during the purge (names the redacted URL;
+                the keys not reached yet remain). RuntimeError: the tier is closed.
+        """
+        if type(batch) is not int or batch <= 0:
+            raise ValueError(f"batch must be an int > 0, got {batch!r}")
+        self._check_open()
+        # the namespace may hold glob characters: escaped for MATCH
+        pattern = b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c])
+                           for c in self._key_prefix) + b"*"
+        deleted = 0
+        try:
+            client = self._client("write")
+            pending: list[bytes] = []
+            for key in client.scan_iter(match=pattern, count=batch):
+                pending.append(key)
+                if len(pending) >= batch:
+                    deleted += client.unlink(*pending)
+                    pending = []
+            if pending:
+                deleted += client.unlink(*pending)
+        except Exception as exc:
+            raise ConnectionError(
+                f"Redis tier {self._url_redacted}: purge of {self._key_prefix.decode()}* "
+                f"failed after {deleted} keys: "
+                f"{_scrub(f'{type(exc).__name__}: {exc}', self._url)}"
+            ) from None
+        return deleted
+
+    def _redis_keys(self, keys: Sequence[Key], method: str) -> list[bytes]:
+        """The Redis keys of a call's ``keys`` (a lone str/bytes is refused: TypeError
+        naming ``RedisTier.<method>``), after checking that the tier is open."""
+        if type(keys) is not list and type(keys) is not tuple:  # a lone str: TypeError
+            keys = key_list(keys, f"RedisTier.{method}")
+        self._check_open()
+        return [self.redis_key(k) for k in keys]
+
     # -- guarded server calls --------------------------------------------------------------
     def _call(self, what: str, fn, *args) -> Any:
         """Run ``fn(*args)`` under the breaker; returns ``_FAILED`` when refused or failed."""
@@ -589,10 +670,7 @@ class RedisTier(BlockTier):
         Raises:
             TypeError: a key has no stable encoding. RuntimeError: the tier is closed.
         """
-        if type(keys) is not list and type(keys) is not tuple:  # a lone str: TypeError
-            keys = key_list(keys, "RedisTier.lookup_prefix")
-        self._check_open()
-        rkeys = [self.redis_key(k) for k in keys]
+        rkeys = self._redis_keys(keys, "lookup_prefix")
         if not rkeys:
             return 0
         result = self._call("lookup", self._lookup, rkeys)
@@ -606,11 +684,8 @@ class RedisTier(BlockTier):
         reader = self._client("lookup")
         if self.lookup_mode == "script":
             return int(self._script(keys=rkeys, client=reader))
-        pipe = reader.pipeline(transaction=False)
-        for k in rkeys:
-            pipe.exists(k)
         n = 0
-        for present in pipe.execute():
+        for present in _pipelined(reader, "exists", rkeys):
             if not present:
                 break
             n += 1
@@ -627,10 +702,7 @@ class RedisTier(BlockTier):
         Raises:
             TypeError: a key has no stable encoding. RuntimeError: the tier is closed.
         """
-        if type(keys) is not list and type(keys) is not tuple:  # a lone str: TypeError
-            keys = key_list(keys, "RedisTier.read")
-        self._check_open()
-        rkeys = [self.redis_key(k) for k in keys]
+        rkeys = self._redis_keys(keys, "read")
         if not rkeys:
             return []
         t0 = time.perf_counter()
@@ -671,10 +743,7 @@ class RedisTier(BlockTier):
         reader = self._client("read")
         if not self.cluster:
             return reader.mget(rkeys)
-        pipe = reader.pipeline(transaction=False)
-        for k in rkeys:
-            pipe.get(k)
-        return pipe.execute()
+        return _pipelined(reader, "get", rkeys)
 
     def _decode(self, rkey: bytes, value: bytes) -> bytes | None:
         """The verified block in ``value`` stored under ``rkey``, or ``None``."""
@@ -966,6 +1035,16 @@ def _pack_sets(
         small = [tail if ttl_s is not None else b"\r\n"]
     chunks.append(b"".join(small))
     return chunks, ncmds
+
+
+def _pipelined(client: Any, command: str, rkeys: list[bytes]) -> list[Any]:
+    """One reply per key of ``client.<command>(key)`` for every key, sent as one pipeline
+    without MULTI (in a cluster, redis-py sends one batch per node)."""
+    pipe = client.pipeline(transaction=False)
+    call = getattr(pipe, command)
+    for k in rkeys:
+        call(k)
+    return pipe.execute()
 
 
 class _Failed:

@@ -212,9 +212,12 @@ class TierStack:
 
         Returns:
             ``n``: ``keys[:n]`` are now readable in the host (``n <= found.hits``): shorter
-            when a lower tier's read failed verification, or when the host could not make
-            room (then ``n`` is the host's own leading run; counted in
-            :attr:`promote_failures`).
+            when a lower tier's read failed verification, or when the host cannot hold the
+            whole prefix at once (too small, or too many pinned/pending blocks; counted in
+            :attr:`promote_failures`): then ``n`` is the longest head of the prefix that it
+            can hold, promoted even when that evicts host blocks further on in the prefix
+            (a prefix is only usable from its first block), or the host's own leading run
+            when that is longer.
         """
         keys = list(keys)
         n = found.hits
@@ -242,8 +245,15 @@ class TierStack:
             return n
         out = self.host.prepare_store(keys[:n])
         if out is None:
+            # the host cannot hold the whole prefix at once: promote the longest head it can
+            # hold (host blocks after that head are no longer protected and may be evicted)
             self.promote_failures += 1
-            return first_host
+            n = self._head_that_fits(keys, n)
+            if n <= first_host:
+                return first_host
+            out = self.host.prepare_store(keys[:n])
+            if out is None:  # the policy refused after all (cannot happen with exact counts)
+                return first_host
         write = self._write_slot
         for key, slot in zip(out.keys_to_store, out.block_ids):
             write(slot, data[key])
@@ -254,6 +264,30 @@ class TierStack:
         for i in range(n):  # admission (store_threshold) may have refused some
             r = ref_count(keys[i])
             if r is None or r < 0:
+                return i
+        return n
+
+    def _head_that_fits(self, keys: list[Hashable], n: int) -> int:
+        """The largest ``m <= n`` such that ``host.prepare_store(keys[:m])`` finds room: the
+        blocks of ``keys[:m]`` not in the host must not outnumber the free slots plus the
+        evictable blocks outside ``keys[:m]`` (those inside are protected by the call)."""
+        host = self.host
+        ms = host.stats()
+        room = ms.free + ms.evictable
+        ref_count = host.ref_count
+        new: set[Hashable] = set()
+        seen: set[Hashable] = set()
+        for i in range(n):
+            key = keys[i]
+            if key in seen:
+                continue
+            seen.add(key)
+            r = ref_count(key)
+            if r is None:
+                new.add(key)
+            elif r == 0:
+                room -= 1  # an evictable host block of the prefix: protected
+            if len(new) > room:
                 return i
         return n
 
