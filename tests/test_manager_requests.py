@@ -495,3 +495,17 @@ def test_key_reused_then_stored_again_is_reused_not_inserted_only():
     m.policy.calls.clear()
     m.on_request_finished("r")
     assert m.policy.calls[0] == ("finished", ("a",), frozenset(), frozenset({"a"}))
+
+
+def test_prefix_wrapper_passes_request_finish_to_inner_arc():
+    m = OffloadingManager(8, "prefix-arc")
+    stored(m, ["old"])
+    m.on_new_request("r")
+    m.prepare_load(["old"], "r")
+    m.complete_load(["old"])
+    stored(m, ["old", "n1", "n2"], "r")
+    m.on_request_finished("r")
+    inner = m.policy.inner.snapshot()
+    assert inner["t2_all"] == {"old"} and inner["t1_all"] == {"n1", "n2"}
+    # the wrapper learned the request's links: n1's parent is old, n2's is n1
+    assert m.policy._parent["n2"] == "n1" and m.policy._parent["n1"] == "old"
