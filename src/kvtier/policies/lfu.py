@@ -39,6 +39,9 @@ How it maps to the offloading contract:
   protected block's ``K``, so no evictable block is ever below it. Entries examined (added to
   :attr:`examined`) are the victims plus the protected keys skipped: O(k + protected), worst
   case.
+
+Request mode (the manager's ``on_request_finished``): the base class's default, one ``touch``
+of the request's keys: ``K + 1`` for each resident key, inserted ones included.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 The classic policy, as in vLLM's ``LRUCachePolicy``, but the order holds evictable blocks only:
 pinned and pending blocks wait outside it and re-enter at the most-recently-used end when they
 become evictable again, so eviction never walks past them.
+
+Request mode (the manager's ``on_request_finished``): the base class's default, one ``touch``
+of the request's keys: its evictable keys move to the MRU end, ``keys[0]`` most recent.
 """
 
 from __future__ import annotations

@@ -54,6 +54,9 @@ M is examined at most 4 times. The entries examined (added to :attr:`examined`) 
 victims, the protected blocks passed, the promotions from S (one per block stored) and the
 reinsertions in M, each of which uses up one unit of frequency that a touch added: eviction is
 O(k + protected) amortized over stores and touches, not worst case.
+
+Request mode (the manager's ``on_request_finished``): the base class's default, one ``touch``
+of the request's keys: +1 frequency for each resident key, inserted ones included.
 """
 
 from __future__ import annotations

@@ -33,6 +33,9 @@ examined (added to :attr:`examined`) are ``n`` victims + visited bits cleared + 
 passed (each at most twice). Cleared bits are paid for by the touches that set them (one bit per
 touch at most), so eviction is O(k + protected) amortized over touches, not worst case: a call
 that meets ``m`` visited blocks examines ``m`` extra entries, as in the paper.
+
+Request mode (the manager's ``on_request_finished``): the base class's default, one ``touch``
+of the request's keys: each resident key's visited bit is set, inserted ones included.
 """
 
 from __future__ import annotations
