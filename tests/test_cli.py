@@ -188,6 +188,19 @@ def test_sweep_on_embedded_sample(tmp_path):
     assert lru == sorted(lru, reverse=True)
 
 
+def test_sweep_request_protocol(tmp_path):
+    out = tmp_path / "s.json"
+    res = run("sweep", "-p", "arc", "-c", "300,3000", "--protocol", "request", "-W", "8",
+              "--workers", "1", "--json", out)
+    assert res.exit_code == 0, res.output
+    rows = json.loads(out.read_text())["results"]
+    trace = list(read_trace(embedded_sample_path()))
+    for row in rows:
+        assert row["protocol"] == "request"
+        expect = replay(trace, "arc", row["capacity"], protocol="request", inflight=8)
+        assert row["hit_blocks"] == expect.hit_blocks
+
+
 def test_sweep_default_grid_in_process(tmp_path):
     out = tmp_path / "s.json"
     res = run("sweep", "-p", "lru", "--points", "12", "--workers", "1",
