@@ -376,7 +376,7 @@ class OffloadingManager:
                 pins[key] = count + 1
                 self._loads += 1
                 if req_context is not None and self._requests:  # request mode only
-                    self._record(req_context, keys, reused=True)
+                    self._record_load(req_context, keys)
                 return [slot]
         slots = self._slots_of(keys, "prepare_load")
         pending = self._pending_keys
@@ -410,7 +410,7 @@ class OffloadingManager:
             self.policy.mark_non_evictable(newly_pinned)
         self._loads += len(slots)
         if req_context is not None and self._requests:  # request mode only
-            self._record(req_context, keys, reused=True)
+            self._record_load(req_context, keys)
         return slots
 
     def complete_load(self, keys: Sequence[Hashable], req_context: Any = None) -> None:
@@ -848,7 +848,7 @@ class OffloadingManager:
                 rkeys[key] = None
                 room -= 1
 
-    def _record(self, req_context: Any, keys: Sequence[Hashable], reused: bool) -> None:
+    def _record_load(self, req_context: Any, keys: Sequence[Hashable]) -> None:
         """Record a successful :meth:`prepare_load` of ``keys`` by ``req_context``'s open
         request (if any): seen, and reused unless the request inserted them itself."""
         rec = self._open_record(req_context)
