@@ -537,9 +537,12 @@ class OffloadingManager:
         if type(keys) is not list and type(keys) is not tuple:
             keys = key_list(keys, "prepare_store")
         slot_of = self._slot_of
-        # request mode: the open request's record, else None (explicit mode; one cheap test)
-        rec = self._open_record(req_context) if req_context is not None and self._requests else None
-        if len(keys) == 1 and rec is None and self._tracker is None and self.admission is None:
+        if (
+            len(keys) == 1
+            and self._tracker is None
+            and self.admission is None
+            and (req_context is None or not self._requests)  # explicit mode: one cheap test
+        ):
             # one key, no admission: the same steps with fewer checks. In a full tier every
             # slot is used (the free list is empty) and the victim's slot is the new block's,
             # as the general path's free list would give it; a tier with a free slot evicts
@@ -587,6 +590,8 @@ class OffloadingManager:
             if self._on_store is not None:
                 self._on_store(keys)
             return _output(([key], [slot], evicted_keys))
+        # request mode: the open request's record, else None (explicit mode)
+        rec = self._open_record(req_context) if req_context is not None and self._requests else None
         try:
             new_keys = list(filterfalse(slot_of.__contains__, keys))  # not stored yet, in order
         except TypeError:
