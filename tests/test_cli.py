@@ -53,6 +53,17 @@ def test_replay_options_and_json_to_stdout():
     assert data["results"][0]["hit_blocks"] == replay(trace, "lru", 1000, inflight=8).hit_blocks
 
 
+def test_replay_request_protocol():
+    res = run("replay", "-p", "arc", "-c", "1000", "--protocol", "request", "-W", "4",
+              "--json", "-", "--no-progress")
+    assert res.exit_code == 0, res.output
+    row = json.loads(res.stdout)["results"][0]
+    assert (row["protocol"], row["inflight"]) == ("request", 4)
+    trace = list(read_trace(embedded_sample_path()))
+    expect = replay(trace, "arc", 1000, protocol="request", inflight=4)
+    assert (row["hit_blocks"], row["evictions"]) == (expect.hit_blocks, expect.evictions)
+
+
 def test_replay_stream_and_limit_match_in_memory(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     assert run("replay", "-p", "arc", "-c", "800", "--limit", "200", "--json", a).exit_code == 0
@@ -175,6 +186,19 @@ def test_sweep_on_embedded_sample(tmp_path):
         assert row["hit_blocks"] == replay(trace, row["policy"], row["capacity"]).hit_blocks
     lru = [r["miss_ratio"] for r in rows[:3]]
     assert lru == sorted(lru, reverse=True)
+
+
+def test_sweep_request_protocol(tmp_path):
+    out = tmp_path / "s.json"
+    res = run("sweep", "-p", "arc", "-c", "300,3000", "--protocol", "request", "-W", "8",
+              "--workers", "1", "--json", out)
+    assert res.exit_code == 0, res.output
+    rows = json.loads(out.read_text())["results"]
+    trace = list(read_trace(embedded_sample_path()))
+    for row in rows:
+        assert row["protocol"] == "request"
+        expect = replay(trace, "arc", row["capacity"], protocol="request", inflight=8)
+        assert row["hit_blocks"] == expect.hit_blocks
 
 
 def test_sweep_default_grid_in_process(tmp_path):

@@ -39,6 +39,52 @@ def test_prefix_protocol_counts_by_hand():
     assert d["ns_per_block_ref"] == pytest.approx(r.bookkeeping_ns / 14)
 
 
+# The same trace under "request" (LRU, capacity 4, block_tokens 4, W=0): no touch; each
+# request's one use (its keys, head most recent) comes after its transfers complete:
+#  R1 [1,2,3]  no hit; store 1,2,3; finish                     order 3 2 1
+#  R2 [1,2,4]  hits 2; load 1,2; store 4; finish (4,2,1 moved)  order 3 4 2 1
+#              ("prefix" had 3 2 1 4: its touch came before 4 was stored)
+#  R3 [5,6]    no hit; store 5,6 evicts 3,4                    order 2 1 6 5
+#  R4 [1,2,3]  hits 2 (8 tok); load 1,2; store 3 evicts 6      order 5 3 2 1
+#  R5 [5,1,3]  hits 3 (12 tok)
+def test_request_protocol_counts_by_hand():
+    r = replay(TINY, "lru", 4, block_tokens=4, protocol="request")
+    assert (r.requests, r.block_refs, r.hit_blocks) == (5, 14, 7)
+    assert (r.input_tokens, r.hit_tokens) == (51, 28)
+    assert (r.stored_blocks, r.evictions, r.store_failures) == (7, 3, 0)
+    assert r.protocol == "request"
+
+
+def test_request_protocol_window_finishes_after_transfers():
+    # W=1, LRU capacity 3, INFLIGHT (below): as "prefix" with W=1 (R2 sees R1's blocks
+    # pending, R4 cannot evict), every request finished by the final drain
+    r = replay(INFLIGHT, "lru", 3, inflight=1, block_tokens=1, protocol="request")
+    assert (r.hit_blocks, r.store_failures, r.store_failed_blocks, r.evictions) == (1, 1, 2, 0)
+    r0 = replay(INFLIGHT, "lru", 3, inflight=0, block_tokens=1, protocol="request")
+    assert (r0.hit_blocks, r0.store_failures, r0.evictions, r0.stored_blocks) == (3, 0, 2, 5)
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo", "prefix-arc", "belady"])
+def test_request_protocol_streamed_matches_list_and_every_request_finishes(policy, monkeypatch):
+    from kvtier import manager as manager_mod
+
+    made = []
+    real = manager_mod.OffloadingManager.__init__
+
+    def spy(self, *args, **kwargs):
+        made.append(self)
+        real(self, *args, **kwargs)
+
+    trace = list(read_trace(embedded_sample_path()))[:200]
+    monkeypatch.setattr(manager_mod.OffloadingManager, "__init__", spy)
+    r = replay(trace, policy, 600, protocol="request", inflight=4)
+    s = made[-1].stats()
+    assert (s.requests_finished, s.requests_open, s.requests_finished_early) == (200, 0, 0)
+    if policy != "belady":
+        rs = replay(iter(trace), policy, 600, protocol="request", inflight=4)
+        assert (rs.hit_blocks, rs.evictions) == (r.hit_blocks, r.evictions)
+
+
 def test_hit_tokens_capped_at_input_length():
     # 2 hit blocks of 512 tokens, but the prompt is only 700 tokens long
     trace = reqs(([7, 8], 700), ([7, 8], 700))

@@ -4,7 +4,7 @@ Block bookkeeping (:class:`OffloadingManager`), pluggable eviction policies
 (:mod:`kvtier.policies`), trace replay and the data path around them.
 """
 
-from kvtier.errors import BlockStateError, KVTierError, PolicyError
+from kvtier.errors import BlockStateError, KVTierError, PolicyError, RequestStateError
 from kvtier.manager import OffloadingManager
 from kvtier.policies import CachePolicy, available_policies, get_policy, register_policy
 from kvtier.types import LookupResult, ManagerStats, OffloadingEvent, PrepareStoreOutput
@@ -21,6 +21,7 @@ __all__ = [
     "OffloadingEvent",
     "OffloadingManager",
     "PrepareStoreOutput",
+    "RequestStateError",
     "available_policies",
     "get_policy",
     "register_policy",

@@ -94,7 +94,7 @@ BlockTokensOpt = Annotated[int, typer.Option("--block-tokens", min=1,
                                              help="Tokens per block (token-id traces; token counts).")]
 InflightOpt = Annotated[int, typer.Option("--inflight", "-W", min=0,
                                           help="Requests whose loads/stores stay in flight.")]
-ProtocolOpt = Annotated[str, typer.Option("--protocol", help="'prefix' (engine) or 'get' (one get per block).")]
+ProtocolOpt = Annotated[str, typer.Option("--protocol", help="'prefix' (engine, explicit touch), 'request' (engine, vLLM 0.33's request-scoped use) or 'get' (one get per block).")]
 ThresholdOpt = Annotated[int, typer.Option("--store-threshold", min=1,
                                            help="Admission: store blocks looked up at least N times.")]
 AdmissionOpt = Annotated[str, typer.Option(
@@ -407,7 +407,7 @@ def _options(fmt: str, block_tokens: int, skip_bad_lines: bool, strict: bool, in
     if protocol not in PROTOCOLS:
         raise _CliError(f"unknown protocol {protocol!r}; choose from: {', '.join(PROTOCOLS)}")
     if protocol == "get" and inflight:
-        raise _CliError("--inflight needs --protocol prefix")
+        raise _CliError("--inflight needs --protocol prefix or request")
     if admission not in ADMISSION_MODES:
         raise _CliError(f"unknown --admission {admission!r}; choose from: "
                         f"{', '.join(ADMISSION_MODES)}")

@@ -42,3 +42,21 @@ class PolicyError(KVTierError, RuntimeError):
         self.policy = policy
         self.rule = rule
         super().__init__(f"policy {policy!r}: {rule}")
+
+
+class RequestStateError(KVTierError, ValueError):
+    """A request-mode call named a request context whose state does not allow it: finishing
+    a request that is not open (never opened, or already finished), or opening one that is
+    already open.
+
+    The call changed nothing.
+
+    Attributes:
+        req_context: the offending request context.
+        rule: a short statement of the rule that was broken.
+    """
+
+    def __init__(self, req_context: Hashable, rule: str) -> None:
+        self.req_context = req_context
+        self.rule = rule
+        super().__init__(f"request {req_context!r}: {rule}")

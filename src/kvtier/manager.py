@@ -22,9 +22,13 @@ Ref count of a cached block (as :meth:`OffloadingManager.ref_count` reports it):
 A pending block is in ``_pending_keys``, a pinned one in ``_pins``; a ready, evictable block is
 in neither, so storing, loading and releasing blocks touch small collections only.
 
-Every public method accepts an optional ``req_context`` (ignored here) so vLLM-style callers
-fit. Every method validates all its keys before it changes anything: a bad call raises and
-leaves the manager exactly as it was. Not thread-safe: one thread at a time.
+Every public method accepts an optional ``req_context`` so vLLM-style callers fit. It is
+ignored (explicit mode: uses are the caller's ``touch`` calls) unless the context was opened
+with :meth:`OffloadingManager.on_new_request` (request mode, vLLM 0.33's model): then the
+keys the request loads and names in ``prepare_store`` are recorded and applied as one use
+when :meth:`OffloadingManager.on_request_finished` closes it (docs/manager.md, "Request
+mode"). Every method validates all its keys before it changes anything: a bad call raises
+and leaves the manager exactly as it was. Not thread-safe: one thread at a time.
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ from typing import Any
 from kvtier.admission import AdmissionTracker
 from kvtier.admission_adaptive import make_admission
 from kvtier.checks import check_positive_int, key_list, unhashable_error
-from kvtier.errors import BlockStateError, PolicyError
+from kvtier.errors import BlockStateError, PolicyError, RequestStateError
 from kvtier.policies import CachePolicy, get_policy
+from kvtier.policies.base import protected_set
 from kvtier.slots import SlotAllocator
 from kvtier.types import LookupResult, ManagerStats, OffloadingEvent, PrepareStoreOutput
 
@@ -57,6 +62,41 @@ _output = partial(tuple.__new__, PrepareStoreOutput)
 
 MAX_BLOCKS = 2**31 - 1
 """Largest ``num_blocks``: slot ids and ref counts are stored as 32-bit ints."""
+
+
+class _RequestLog:
+    """Request mode's bookkeeping besides the open requests: the contexts finished early at
+    the cap (oldest first, at most ``max_open`` of them) and the counters. One attribute of
+    the manager, not five: an instance with more than 30 attributes loses CPython's
+    shared-key dict and every ``self.x`` lookup gets dearer (replay +1.1 % instructions
+    per block reference, benchmarks/instr_count.py)."""
+
+    __slots__ = ("max_open", "early", "finished", "finished_early", "late")
+
+    def __init__(self, max_open: int) -> None:
+        self.max_open = max_open
+        self.early: dict[Hashable, None] = {}
+        self.finished = 0
+        self.finished_early = 0
+        self.late = 0
+
+
+class _Request:
+    """What one open request did to the tier (request mode): the input of its one use.
+
+    ``keys`` the distinct keys it loaded or named in ``prepare_store`` (stored or found
+    ready), first occurrence first (a dict used as an ordered set, at most ``num_blocks``);
+    ``inserted`` / ``reused`` / ``missed`` subsets of them: newly stored, loaded or found
+    ready (not after storing it itself), and already used once for ghost learning.
+    """
+
+    __slots__ = ("keys", "inserted", "reused", "missed")
+
+    def __init__(self) -> None:
+        self.keys: dict[Hashable, None] = {}
+        self.inserted: set[Hashable] = set()
+        self.reused: set[Hashable] = set()
+        self.missed: set[Hashable] = set()
 
 
 def _overrides(policy: CachePolicy, hook: str) -> bool:
@@ -85,10 +125,16 @@ class OffloadingManager:
             seen before, and :meth:`prepare_store` stores the leading keys it admits (never a
             block after one it refused in the same call). Cannot be combined with
             ``store_threshold >= 2``.
+        max_open_requests: request mode's memory cap: at most this many requests open at
+            once (>= 1). Opening one more first finishes the oldest open request early (its
+            use applied as by :meth:`on_request_finished`); a later finish of that context
+            is ignored and counted (``stats().late_finishes``), for the last
+            ``max_open_requests`` contexts finished early.
 
     Raises:
-        ValueError: a non-positive size or threshold, an unknown policy or admission name,
-            or ``admission`` other than ``"all"`` together with ``store_threshold >= 2``.
+        ValueError: a non-positive size, threshold or ``max_open_requests``, an unknown
+            policy or admission name, or ``admission`` other than ``"all"`` together with
+            ``store_threshold >= 2``.
         TypeError: ``policy`` is neither a name nor a CachePolicy subclass.
 
     Example::
@@ -110,8 +156,10 @@ class OffloadingManager:
         store_threshold: int = 1,
         max_tracker_size: int = 64_000,
         admission: str = "all",
+        max_open_requests: int = 4096,
     ) -> None:
         check_positive_int("num_blocks", num_blocks, "blocks")
+        check_positive_int("max_open_requests", max_open_requests, "requests")
         if num_blocks > MAX_BLOCKS:
             raise ValueError(f"num_blocks must be at most {MAX_BLOCKS}, got {num_blocks}")
         check_positive_int("store_threshold", store_threshold, "lookups")
@@ -141,7 +189,13 @@ class OffloadingManager:
         self.enable_events = enable_events
         self.store_threshold = store_threshold
         self.max_tracker_size = max_tracker_size
+        self._req_log = _RequestLog(max_open_requests)
         self._init_state()
+
+    @property
+    def max_open_requests(self) -> int:
+        """Request mode's cap on open requests (see the class docstring)."""
+        return self._req_log.max_open
 
     def _init_state(self) -> None:
         self._slot_of: dict[Hashable, int] = {}
@@ -161,6 +215,9 @@ class OffloadingManager:
         self._evictions = 0
         self._loads = 0
         self._events: list[OffloadingEvent] = []
+        # request mode: open requests, oldest first; the rest in the log
+        self._requests: dict[Hashable, _Request] = {}
+        self._req_log = _RequestLog(self._req_log.max_open)
         self._tracker: AdmissionTracker | None = (
             AdmissionTracker(self.store_threshold, self.max_tracker_size)
             if self.store_threshold >= 2
@@ -318,6 +375,8 @@ class OffloadingManager:
                     self.policy.mark_non_evictable(keys)
                 pins[key] = count + 1
                 self._loads += 1
+                if req_context is not None and self._requests:  # request mode only
+                    self._record_load(req_context, keys)
                 return [slot]
         slots = self._slots_of(keys, "prepare_load")
         pending = self._pending_keys
@@ -350,6 +409,8 @@ class OffloadingManager:
             self._evictable -= len(newly_pinned)
             self.policy.mark_non_evictable(newly_pinned)
         self._loads += len(slots)
+        if req_context is not None and self._requests:  # request mode only
+            self._record_load(req_context, keys)
         return slots
 
     def complete_load(self, keys: Sequence[Hashable], req_context: Any = None) -> None:
@@ -476,7 +537,12 @@ class OffloadingManager:
         if type(keys) is not list and type(keys) is not tuple:
             keys = key_list(keys, "prepare_store")
         slot_of = self._slot_of
-        if len(keys) == 1 and self._tracker is None and self.admission is None:
+        if (
+            len(keys) == 1
+            and self._tracker is None
+            and self.admission is None
+            and (req_context is None or not self._requests)  # explicit mode: one cheap test
+        ):
             # one key, no admission: the same steps with fewer checks. In a full tier every
             # slot is used (the free list is empty) and the victim's slot is the new block's,
             # as the general path's free list would give it; a tier with a free slot evicts
@@ -524,6 +590,8 @@ class OffloadingManager:
             if self._on_store is not None:
                 self._on_store(keys)
             return _output(([key], [slot], evicted_keys))
+        # request mode: the open request's record, else None (explicit mode)
+        rec = self._open_record(req_context) if req_context is not None and self._requests else None
         try:
             new_keys = list(filterfalse(slot_of.__contains__, keys))  # not stored yet, in order
         except TypeError:
@@ -543,6 +611,10 @@ class OffloadingManager:
             if admitted_count < len(new_keys):
                 skipped = len(new_keys) - admitted_count
                 new_keys = new_keys[:admitted_count]
+        if rec is not None:
+            # vLLM's order: the call's admitted new keys and ready keys are recorded before
+            # any early return (a failed store still records them); inserted only below
+            self._record_store(rec, keys, new_keys)
         if not new_keys:
             self._skipped_stores += skipped
             if self._on_store is not None:
@@ -563,7 +635,16 @@ class OffloadingManager:
                 protected = [key for key in keys if key in slot_of]
             else:
                 protected = {key for key in keys if key in slot_of}
-            if protected:
+            if rec is not None:
+                # request mode: ghost learning (a touch of the new keys) must come before the
+                # eviction, as vLLM's on_store_miss, and only when the store will succeed
+                if protected:
+                    protected = protected_set(protected)
+                    if self.policy.count_eligible(protected) < shortfall:
+                        return None
+                self._learn_misses(rec, new_keys)
+                victims = self.policy._evict(shortfall, protected)
+            elif protected:
                 victims = self.policy.evict(shortfall, protected)
                 if victims is None:
                     return None
@@ -575,6 +656,8 @@ class OffloadingManager:
             self._evictions += shortfall
             if self.enable_events:
                 self._events.append(OffloadingEvent(tuple(victims), True))
+        elif rec is not None:
+            self._learn_misses(rec, new_keys)
 
         block_ids = self._slots.take(num_new)
         if num_new == 1:
@@ -585,6 +668,9 @@ class OffloadingManager:
             self._pending_keys.update(new_keys)
         if self._insert is not None:
             self._insert(new_keys)
+        if rec is not None:
+            rkeys = rec.keys
+            rec.inserted.update(k for k in new_keys if k in rkeys)
         self._stores += num_new
         self._skipped_stores += skipped
         if self._on_store is not None:
@@ -665,9 +751,150 @@ class OffloadingManager:
             self._slots.release([slot_of.pop(key) for key in done])
             self._failed_stores += len(done)
 
+    # -- request mode ----------------------------------------------------------------------
+    def on_new_request(self, req_context: Hashable) -> None:
+        """Open request ``req_context``: from now on the keys it loads (:meth:`prepare_load`)
+        and names in :meth:`prepare_store` with this context are recorded, head first, until
+        :meth:`on_request_finished` applies them as one use (vLLM 0.33's request-scoped
+        accounting; docs/manager.md, "Request mode"). O(1).
+
+        At the cap (``max_open_requests`` open requests) the oldest open request is first
+        finished early: its use is applied now, and a later :meth:`on_request_finished` of
+        its context is ignored (counted in ``stats().late_finishes``).
+
+        Raises:
+            TypeError: ``req_context`` is not hashable (nothing changed).
+            RequestStateError: ``req_context`` is already open (nothing changed).
+        """
+        try:
+            is_open = req_context in self._requests
+        except TypeError:
+            raise TypeError(
+                f"on_new_request: req_context {req_context!r} is not hashable; request "
+                "mode keys its records by the context (pass e.g. the request id)"
+            ) from None
+        if is_open:
+            raise RequestStateError(
+                req_context,
+                "on_new_request: request is already open (finish it with "
+                "on_request_finished before opening it again)",
+            )
+        log = self._req_log
+        early = log.early
+        early.pop(req_context, None)  # the same context, a new request
+        if len(self._requests) >= log.max_open:
+            oldest = next(iter(self._requests))
+            self._finish(self._requests.pop(oldest))
+            log.finished_early += 1
+            early[oldest] = None
+            if len(early) > log.max_open:
+                del early[next(iter(early))]
+        self._requests[req_context] = _Request()
+
+    def on_request_finished(self, req_context: Hashable) -> None:
+        """Close request ``req_context`` and apply its use: one policy call,
+        ``policy.on_request_finished(keys, inserted, reused)`` (see
+        :meth:`kvtier.policies.CachePolicy.on_request_finished`). O(keys recorded).
+
+        A request the ``max_open_requests`` cap already finished early is ignored (its use
+        was applied then) and counted in ``stats().late_finishes``.
+
+        Raises:
+            TypeError: ``req_context`` is not hashable (nothing changed).
+            RequestStateError: ``req_context`` is not open: never opened with
+                :meth:`on_new_request`, or already finished (nothing changed).
+        """
+        try:
+            rec = self._requests.pop(req_context, None)
+        except TypeError:
+            raise TypeError(
+                f"on_request_finished: req_context {req_context!r} is not hashable (a "
+                "request is opened and finished under a hashable context)"
+            ) from None
+        if rec is None:
+            log = self._req_log
+            if req_context in log.early:
+                del log.early[req_context]
+                log.late += 1
+                return
+            raise RequestStateError(
+                req_context,
+                "on_request_finished: request is not open (never opened with "
+                "on_new_request, or already finished)",
+            )
+        self._finish(rec)
+
+    def _finish(self, rec: _Request) -> None:
+        """Apply a closed request's one use (vLLM's ``inserted_keys - reused_keys``)."""
+        self._req_log.finished += 1
+        if rec.keys:
+            self.policy.on_request_finished(
+                tuple(rec.keys), frozenset(rec.inserted - rec.reused), frozenset(rec.reused)
+            )
+
+    def _open_record(self, req_context: Any) -> _Request | None:
+        """The open request of ``req_context``, or ``None`` (never opened, finished, or not
+        hashable: explicit mode, the context is ignored)."""
+        try:
+            return self._requests.get(req_context)
+        except TypeError:
+            return None
+
+    def _add_keys(self, rec: _Request, keys: Any) -> None:
+        """Record ``keys`` (validated, in order) as seen by ``rec``: first occurrence only,
+        at most ``num_blocks`` distinct keys (the head is kept)."""
+        rkeys = rec.keys
+        room = self.num_blocks - len(rkeys)
+        for key in keys:
+            if key not in rkeys:
+                if room <= 0:
+                    break
+                rkeys[key] = None
+                room -= 1
+
+    def _record_load(self, req_context: Any, keys: Sequence[Hashable]) -> None:
+        """Record a successful :meth:`prepare_load` of ``keys`` by ``req_context``'s open
+        request (if any): seen, and reused unless the request inserted them itself."""
+        rec = self._open_record(req_context)
+        if rec is None:
+            return
+        self._add_keys(rec, keys)
+        rkeys, inserted = rec.keys, rec.inserted
+        rec.reused.update(k for k in keys if k in rkeys and k not in inserted)
+
+    def _record_store(
+        self, rec: _Request, keys: Sequence[Hashable], new_keys: Sequence[Hashable]
+    ) -> None:
+        """Record a :meth:`prepare_store` offer (vLLM's order): its admitted new keys and the
+        keys already ready (not pending) are seen, in the call's order; the ready ones are
+        reused unless the request inserted them itself. Pending keys are not recorded."""
+        slot_of, pending = self._slot_of, self._pending_keys
+        ready = [k for k in keys if k in slot_of and k not in pending]
+        if new_keys and ready:
+            offered = set(new_keys)
+            offered.update(ready)
+            self._add_keys(rec, (k for k in keys if k in offered))
+        else:
+            self._add_keys(rec, ready or new_keys)
+        if ready:
+            rkeys, inserted = rec.keys, rec.inserted
+            rec.reused.update(k for k in ready if k in rkeys and k not in inserted)
+
+    def _learn_misses(self, rec: _Request, new_keys: Sequence[Hashable]) -> None:
+        """Request mode's ghost learning (vLLM's ``on_store_miss``): one ``touch`` of the keys
+        about to be stored that this request has not stored before; called only when the
+        store will succeed, before the eviction and the policy's ``insert``."""
+        missed = rec.missed
+        misses = [k for k in new_keys if k not in missed] if missed else new_keys
+        if misses:
+            self.policy.touch(misses)
+            rkeys = rec.keys
+            missed.update(k for k in misses if k in rkeys)
+
     # -- whole-tier operations -----------------------------------------------------------
     def reset_cache(self) -> None:
-        """Drop every block, ghost list, admission count, event and counter."""
+        """Drop every block, ghost list, admission count, event and counter, and forget the
+        open requests (request mode; a later finish of one of them raises)."""
         self.policy.clear()
         self._init_state()
 
@@ -702,6 +929,10 @@ class OffloadingManager:
             pinned=len(self._pins),
             evictable=self._evictable,
             free=self.num_blocks - used,
+            requests_open=len(self._requests),
+            requests_finished=self._req_log.finished,
+            requests_finished_early=self._req_log.finished_early,
+            late_finishes=self._req_log.late,
         )
 
     def slot_of(self, key: Hashable) -> int | None:
@@ -755,5 +986,13 @@ class OffloadingManager:
             "tracker": None if self._tracker is None else self._tracker.items(),
             "admission": None if self.admission is None else self.admission.snapshot(),
             "events": list(self._events),
+            "requests": [
+                (ctx, tuple(r.keys), set(r.inserted), set(r.reused), set(r.missed))
+                for ctx, r in self._requests.items()
+            ],
+            "finished_early": list(self._req_log.early),
+            "request_counters": (
+                self._req_log.finished, self._req_log.finished_early, self._req_log.late,
+            ),
             "policy": self.policy.snapshot(),
         }

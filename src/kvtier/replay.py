@@ -17,6 +17,19 @@ pending); when a request leaves that window (oldest first) its ``complete_load``
 ``complete_store`` run. ``W=0`` completes each request before the next. At the end of the
 trace the window is drained. ``prepare_store`` is not called when every key hit.
 
+Protocol ``"request"`` (vLLM 0.33's request-scoped use; the manager's request mode,
+docs/manager.md), per request ``r`` (a fresh context each)::
+
+    on_new_request(r)
+    hits = lookup_prefix(keys, r)
+    if hits: prepare_load(keys[:hits], r)     # recorded as reused
+    out = prepare_store(keys[hits:], r)       # new keys: ghost learning, then inserted
+    ... when r leaves the window: complete_load, complete_store, on_request_finished(r)
+
+No ``touch``: the request's one use is applied when it finishes (``keys`` head first,
+inserted vs reused told apart), after its transfers complete. The window ``W`` works as in
+``"prefix"``; the manager allows ``max(4096, W + 1)`` open requests, so none is finished early.
+
 Protocol ``"get"`` (the cache literature's view): every key reference is one get-with-insert::
 
     if lookup(key) is HIT: touch([key])                       # hit
@@ -50,7 +63,7 @@ from kvtier.types import LookupResult
 
 __all__ = ["PROTOCOLS", "ReplayOptions", "ReplayResult", "parse_capacity", "replay"]
 
-PROTOCOLS = ("prefix", "get")
+PROTOCOLS = ("prefix", "request", "get")
 """Accepted values of ``protocol``."""
 
 _PROGRESS_EVERY = 1024  # requests between progress callbacks
@@ -71,8 +84,9 @@ class ReplayOptions:
     :func:`kvtier.sweep.run_grid`; the values are checked when the object is made.
 
     Attributes:
-        inflight: in-flight window ``W`` in requests (>= 0), ``"prefix"`` protocol only.
-        protocol: ``"prefix"`` or ``"get"`` (see the module docstring).
+        inflight: in-flight window ``W`` in requests (>= 0), ``"prefix"`` and ``"request"``
+            protocols only.
+        protocol: ``"prefix"``, ``"request"`` or ``"get"`` (see the module docstring).
         block_tokens: tokens per block, for the token counts (>= 1).
         store_threshold: the manager's admission threshold in lookups (>= 1; 1 admits
             everything).
@@ -99,7 +113,9 @@ class ReplayOptions:
             )
         _positive_int("inflight", self.inflight, "requests", minimum=0)
         if self.protocol == "get" and self.inflight:
-            raise ValueError("inflight > 0 needs protocol 'prefix' ('get' completes every access)")
+            raise ValueError(
+                "inflight > 0 needs protocol 'prefix' or 'request' ('get' completes every access)"
+            )
         _positive_int("block_tokens", self.block_tokens, "tokens")
         _positive_int("store_threshold", self.store_threshold, "lookups")
         if self.admission not in ADMISSION_MODES:
@@ -117,7 +133,7 @@ class ReplayResult:
     Attributes:
         policy: policy name.
         capacity: tier size in blocks.
-        protocol: ``"prefix"`` or ``"get"``.
+        protocol: ``"prefix"``, ``"request"`` or ``"get"``.
         inflight: in-flight window ``W`` in requests (0 for ``"get"``).
         block_tokens: tokens per block (used for the token counts).
         store_threshold: the manager's admission threshold (1 = admit all).
@@ -297,13 +313,14 @@ def replay(
             "stream; pass the requests as a list (the CLI: drop --stream)"
         )
     manager = OffloadingManager(capacity, policy, store_threshold=store_threshold,
-                                admission=admission)
+                                admission=admission, max_open_requests=max(4096, inflight + 1))
     advance = None
     if offline:
         oracle = NextUseOracle([req.keys for req in requests])
         manager.policy.bind(oracle)  # type: ignore[attr-defined]
         advance = oracle.advance
-    protocol_steps = _prefix_protocol if protocol == "prefix" else _get_protocol
+    protocol_steps = {"prefix": _prefix_protocol, "request": _request_protocol,
+                      "get": _get_protocol}[protocol]
     step, drain = protocol_steps(manager, inflight, advance)
     counts, manager_ns, total_ns = _run(step, drain, requests, block_tokens, progress, streamed,
                                         hits_out)
@@ -373,6 +390,65 @@ def _prefix_protocol(manager: OffloadingManager, window_size: int, advance=None)
         return hits, fails, failed_blocks
 
     def drain() -> None:  # the last W requests complete, oldest first
+        while window:
+            complete(*window.popleft())
+
+    if advance is not None:
+        inner = step
+
+        def step(keys):  # noqa: F811 - the clock first, then the request
+            advance(keys)
+            return inner(keys)
+
+    return step, drain
+
+
+def _request_protocol(manager: OffloadingManager, window_size: int, advance=None):
+    """``(step, drain)`` of vLLM 0.33's request-scoped protocol (module docstring): like
+    ``"prefix"`` without ``touch``, each request's calls under its own context, finished
+    (``on_request_finished``) after its transfers complete."""
+    on_new_request = manager.on_new_request
+    on_request_finished = manager.on_request_finished
+    lookup_prefix = manager.lookup_prefix
+    prepare_load = manager.prepare_load
+    complete_load = manager.complete_load
+    prepare_store = manager.prepare_store
+    complete_store = manager.complete_store
+    window: deque = deque()
+    counter = iter(range(1 << 62))  # the contexts: one int per request
+
+    def complete(ctx, loaded, stored) -> None:
+        if loaded:
+            complete_load(loaded, ctx)
+        if stored:
+            complete_store(stored, ctx)
+        on_request_finished(ctx)
+
+    def step(keys):
+        ctx = next(counter)
+        on_new_request(ctx)
+        n = len(keys)
+        hits = lookup_prefix(keys, ctx)
+        loaded = stored = None
+        fails = failed_blocks = 0
+        if hits:
+            loaded = keys[:hits]
+            prepare_load(loaded, ctx)
+        if hits < n:
+            out = prepare_store(keys[hits:] if hits else keys, ctx)
+            if out is None:
+                fails, failed_blocks = 1, n - hits
+            else:
+                stored = out.keys_to_store
+        if window_size == 0:
+            complete(ctx, loaded, stored)
+        else:
+            window.append((ctx, loaded, stored))
+            if len(window) > window_size:
+                complete(*window.popleft())
+        return hits, fails, failed_blocks
+
+    def drain() -> None:  # the last W requests complete and finish, oldest first
         while window:
             complete(*window.popleft())
 

@@ -62,6 +62,10 @@ class ManagerStats:
     (keys refused by admission), ``evictions`` (blocks), ``loads`` (pins taken).
     Block counts: ``used`` = pending + ready; ``pinned`` (ready, ref count > 0),
     ``evictable`` (ready, ref count 0), ``free`` = num_blocks - used.
+    Request mode (docs/manager.md): ``requests_open`` (requests open now),
+    ``requests_finished`` (uses applied, early ones included), ``requests_finished_early``
+    (finished by the ``max_open_requests`` cap), ``late_finishes`` (finishes of a request
+    already finished early, ignored).
     """
 
     num_blocks: int
@@ -80,6 +84,10 @@ class ManagerStats:
     pinned: int
     evictable: int
     free: int
+    requests_open: int = 0
+    requests_finished: int = 0
+    requests_finished_early: int = 0
+    late_finishes: int = 0
 
     @property
     def hit_ratio(self) -> float:

@@ -379,6 +379,67 @@ def test_arc_insertion_is_not_reuse_and_reuse_promotes_once():
     assert set(snap["t1_all"]) == {key(2)} and set(snap["t2_all"]) == {key(1)}
 
 
+def _arc_orders_after_requests(m, snap):
+    """Request a stores 1, 2, 3; request b loads 1 and offers 1, 2, 4 for storing (1, 2 ready:
+    reused) and re-reads its own 4; request c only inserts 5, 6. Returns (T1, T2) orders."""
+    a, b, c = ReqContext("a"), ReqContext("b"), ReqContext("c")
+    m.on_new_request(a)
+    store(m, [1, 2, 3], a)
+    m.on_request_finished(a)
+    m.on_new_request(b)
+    m.prepare_load(keys(1), b)
+    out = m.prepare_store(keys(1, 2, 4), b)
+    m.complete_store(out.keys_to_store, b)
+    m.complete_load(keys(1), b)
+    m.prepare_load(keys(4), b)
+    m.complete_load(keys(4), b)
+    m.on_new_request(c)
+    store(m, [5, 6], c)
+    m.on_request_finished(b)
+    m.on_request_finished(c)
+    return snap(m)
+
+
+def test_arc_request_end_orders_match_vllms_arc():
+    """Request-scoped use, same orders in both ARCs: reused keys to T2 head most recent,
+    insertion-only keys refreshed in place in T1 (vLLM's ARC does this too), a key the
+    request inserted and then read is not reused."""
+    theirs = _arc_orders_after_requests(
+        CPUOffloadingManager(16, "arc"), lambda m: (list(m._policy.t1), list(m._policy.t2))
+    )
+
+    def kvtier_snap(m):
+        snap = m._policy.kvtier.snapshot()
+        return snap["t1"], snap["t2"]
+
+    ours = _arc_orders_after_requests(vllm_manager(16, "arc"), kvtier_snap)
+    spec = _arc_orders_after_requests(
+        spec_manager(16, "arc"),
+        lambda m: (m.manager.policy.snapshot()["t1"], m.manager.policy.snapshot()["t2"]),
+    )
+    assert theirs == (keys(3, 4, 6, 5), keys(2, 1))
+    assert ours == theirs
+    assert spec == theirs
+
+
+def test_spec_manager_drives_kvtier_request_mode():
+    m = spec_manager(8, "lru")
+    a = ReqContext("a")
+    m.on_new_request(a)
+    assert m.manager.stats().requests_open == 1
+    store(m, [1, 2], a)
+    m.on_request_finished(a)
+    m.on_request_finished(a)  # vLLM ignores a second finish; so does the adapter
+    s = m.manager.stats()
+    assert (s.requests_open, s.requests_finished) == (0, 1)
+    b = ReqContext("b")
+    m.on_new_request(b)
+    m.reset_cache()  # forgets b's record; b's later calls open a fresh one, as vLLM's manager
+    store(m, [3], b)
+    m.on_request_finished(b)
+    assert m.manager.stats().requests_finished == 1  # counters restart at reset_cache
+
+
 # -- KVTierOffloadingManager: contract of vLLM's ABC -----------------------------------------
 def spec_manager(capacity: int = 4, policy: str = "lru", **kw) -> kv.KVTierOffloadingManager:
     return kv.KVTierOffloadingManager(capacity, policy, enable_events=True, **kw)

@@ -19,20 +19,26 @@ Two drop-ins, each chosen by one JSON string (``--kv-transfer-config``), no vLLM
 Recency and frequency under vLLM's call protocol (docs/vllm.md has the details). vLLM 0.33's
 scheduler never calls ``touch``: a request's use of the cache is reported once, when it
 finishes (``on_request_finished``), with the keys it *reused* (loaded, or found ready when it
-offered them for storing) apart from the keys it only *inserted*. kvtier's policy contract has
-one kind of use, ``touch`` (request-scoped use is kvtier issue #11), so both drop-ins map the
-protocol onto it the same way:
+offered them for storing) apart from the keys it only *inserted*. kvtier has the same model
+(its manager's request mode and the policy hook ``on_request_finished(keys, inserted,
+reused)``, docs/manager.md), so both drop-ins pass it through:
 
 * a store miss (a key offered for storing that is not in the tier) is one ``touch`` before the
-  store: ARC-style policies learn ghost hits from it (vLLM's ``on_store_miss``);
-* the request's reused keys are one ``touch``, head first, when the request finishes;
-* inserted keys get no extra use: insertion is their first use (a ``touch`` would move an ARC
-  block seen once into T2).
+  store, once per request: ARC-style policies learn ghost hits from it (vLLM's
+  ``on_store_miss``);
+* at request end the policy's ``on_request_finished`` gets the request's keys head first and
+  the inserted-only / reused split: kvtier's ARC promotes reused keys only and refreshes
+  inserted ones in place, as vLLM's ARC; other policies apply one use of every key (vLLM's
+  default, and vLLM's LRU).
+
+:class:`KVTierOffloadingManager` drives kvtier's manager in request mode (``on_new_request``
+opens the request under a private token, ``prepare_load`` / ``prepare_store`` are recorded,
+``on_request_finished`` applies the use). One deliberate difference from vLLM's manager: a
+``prepare_store`` that fails (``None``) changes no policy state, so its store misses teach
+ghost lists nothing (vLLM's ``on_store_miss`` runs before its eviction can fail).
 
 ARC differs from vLLM's ``ARCCachePolicy`` in one place: a key that comes back while its ghost
-entry is in B1/B2 is inserted straight into T2 (the paper's ARC; vLLM inserts it into T1), and
-at request end vLLM also moves insertion-only keys to the MRU end of their list, which kvtier's
-contract cannot express (they keep the position their store completion gave them).
+entry is in B1/B2 is inserted straight into T2 (the paper's ARC; vLLM inserts it into T1).
 
 Thread safety: like vLLM's own CPU manager, neither drop-in is thread-safe; vLLM's scheduler
 calls them from one thread under ``manager.lock`` (a no-op here).
@@ -136,6 +142,12 @@ class _KVTierHooks:
         """One use of ``keys``; ``keys[0]`` ends most recent; non-resident keys teach ghosts."""
         self.policy.touch(keys)
 
+    def request_finished(
+        self, keys: Sequence[Any], inserted: Collection[Any], reused: Collection[Any]
+    ) -> None:
+        """A finished request's one use: its keys head first, inserted-only vs reused."""
+        self.policy.on_request_finished(tuple(keys), frozenset(inserted), frozenset(reused))
+
     def evict(self, n: int, protected: Collection[Any]) -> list[Any] | None:
         """``n`` victims (keys) or ``None`` with nothing changed."""
         return self.policy.evict(n, protected)
@@ -165,7 +177,8 @@ class KVTierCachePolicy(CachePolicy):
     ``mark_non_evictable``      ``block_unevictable``
     ``remove``                  ``remove``
     ``touch``, ``on_store_miss``  ``touch``
-    ``on_request_finished``     ``touch`` of the request's reused keys, head first
+    ``on_request_finished``     ``on_request_finished(keys, inserted, reused)``, the
+                                key groups flattened head to tail as vLLM orders them
     ``on_request_access``       nothing (kvtier issue #11)
     ``evict`` (atomic)          ``evict``: ``None`` and nothing changed, or the victims
     ==========================  ===================================================
@@ -281,11 +294,9 @@ class KVTierCachePolicy(CachePolicy):
         req_context: ReqContext,
     ) -> None:
         self._flush()
-        if not reused_keys:
-            return
-        keys = [k for k in order_request_keys(key_groups, req_context) if k in reused_keys]
+        keys = order_request_keys(key_groups, req_context)
         if keys:
-            self._hooks.use(keys)
+            self._hooks.request_finished(keys, insertion_only_keys, reused_keys)
 
     def evict(
         self, n: int, protected: set[OffloadKey]
@@ -383,14 +394,13 @@ _LOOKUP = {
 
 @dataclass(slots=True)
 class _RequestAccess:
-    """What one request did to this manager: the input of its end-of-request use. Plain lists
-    (a set is built only when a request calls a method twice): one list extend per call."""
+    """One request's handle on this manager: ``token``, the hashable context under which the
+    request is open in kvtier's manager (request mode; vLLM's ``ReqContext`` is not
+    hashable)."""
 
     owner: object
     generation: int
-    reused: list = field(default_factory=list)  # loaded or found ready, call order
-    inserted: list = field(default_factory=list)  # stored by this request
-    missed: list = field(default_factory=list)  # store misses already used once
+    token: object = field(default_factory=object)
     finished: bool = False
 
 
@@ -456,8 +466,11 @@ class KVTierOffloadingManager(OffloadingManager):
     def _access(self, req_context: ReqContext) -> _RequestAccess:
         state = req_context.get_state(_RequestAccess)
         if state is None or state.owner is not self or state.generation != self._generation:
+            # a new request, or one from before reset_cache (vLLM's manager starts a fresh
+            # record then too): open it in kvtier's manager
             state = _RequestAccess(self, self._generation)
             req_context.set_state(state)
+            self.manager.on_new_request(state.token)
         return state
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
@@ -465,7 +478,10 @@ class KVTierOffloadingManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
-        """The request's one use: its reused keys (not the ones it inserted), head first."""
+        """The request's one use, by kvtier's request mode: the policy's
+        ``on_request_finished(keys, inserted, reused)``, keys head first in the order the
+        request first named them (vLLM sorts by the scheduler's token positions instead,
+        which equals that order whenever a request names its blocks head first)."""
         state = req_context.get_state(_RequestAccess)
         if (
             state is None
@@ -475,19 +491,7 @@ class KVTierOffloadingManager(OffloadingManager):
         ):
             return
         state.finished = True
-        reused = state.reused
-        if not reused:
-            return
-        if len(reused) > 1:
-            reused = list(dict.fromkeys(reused))
-        if state.inserted:
-            reused = list(filterfalse(set(state.inserted).__contains__, reused))
-        # by token position when the scheduler recorded them (vLLM's order_request_keys sorts
-        # only when every key has one; the first key tells)
-        if len(reused) > 1 and req_context.get_offload_key_position(reused[0]) is not None:
-            reused = order_request_keys((reused,), req_context)
-        if reused:
-            self.manager.touch(reused)
+        self.manager.on_request_finished(state.token)
 
     # -- lookups and loads -------------------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
@@ -506,8 +510,7 @@ class KVTierOffloadingManager(OffloadingManager):
         """
         if type(keys) is not list:
             keys = list(keys)
-        slots = self.manager.prepare_load(keys)
-        self._access(req_context).reused.extend(keys)
+        slots = self.manager.prepare_load(keys, self._access(req_context).token)
         return CPULoadStoreSpec(slots)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -525,17 +528,8 @@ class KVTierOffloadingManager(OffloadingManager):
         Returns ``None`` (nothing changed in the tier) when not enough blocks can be evicted.
         """
         keys = list(keys)
-        state = self._access(req_context)
+        token = self._access(req_context).token
         misses = list(filterfalse(self._contains, keys))
-        if len(misses) != len(keys):
-            # keys already in the tier: the ready ones count as reused by this request
-            ref_count = self.manager.ref_count
-            inserted = set(state.inserted)
-            state.reused += [
-                k
-                for k in keys
-                if k not in inserted and (r := ref_count(k)) is not None and r >= 0
-            ]
         if self._counts is not None:
             self._record_offer(keys)
             counts, threshold = self._counts, self.store_threshold
@@ -547,17 +541,12 @@ class KVTierOffloadingManager(OffloadingManager):
         if misses:
             # vLLM's histogram counts the chunks each call asks for, granted or not
             self._allocation_sizes.append(len(misses) if len(misses) < 2 else len(set(misses)))
-            if state.missed:  # a second store call of this request: each miss used once
-                misses = list(filterfalse(set(state.missed).__contains__, misses))
-            if misses:  # one use before the store: ARC-style policies learn ghost hits here
-                state.missed += misses
-                self.manager.touch(misses)
-        out = self.manager.prepare_store(keys)
+        # request mode records the offer (ready keys reused, new keys inserted) and lets the
+        # policy learn ghost hits from the new keys once per request (vLLM's on_store_miss)
+        out = self.manager.prepare_store(keys, token)
         if out is None:
             return None
         stored = out.keys_to_store
-        if stored:
-            state.inserted += stored
         return PrepareStoreOutput(
             keys_to_store=stored,
             store_spec=CPULoadStoreSpec(out.block_ids),

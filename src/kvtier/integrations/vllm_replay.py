@@ -14,10 +14,9 @@ With ``inflight=W`` the last ``W`` requests stay in flight (their loads pinned, 
 pending); ``W=0`` completes each request before the next. :func:`replay_vllm` drives any vLLM
 ``OffloadingManager`` (vLLM's ``CPUOffloadingManager`` with any policy, or
 :class:`~kvtier.integrations.vllm.KVTierOffloadingManager`); :func:`replay_kvtier` drives a
-plain :class:`kvtier.OffloadingManager` with the same protocol translated call by call, as
-``KVTierOffloadingManager`` translates it (store misses used once before the store, the
-request's reused keys used once at its end), so both must count the same hits and evictions
-for the same kvtier policy.
+plain :class:`kvtier.OffloadingManager` in request mode, the same calls one to one (an int
+context per request), as ``KVTierOffloadingManager`` translates them, so both must count the
+same hits and evictions for the same kvtier policy.
 
 Keys: each trace block hash becomes an ``OffloadKey`` (8-byte hash + KV group 0), as vLLM's
 keys are bytes; a key named twice in one request is kept once.
@@ -162,15 +161,11 @@ def replay_kvtier(
     *,
     inflight: int = 0,
 ) -> ProtocolResult:
-    """The same protocol on a plain :class:`kvtier.OffloadingManager`, each vLLM call translated
-    into kvtier calls (no admission):
-
-    * lookups: ``lookup`` per key, as vLLM;
-    * ``prepare_load`` as vLLM;
-    * ``prepare_store(rest)``: first ``touch(store misses)`` (the keys of ``rest`` not in the
-      tier; vLLM's ``on_store_miss``), and the keys of ``rest`` already ready count as reused;
-    * ``complete_load`` / ``complete_store`` as vLLM;
-    * ``on_request_finished``: ``touch`` of the reused keys (loaded, or found ready), head first.
+    """The same protocol on a plain :class:`kvtier.OffloadingManager` in request mode
+    (docs/manager.md), call for call: ``on_new_request(i)``, ``lookup`` per key,
+    ``prepare_load`` / ``prepare_store`` with context ``i``, then ``complete_load``,
+    ``complete_store`` and ``on_request_finished(i)`` when the request leaves the window. No
+    admission, no ``touch``.
 
     Raises:
         ValueError: ``inflight`` is not an int >= 0.
@@ -179,38 +174,30 @@ def replay_kvtier(
     HIT = KVTierLookupResult.HIT
     m = manager
     lookup = m.lookup
-    contains = m.__contains__
     window: deque = deque()
     refs = hits = stored = evicted = failures = 0
 
-    def complete(loaded, to_store, reused) -> None:
+    def complete(ctx, loaded, to_store) -> None:
         if loaded:
-            m.complete_load(loaded)
+            m.complete_load(loaded, ctx)
         if to_store:
-            m.complete_store(to_store, success=True)
-        if reused:
-            m.touch(reused)
+            m.complete_store(to_store, ctx, success=True)
+        m.on_request_finished(ctx)
 
     t0 = time.perf_counter_ns()
-    for keys in keys_per_request:
+    for ctx, keys in enumerate(keys_per_request):
+        m.on_new_request(ctx)
         h = 0
         for key in keys:
-            if lookup(key) is not HIT:
+            if lookup(key, ctx) is not HIT:
                 break
             h += 1
         loaded = keys[:h]
-        reused = list(loaded)
         if h:
-            m.prepare_load(loaded)
+            m.prepare_load(loaded, ctx)
         to_store: list = []
         if h < len(keys):
-            rest = keys[h:]
-            misses = [k for k in rest if not contains(k)]
-            if len(misses) != len(rest):
-                reused += [k for k in rest if contains(k) and m.ref_count(k) >= 0]
-            if misses:
-                m.touch(misses)
-            out = m.prepare_store(rest)
+            out = m.prepare_store(keys[h:], ctx)
             if out is None:
                 failures += 1
             else:
@@ -219,7 +206,7 @@ def replay_kvtier(
                 evicted += len(out.evicted_keys)
         refs += len(keys)
         hits += h
-        window.append((loaded, to_store, reused))
+        window.append((ctx, loaded, to_store))
         if len(window) > inflight:
             complete(*window.popleft())
     while window:

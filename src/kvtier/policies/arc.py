@@ -153,6 +153,36 @@ class ARCPolicy(CachePolicy):
                 self.target = target if target > 0.0 else 0.0
                 b2.move_to_end(key)
 
+    # -- request mode (issue #11 section 2; self-contained, to be ported onto the new T1/T2) --
+    def on_request_finished(
+        self, keys: Sequence[Key], inserted: Collection[Key], reused: Collection[Key]
+    ) -> None:
+        """One finished request's use (vLLM 0.33's ``ARCCachePolicy.on_request_finished``):
+        only a block the request really reused counts as seen again.
+
+        For ``keys`` tail first (so ``keys[0]`` ends most recent): a reused key in T1 moves
+        to T2's MRU end (pinned or not), a reused key in T2 moves to T2's MRU end; a key only
+        inserted by the request is refreshed in place (the MRU end of its own list, T1 or
+        T2); keys no longer resident, and keys neither inserted nor reused, are ignored.
+        Ghost lists and the target are not changed here (the manager's store-time ``touch``
+        of new keys is where request mode learns from ghost hits). O(len(keys)).
+        """
+        resident, t2_keys, t1, t2 = self._resident, self._t2_keys, self._t1, self._t2
+        for key in reversed(keys):
+            if key not in resident:
+                continue
+            if key in reused:
+                if key in t2_keys:
+                    t2.use(key)
+                else:  # T1 -> T2
+                    t2_keys.add(key)
+                    t2.append(key, t1.discard(key))
+            elif key in inserted:
+                if key in t2_keys:
+                    t2.use(key)
+                else:
+                    t1.use(key)
+
     def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
         # The per-victim rule: from T1 while |T1| minus the T1 victims so far >= floor(target),
         # else from T2; the other list when the preferred one has no eligible block. It

@@ -5,7 +5,7 @@ A policy orders **keys** and picks victims; nothing else. The
 events and statistics, and tells the policy about every state change of a block through the
 hooks below, so a policy never scans the cache to find out what may be evicted.
 
-The hooks (vLLM 0.33's ``CachePolicy`` names where it has one; 8 in all)::
+The hooks (vLLM 0.33's ``CachePolicy`` names where it has one; 9 in all)::
 
     insert(keys)              new blocks, store in flight: resident, NOT evictable; stored is
                               a use: they take their place in the order
@@ -17,13 +17,21 @@ The hooks (vLLM 0.33's ``CachePolicy`` names where it has one; 8 in all)::
     touch(keys)               a use; keys may be absent (ghost lists may learn from them),
                               pending or pinned
     on_store(keys)            after each successful ``prepare_store``, its full key list
+    on_request_finished(keys, inserted, reused)
+                              request mode (the manager's ``on_request_finished``): the one
+                              use of a finished request; ``keys`` the distinct keys it loaded
+                              or named in ``prepare_store``, head first (a tuple; they may be
+                              absent, pending or pinned by now), ``inserted`` those it newly
+                              stored and did not reuse, ``reused`` those it loaded or found
+                              ready (frozensets, subsets of ``keys``). Default: ``touch(keys)``
     evict(n, protected)       n evictable blocks not in ``protected`` leave; returns their keys
     clear()                   forget everything (``reset_cache``)
 
 **Key order, the one rule.** Every hook receives its keys in the caller's order, head of the
 request first, each key once (``touch`` excepted: it may repeat keys and name absent ones).
-A hook that uses blocks (``insert``, ``touch``) leaves ``keys[0]`` the most recent: a request
-names its blocks head first, and a prefix's head should outlive its tail.
+A hook that uses blocks (``insert``, ``touch``, ``on_request_finished``) leaves ``keys[0]``
+the most recent: a request names its blocks head first, and a prefix's head should outlive its
+tail.
 
 **Recency is logical.** A block's place in the order changes only when it is used (stored,
 touched, used by a finished request); pins, their release and completed stores never move
@@ -152,6 +160,26 @@ class CachePolicy(ABC):
     def on_store(self, keys: Sequence[Key]) -> None:  # noqa: B027 - optional hook
         """After each successful ``prepare_store``, with the call's full key list in the
         caller's order, including keys already resident. Default: nothing."""
+
+    def on_request_finished(
+        self, keys: Sequence[Key], inserted: Collection[Key], reused: Collection[Key]
+    ) -> None:
+        """One finished request's use of the tier (request mode, vLLM 0.33's
+        ``CachePolicy.on_request_finished``), called once per request by the manager's
+        ``on_request_finished``.
+
+        Args:
+            keys: the distinct keys the request loaded or named in ``prepare_store`` (stored
+                by it, or found ready), head of the request first. They may since have been
+                evicted (absent), be pending or pinned.
+            inserted: the keys of ``keys`` this request newly stored and did not also reuse.
+            reused: the keys of ``keys`` it loaded, or named in ``prepare_store`` while they
+                were ready; a key it stored itself and then read again is not reused.
+
+        Default: one use, ``self.touch(keys)`` (``keys[0]`` ends most recent). A policy that
+        tells a first use from a reuse (ARC) overrides it.
+        """
+        self.touch(keys)
 
     def evict(self, n: int, protected: Collection[Key] = ()) -> list[Key] | None:
         """Evict ``n`` evictable blocks not in ``protected``, chosen by the policy.

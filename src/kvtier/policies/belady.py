@@ -40,6 +40,9 @@ protocol a block hits only while every block before it in the request hits, so f
 use is a heuristic there; docs/policies.md gives the measured distance to brute force.
 
 Not thread-safe (the manager serialises calls).
+
+Request mode (the manager's ``on_request_finished``): the base class's default, one ``touch``
+of the request's keys: each resident key's next use is read from the oracle again.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ changes only when it is used -- stored (:meth:`insert`, the call's ``keys[0]`` e
 recent), touched, or used by a finished request -- never when a pin is taken or released or
 its store completes. Pinned and pending blocks keep their place in the order; eviction passes
 over them at O(1) amortized each (:class:`~kvtier.policies.order.LogicalOrder`).
+
+Request mode (the manager's ``on_request_finished``): the base class's default, one ``touch``
+of the request's keys: they move to the MRU end (pinned or not), ``keys[0]`` most recent.
 """
 
 from __future__ import annotations

@@ -44,6 +44,11 @@ off while its victims are hit more often; a rule that is off keeps recording its
 victims (they stay resident), so it is turned on again when it stops losing. ``guard=False``
 turns the safeguard off (for comparisons); ``leaf_mode="always"`` bypasses it for leaves.
 
+Request mode (the manager's ``on_request_finished``): the inner policy gets the request's
+``on_request_finished`` as is; the wrapper learns links from its keys as from a ``touch``, and
+its leaf estimator and duel see the keys the request did not insert (the new ones reached
+them through the manager's store-time ``touch``).
+
 Eviction (:meth:`evict`): take unprotected orphans from the queue (while the safeguard allows
 the orphan rule), then, while demoting, unprotected leaves from the leaf queue (evictable leaves
 in the order they became evictable), then ask the inner policy for the rest (with the chosen
@@ -351,6 +356,29 @@ class PrefixAwarePolicy(CachePolicy):
 
     def touch(self, keys: Sequence[Key]) -> None:
         self.inner.touch(keys)
+        self._learn_links(keys)
+        self._leaf_est.on_touch(keys)
+        self._duel.on_touch(keys, self._res)
+
+    def on_request_finished(
+        self, keys: Sequence[Key], inserted: Collection[Key], reused: Collection[Key]
+    ) -> None:
+        """Request mode: the inner policy gets the call as is (ARC tells reuse from
+        insertion); the wrapper learns the request's links, and its leaf estimator and duel
+        see the keys the request did not insert (its new keys were named, as absent keys,
+        by the manager's store-time ``touch``; naming them again here would count this
+        request's own new leaves as reused)."""
+        self.inner.on_request_finished(keys, inserted, reused)
+        self._learn_links(keys)
+        if inserted:
+            keys = [key for key in keys if key not in inserted]
+        if keys:
+            self._leaf_est.on_touch(keys)
+            self._duel.on_touch(keys, self._res)
+
+    def _learn_links(self, keys: Sequence[Key]) -> None:
+        """Links and leaf flags from one use of ``keys`` (head first): a link where both
+        keys are resident."""
         res, parents, leaf = self._res, self._parent, self._leaf
         last = len(keys) - 1
         prev = None
@@ -360,8 +388,6 @@ class PrefixAwarePolicy(CachePolicy):
             if i < last and key in leaf:
                 self._has_child(key)
             prev = key
-        self._leaf_est.on_touch(keys)
-        self._duel.on_touch(keys, res)
 
     def on_store(self, keys: Sequence[Key]) -> None:
         self.inner.on_store(keys)

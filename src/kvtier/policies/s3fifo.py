@@ -56,6 +56,11 @@ M is examined at most 4 times. The entries examined (added to :attr:`examined`) 
 victims, the protected blocks passed, the promotions from S (one per block stored) and the
 reinsertions in M, each of which uses up one unit of frequency that a touch added: eviction is
 O(k + protected) amortized over stores and touches, not worst case.
+
+Request mode (the manager's ``on_request_finished``): +1 frequency for each key the request
+reused (loaded, or found ready); a block the request itself inserted is not "seen twice", as
+in ARC (with the base class's default, one ``touch`` of every key, inserted blocks would
+count as hits).
 """
 
 from __future__ import annotations
@@ -171,6 +176,15 @@ class S3FIFOPolicy(CachePolicy):
 
     def on_store(self, keys: Sequence[Key]) -> None:
         self._trim_ghost()
+
+    def on_request_finished(
+        self, keys: Sequence[Key], inserted: Collection[Key], reused: Collection[Key]
+    ) -> None:
+        # only a block the request really reused is seen again (as ARC); an inserted block's
+        # place and count were set by its store
+        used = [key for key in keys if key in reused]
+        if used:
+            self.touch(used)
 
     def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
         self._trim_ghost()
