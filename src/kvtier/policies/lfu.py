@@ -43,9 +43,8 @@ How it maps to the offloading contract:
   :attr:`examined`) are the victims plus the protected keys skipped: O(k + protected), worst
   case.
 
-Request mode (the manager's ``on_request_finished``): ``K + 1`` for each key the request
-reused (loaded, or found ready); a block the request itself inserted is not "seen twice" (its
-``K`` was set by the store), as in ARC.
+Request mode (the manager's ``on_request_finished``): the base class's default, one ``touch``
+of the request's keys: ``K + 1`` for each resident key, inserted ones included.
 """
 
 from __future__ import annotations
@@ -186,15 +185,6 @@ class LFUPolicy(CachePolicy):
             buckets[j][key] = None
             mask |= 1 << j
         self._mask = mask
-
-    def on_request_finished(
-        self, keys: Sequence[Key], inserted: Collection[Key], reused: Collection[Key]
-    ) -> None:
-        # only a block the request really reused is seen again (as ARC); an inserted block's
-        # place and count were set by its store
-        used = [key for key in keys if key in reused]
-        if used:
-            self.touch(used)
 
     def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
         buckets = self._buckets

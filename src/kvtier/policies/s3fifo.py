@@ -57,10 +57,9 @@ victims, the protected blocks passed, the promotions from S (one per block store
 reinsertions in M, each of which uses up one unit of frequency that a touch added: eviction is
 O(k + protected) amortized over stores and touches, not worst case.
 
-Request mode (the manager's ``on_request_finished``): +1 frequency for each key the request
-reused (loaded, or found ready); a block the request itself inserted is not "seen twice", as
-in ARC (with the base class's default, one ``touch`` of every key, inserted blocks would
-count as hits).
+Request mode (the manager's ``on_request_finished``): the base class's default, one ``touch``
+of the request's keys: +1 frequency for each resident key, inserted ones included (counting
+reused keys only, as ARC does, measured worse: docs/manager.md, "Request mode").
 """
 
 from __future__ import annotations
@@ -176,15 +175,6 @@ class S3FIFOPolicy(CachePolicy):
 
     def on_store(self, keys: Sequence[Key]) -> None:
         self._trim_ghost()
-
-    def on_request_finished(
-        self, keys: Sequence[Key], inserted: Collection[Key], reused: Collection[Key]
-    ) -> None:
-        # only a block the request really reused is seen again (as ARC); an inserted block's
-        # place and count were set by its store
-        used = [key for key in keys if key in reused]
-        if used:
-            self.touch(used)
 
     def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
         self._trim_ghost()

@@ -38,9 +38,9 @@ paid for by the touches that set them (one bit per touch at most), so eviction i
 O(k + protected) amortized over touches and holds, not worst case: a call that meets ``m``
 visited blocks examines ``m`` extra entries, as in the paper.
 
-Request mode (the manager's ``on_request_finished``): the visited bit is set for the keys the
-request reused only; a block the request itself inserted is not "seen twice" (its place was
-set by the store), as in ARC.
+Request mode (the manager's ``on_request_finished``): the base class's default, one ``touch``
+of the request's keys: each resident key's visited bit is set, inserted ones included (counting
+reused keys only, as ARC does, measured worse: docs/manager.md, "Request mode").
 """
 
 from __future__ import annotations
@@ -125,15 +125,6 @@ class SievePolicy(CachePolicy):
         for key in keys:
             if key in ahead or key in behind or key in aside:
                 bits.add(key)
-
-    def on_request_finished(
-        self, keys: Sequence[Key], inserted: Collection[Key], reused: Collection[Key]
-    ) -> None:
-        # only a block the request really reused is seen again (as ARC); an inserted block's
-        # place and count were set by its store
-        used = [key for key in keys if key in reused]
-        if used:
-            self.touch(used)
 
     def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
         ahead, behind = self._ahead, self._behind
