@@ -58,7 +58,8 @@ MIXES: dict[str, dict] = {
 shared prefixes, long multi-turn sessions."""
 
 MODES = (("all", {}), ("threshold-2", {"store_threshold": 2}),
-         ("adaptive", {"admission": "adaptive"}))
+         ("adaptive", {"admission": "adaptive"}), ("tinylfu", {"admission": "tinylfu"}))
+LEARNED = ("adaptive", "tinylfu")  # the modes judged against the better static rule
 
 
 CONVERSATION: Path = SHARED if SHARED.exists() else embedded_sample_path()
@@ -70,15 +71,19 @@ def conversation() -> list[Request]:
 
 
 def synthetic(name: str) -> list[Request]:
+    """A mix of :data:`MIXES` (or ``switch``) by name; ``NAME@SEED`` picks another seed
+    (default 1; ``switch`` uses 10 * seed + 1 and 10 * seed + 2)."""
     from kvtier.synthetic import generate  # noqa: PLC0415 (only the synthetic runs need it)
 
+    name, _, seed_text = name.partition("@")
+    seed = int(seed_text) if seed_text else 1
     if name == "switch":
-        first = generate(**MIXES["one-hit-90"], seed=11)
-        second = generate(**MIXES["reuse-heavy"], seed=12)
+        first = generate(**MIXES["one-hit-90"], seed=10 * seed + 1)
+        second = generate(**MIXES["reuse-heavy"], seed=10 * seed + 2)
         shift = 1 + max(k for r in first for k in r.keys)
         return first + [Request([k + shift for k in r.keys], r.input_length, None,
                                 r.timestamp) for r in second]
-    return generate(**MIXES[name], seed=1)
+    return generate(**MIXES[name], seed=seed)
 
 
 def load(name: str) -> list[Request]:
@@ -95,18 +100,36 @@ def _cell(args: tuple) -> dict:
     trace = _traces[trace_name]
     out = {"trace": trace_name, "policy": policy, "capacity": capacity, "inflight": inflight}
     for mode, kwargs in MODES:
+        if mode in LEARNED and mode not in _modes:
+            continue
         res = replay(trace, policy, capacity, inflight=inflight, **kwargs)
         out[mode] = 100 * res.block_hit_ratio
         out[mode + "_ns"] = res.ns_per_block_ref
     out["best_static"] = max(out["all"], out["threshold-2"])
-    out["margin"] = out["adaptive"] - out["best_static"]
+    for mode in LEARNED:
+        if mode in out:
+            out[mode + "_margin"] = out[mode] - out["best_static"]
+    out["margin"] = out.get("adaptive_margin", float("nan"))
     return out
 
 
+_modes: tuple[str, ...] = LEARNED  # the learned modes to run (--modes; inherited by fork)
+
+
 def run_hits(args: argparse.Namespace) -> list[dict]:
+    global _modes
+    _modes = tuple(m for m in args.modes.split(",") if m)
+    unknown = set(_modes) - set(LEARNED)
+    if unknown:
+        raise SystemExit(f"--modes: unknown {sorted(unknown)}; choose from {LEARNED}")
+    seeds = [int(x) for x in args.seeds.split(",")]
     names = []
     for t in args.traces.split(","):
-        names.extend([*MIXES, "switch"] if t == "synthetic" else [t])
+        if t == "synthetic":
+            names.extend(f"{m}@{seed}" if seed != 1 else m
+                         for seed in seeds for m in [*MIXES, "switch"])
+        else:
+            names.append(t)
     cells = []
     for name in names:
         trace = load(name)
@@ -114,24 +137,72 @@ def run_hits(args: argparse.Namespace) -> list[dict]:
         refs = sum(len(r.keys) for r in trace)
         print(f"# {name}: {len(trace):,} requests, {refs:,} block refs, {distinct:,} distinct",
               flush=True)
-        for policy in args.policies.split(","):
+        policies = args.policies if name == "conversation" else args.synthetic_policies
+        for policy in policies.split(","):
             for cap in args.capacities.split(","):
                 for w in args.inflight.split(","):
                     cells.append((name, policy, parse_capacity(cap, distinct), int(w)))
     rows = []
-    print(f"{'trace':14} {'policy':13} {'blocks':>7} {'W':>3} {'all':>6} {'thr-2':>6} "
-          f"{'adapt':>6} {'margin':>7}", flush=True)
+    print(f"{'trace':16} {'policy':13} {'blocks':>7} {'W':>3} {'all':>6} {'thr-2':>6} "
+          + " ".join(f"{m[:6]:>6} {'margin':>7}" for m in _modes), flush=True)
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         for row in pool.map(_cell, cells):
             rows.append(row)
-            print(f"{row['trace']:14} {row['policy']:13} {row['capacity']:>7,} "
+            print(f"{row['trace']:16} {row['policy']:13} {row['capacity']:>7,} "
                   f"{row['inflight']:>3} {row['all']:6.2f} {row['threshold-2']:6.2f} "
-                  f"{row['adaptive']:6.2f} {row['margin']:+7.2f}", flush=True)
-    worst = min(rows, key=lambda r: r["margin"])
-    print(f"worst margin {worst['margin']:+.2f} points ({worst['trace']}, {worst['policy']}, "
-          f"{worst['capacity']:,} blocks, W={worst['inflight']}); "
-          f"{sum(r['margin'] < -0.2 for r in rows)} of {len(rows)} cells below -0.2")
+                  + " ".join(f"{row[m]:6.2f} {row[m + '_margin']:+7.2f}" for m in _modes),
+                  flush=True)
+    for m in _modes:
+        worst = min(rows, key=lambda r: r[m + "_margin"])
+        print(f"{m}: worst margin {worst[m + '_margin']:+.2f} points ({worst['trace']}, "
+              f"{worst['policy']}, {worst['capacity']:,} blocks, W={worst['inflight']}); "
+              f"{sum(r[m + '_margin'] < -0.2 for r in rows)} of {len(rows)} cells below -0.2")
+    if args.markdown:
+        _write_markdown(args, rows)
     return rows
+
+
+def markdown_table(rows: list[dict], modes: tuple[str, ...]) -> str:
+    """The admission table: one row per (trace, policy, blocks, W), block hit % of each mode,
+    the better static rule's, and each learned mode's margin to it (✗ below -0.2)."""
+    head = ("| trace | policy | blocks | W | admit all | `--store-threshold 2` | "
+            + " | ".join(f"`--admission {m}` | margin" for m in modes) + " |")
+    out = [head, "|" + "---|" * (6 + 2 * len(modes))]
+    for r in rows:
+        cells = [r["trace"], r["policy"], f"{r['capacity']:,}", str(r["inflight"]),
+                 f"{r['all']:.2f}", f"{r['threshold-2']:.2f}"]
+        for m in modes:
+            v, d = r[m], r[m + "_margin"]
+            cells.append(f"**{v:.2f}**" if d > 0.005 else f"{v:.2f}")
+            cells.append(f"{d:+.2f}" + (" ✗" if d < -0.2 else ""))
+        out.append("| " + " | ".join(cells) + " |")
+    for m in modes:
+        below = sum(r[m + "_margin"] < -0.2 for r in rows)
+        worst = min(r[m + "_margin"] for r in rows)
+        out.append("")
+        out.append(f"`{m}`: {below} of {len(rows)} cells more than 0.2 points below the better "
+                   f"static rule; worst margin {worst:+.2f}.")
+    return "\n".join(out) + "\n"
+
+
+def _write_markdown(args: argparse.Namespace, rows: list[dict]) -> None:
+    """Write the table to ``--markdown``: a whole file, or, when the file has the lines
+    ``<!-- admission-table:TAG:begin -->`` and ``...:end -->`` (TAG from ``--tag``), only
+    what lies between them, headed by the command that made it."""
+    table = markdown_table(rows, _modes)
+    command = "python benchmarks/bench_admission.py " + " ".join(sys.argv[1:])
+    text = f"Made by `{command}` ({Path(CONVERSATION).name} for `conversation`).\n\n{table}"
+    path: Path = args.markdown
+    begin = f"<!-- admission-table:{args.tag}:begin -->"
+    end = f"<!-- admission-table:{args.tag}:end -->"
+    old = path.read_text() if path.exists() else ""
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        path.write_text(f"{head}{begin}\n{text}{end}{tail}")
+    else:
+        path.write_text(text)
+    print(f"written {path}" + (f" (between the {args.tag} markers)" if begin in old else ""))
 
 
 def run_cost(args: argparse.Namespace) -> list[dict]:
@@ -215,6 +286,12 @@ def main() -> None:
     h.add_argument("--capacities", default="1%,3%,10%,30%")
     h.add_argument("--inflight", default="0,32")
     h.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    h.add_argument("--synthetic-policies", default="arc",
+                   help="policies for the synthetic traces (--policies: the conversation's)")
+    h.add_argument("--modes", default=",".join(LEARNED), help="learned admission modes to run")
+    h.add_argument("--seeds", default="1", help="synthetic seeds, e.g. 1,2,3")
+    h.add_argument("--markdown", type=Path, help="write the table (see _write_markdown)")
+    h.add_argument("--tag", default="grid", help="marker tag in the --markdown file")
     h.add_argument("--json", type=Path)
     c = sub.add_parser("cost", help="ns per block ref with and without adaptive admission")
     c.add_argument("--policies", default="lru,arc")
