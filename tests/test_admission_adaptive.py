@@ -271,3 +271,19 @@ def test_cli_admission_option(tmp_path):
     assert res.exit_code == 0, res.output
     rows = json.loads((tmp_path / "s.json").read_text())["results"]
     assert [r["admission"] for r in rows] == ["adaptive", "adaptive"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 30), max_size=8), st.integers(0, 8),
+                          st.integers(1, 12)), max_size=60))
+def test_inline_lru_shadow_equals_the_lru_policy_shadow(calls):
+    from kvtier.admission_adaptive import _LRUMini, _Mini
+    from kvtier.policies.lru import LRUPolicy
+
+    inline, generic = _LRUMini(LRUPolicy, 12), _Mini(LRUPolicy, 12)
+    for sampled, upto, cap in calls:
+        sampled = list(dict.fromkeys(sampled))  # a lookup names a key once
+        assert inline.access(sampled, upto, cap) == generic.access(sampled, upto, cap)
+        assert list(inline.keys) == generic.policy.snapshot()["order"]
+        inline.touch(sampled)
+        generic.touch(sampled)

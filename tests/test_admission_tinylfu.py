@@ -93,7 +93,7 @@ def test_state_is_bounded_whatever_the_trace_length():
     for start in range(0, 100_000, longest):
         a.record(list(range(start, start + longest)))
         assert a.state_size() <= a.sample + longest
-    assert len(a._rows) == 4 and all(len(r) == a.width == 64 for r in a._rows)
+    assert len(a._rows) == 4 and all(len(r) == a.width == 64 for r in a._rows)  # 4 * 16
     assert a.resets >= 100_000 // (a.sample + longest)
 
 

@@ -9,18 +9,20 @@ a run. :class:`DuelingAdmission` runs both on a small sampled shadow of the key 
 the tier follow the one with fewer misses there.
 
 **Set dueling** (Qureshi, Jaleel, Patt, Steely, Emer, "Adaptive insertion policies for high
-performance caching", ISCA 2007): two leader groups, one per policy, feed a saturating
-counter (PSEL) with their misses; the followers use the policy PSEL favours. A fully
-associative tier has no sets, so the leaders here are two *shadow caches* (key -> nothing,
-LRU order) over a sample of the key space (spatial sampling as in SHARDS, Waldspurger et al.,
-FAST'15), each holding ``rate * num_blocks`` keys, so that its hit ratio estimates that of a
-``num_blocks`` cache over the whole key space. Shadow A admits every miss; shadow B admits a
-missed key only when it was looked up before *and* so were the sampled keys before it in the
-call (prefix-closed, as the real tier). A sampled lookup where the shadows' hits differ moves
-PSEL towards the shadow that hit more; PSEL is saturating, so after a change in the traffic
-the tier follows the new winner after at most ``PSEL_MAX + 1`` block hits of difference.
-Ties go to second sight (PSEL starts at 0, second sight while PSEL >= 0): when neither shadow
-hits, as on traffic that is never reused, storing is only wasted writes.
+performance caching", ISCA 2007): two leader groups, one per policy, feed a counter (PSEL)
+with their misses; the followers use the policy PSEL favours. A fully associative tier has
+no sets, so the leaders here are two *miniature simulations* of the tier (Waldspurger,
+Saemundsson, Ahmad, Park, "Cache Modeling and Optimization using Miniature Simulations",
+USENIX ATC 2017): the tier's own policy class, at ``rate * num_blocks`` blocks, over a
+spatial sample of the key space (SHARDS, Waldspurger et al., FAST'15), so that its hit ratio
+estimates that of the tier. Shadow A admits every miss; shadow B admits a missed key only
+when it was looked up before *and* so were the sampled keys before it in the call
+(prefix-closed, as the real tier). Each sampled lookup adds the shadows' difference of hits
+to PSEL, and PSEL decays by ``1 / (HORIZON * shadow_capacity)`` per sampled reference: it
+is a running sum over about the last :data:`HORIZON` shadow turnovers, so evidence from an
+earlier phase (e.g. the first fill, where admit-all wins) is forgotten at that pace. Ties go
+to second sight (PSEL starts at 0, second sight while PSEL >= 0): when neither shadow hits,
+as on traffic that is never reused, storing is only wasted writes.
 
 **The sample.** Keys are prefix block hashes (a key names its whole prefix), so a key always
 sits at the same depth in a request; a key is sampled when its depth is a multiple of
@@ -35,25 +37,30 @@ before it, two Python sets; a generation ends after ``WINDOW_FACTOR * num_blocks
 keys (as TinyLFU's doorkeeper is reset every sample of W references, Einziger, Friedman and
 Manes, ACM ToS 2017). A key counts as seen before when its previous lookup is at most one to
 two generations old. The tier's doorkeeper is not kept while admit-all leads by more than
-half of PSEL's range (except for calls that may not fit): then every looked-up block is
-stored anyway, and a switch to second sight is at least ``PSEL_MAX / 2`` disagreements away. The shadows have their own doorkeeper over the sampled keys, with
-generations of ``rate * WINDOW_FACTOR * num_blocks`` sampled keys (the same span of time).
+:data:`KEEP_LEAD` shadow hits per sampled reference (except for calls that may not fit):
+then every looked-up block is stored anyway. The shadows have their own doorkeeper over the
+sampled keys, with generations of ``rate * WINDOW_FACTOR * num_blocks`` sampled keys (the
+same span of time).
 
-**Requests in flight.** Pending stores and pinned loads (``busy`` blocks, passed by the manager
-at each lookup) leave less room for cached blocks, and more so under the rule that stores
-more; each shadow's capacity is shrunk by its own estimate of them. And when a call's
-admitted blocks cannot fit at all (the whole store would fail), admit-all falls back to the
+**Requests in flight.** Pending stores and pinned loads (``busy`` blocks, ``pending`` of them
+stores, passed by the manager at each lookup) leave less room for cached blocks. Pinned loads
+shrink both shadows alike; pending stores shrink each shadow by ``pending`` scaled by its own
+blocks stored per call over those of the rule the tier follows. And when a call's admitted
+blocks cannot fit at all (the whole store would fail), admit-all falls back to the
 second-sight answer for that call.
 
-The shadows are LRU whatever the tier's policy: the module asks nothing of the policy, so it
-composes with every registered one. They count hits per key (a sampled key hits when it and
-the sampled keys before it in the call are in the shadow), not the tier's exact prefix hits.
+The shadows run the tier's policy class through its public hooks (touch the looked-up
+keys, evict for room, insert and mark evictable the admitted ones, on_store), so the module
+composes with every registered policy; an offline policy (``needs_future``) is shadowed by
+LRU. They count hits per key (a sampled key hits when it and the sampled keys before it in
+the call are in the shadow), not the tier's exact prefix hits, and a key stored in a shadow
+is readable at once (the tier's HIT_PENDING is not modelled).
 
 State (independent of the trace's length): the doorkeepers hold at most ``2 * (G + L)`` keys
 (``G = WINDOW_FACTOR * num_blocks``, ``L`` the longest call) and ``2 * (rate * G + L)``
-sampled keys, the shadows at most ``2 * ceil(rate * num_blocks)`` keys, plus a few counters.
-Time per key looked up: a slice and a hash for ``1 / stride`` of the keys, and two shadow
-updates for a sampled key; while second sight is chosen, also one hash, one set insertion and
+sampled keys, the shadows at most ``2 * ceil(rate * num_blocks)`` keys plus their policies'
+ghost state (bounded by their capacity), plus a few counters. Time per key looked up: a slice
+and a hash for ``1 / stride`` of the keys, and two shadow policy updates for a sampled key; while second sight is chosen, also one hash, one set insertion and
 one or two set lookups per key (the leading run of keys seen before); the end of a generation
 drops one set of ``G`` keys (O(1) amortized per key). :meth:`admit` is O(1) per key of its call.
 
@@ -67,6 +74,7 @@ Not thread-safe: the manager calls it under whatever lock guards the manager.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from itertools import filterfalse, takewhile
 
@@ -111,9 +119,11 @@ HORIZON = 8
 sampled references (about eight times the shadows' size) and forgets what the shadows saw
 before, as a saturating counter does not (see docs/policies.md, "versions tried")."""
 
-KEEP_LEAD = 0.02
+KEEP_LEAD = 0.005
 """The tier's doorkeeper is not kept up while admit-all leads by more than this many shadow
-hits per sampled reference (PSEL below ``-KEEP_LEAD * HORIZON * shadow_capacity``)."""
+hits per sampled reference (PSEL below ``-KEEP_LEAD * HORIZON * shadow_capacity``): then
+every looked-up block is stored anyway, and PSEL passes back above this line, where the
+doorkeeper is kept again, before it reaches 0 and second sight needs it."""
 
 _EMA_CALLS = 256
 _EMA_ALPHA = 1 / _EMA_CALLS  # weight of one call in the running means of blocks inserted
@@ -185,8 +195,9 @@ class DuelingAdmission:
         self._seen_old: set[Hashable] = set()  # ... and in the previous one
         self._sseen: set[int] = set()  # the same for sampled keys (by hash)
         self._sseen_old: set[int] = set()
-        self._mini_a = _Mini(self.shadow_policy, self.shadow_capacity)  # admit-all
-        self._mini_b = _Mini(self.shadow_policy, self.shadow_capacity)  # second sight
+        mini = _LRUMini if self.shadow_policy is _lru_class() else _Mini
+        self._mini_a = mini(self.shadow_policy, self.shadow_capacity)  # admit-all
+        self._mini_b = mini(self.shadow_policy, self.shadow_capacity)  # second sight
         # PSEL >= 0: second sight (a tie refuses: a block no shadow hits is a wasted write)
         self.psel = 0.0
         self.selective = True  # the tier's current choice: True second sight, False admit-all
@@ -467,4 +478,47 @@ class _Mini:
             keys.update(new)
             if self.on_store is not None:
                 self.on_store(new)
+        return len(new)
+
+
+def _lru_class() -> type:
+    from kvtier.policies.lru import LRUPolicy  # noqa: PLC0415 (import cycle)
+
+    return LRUPolicy
+
+
+class _LRUMini:
+    """:class:`_Mini` of :class:`~kvtier.policies.lru.LRUPolicy`, the same steps on one
+    ``OrderedDict`` without the policy's method calls (tested equal). Speed trick on the
+    duel's hot path: LRU 16,000 blocks, docs/performance.md "Adaptive admission"."""
+
+    __slots__ = ("keys", "policy")
+
+    def __init__(self, policy_cls: type, capacity: int) -> None:
+        self.keys: OrderedDict[int, None] = OrderedDict()  # least recent first
+        self.policy = self  # snapshot() reads policy.snapshot()
+
+    def snapshot(self) -> dict:
+        return {"order": list(self.keys)}
+
+    def touch(self, sampled: list[int]) -> None:
+        order = self.keys
+        for h in reversed(sampled):
+            if h in order:
+                order.move_to_end(h)
+
+    def access(self, sampled: list[int], upto: int, cap: int) -> int:
+        order = self.keys
+        for h in reversed(sampled):
+            if h in order:
+                order.move_to_end(h)
+        new = [h for h in sampled[:upto] if h not in order]
+        over = len(order) + len(new) - cap
+        if over > 0:
+            for _ in range(min(over, len(order))):
+                order.popitem(False)
+            if len(order) + len(new) > cap:
+                new = new[: max(0, cap - len(order))]
+        for h in reversed(new):
+            order[h] = None
         return len(new)

@@ -7,7 +7,8 @@ every key seen recently and admits a candidate only if its frequency beats the w
 victim's. Its parts, as here:
 
 * **Count-min sketch** (Cormode and Muthukrishnan, 2005): ``DEPTH = 4`` rows of ``width``
-  saturating 4-bit counters (``width`` the power of two >= the tier's size, at least 64);
+  saturating 4-bit counters (``width`` the power of two >= ``WIDTH_FACTOR`` times the
+  tier's size, at least 64; one byte per counter);
   a key's estimate is the minimum of its four counters.
 * **Doorkeeper**: a key's first lookup in a sample goes to a set, not to the sketch, so
   one-hit wonders never touch the counters; the estimate adds 1 for a key in the doorkeeper.
@@ -41,10 +42,15 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-__all__ = ["DEPTH", "SAMPLE_FACTOR", "TinyLFUAdmission"]
+__all__ = ["DEPTH", "SAMPLE_FACTOR", "WIDTH_FACTOR", "TinyLFUAdmission"]
 
 DEPTH = 4
 """Rows of the count-min sketch (TinyLFU's and Caffeine's four)."""
+
+WIDTH_FACTOR = 4
+"""Counters per row per tier block (rounded up to a power of two): ``4 * 4 = 16`` counters
+per block in all, as Caffeine's sketch (one 64-bit word of sixteen 4-bit counters per
+block); with W = 10 x the tier's size, fewer would inflate every estimate by collisions."""
 
 SAMPLE_FACTOR = 10
 """Sample size W per tier block: the sketch is halved after ``10 * num_blocks`` counted
@@ -82,7 +88,7 @@ class TinyLFUAdmission:
         self.num_blocks = num_blocks
         self.sample = sample_factor * num_blocks
         width = 64
-        while width < num_blocks:
+        while width < WIDTH_FACTOR * num_blocks:
             width *= 2
         self.width = width
         self._shift = 64 - width.bit_length() + 1  # the top log2(width) bits of a product
