@@ -196,8 +196,14 @@ def _write_markdown(args: argparse.Namespace, rows: list[dict]) -> None:
     ``<!-- admission-table:TAG:begin -->`` and ``...:end -->`` (TAG from ``--tag``), only
     what lies between them, headed by the command that made it."""
     table = markdown_table(rows, _modes)
-    command = "python benchmarks/bench_admission.py " + " ".join(sys.argv[1:])
-    text = f"Made by `{command}` ({Path(CONVERSATION).name} for `conversation`).\n\n{table}"
+    argv = sys.argv[1:]
+    if "--json" in argv:  # where this run also wrote its rows is not part of the recipe
+        k = argv.index("--json")
+        argv = argv[:k] + argv[k + 2:]
+    command = "python benchmarks/bench_admission.py " + " ".join(argv)
+    where = (f" ({Path(CONVERSATION).name} for `conversation`)"
+             if any(r["trace"] == "conversation" for r in rows) else "")
+    text = f"Made by `{command}`{where}.\n\n{table}"
     path: Path = args.markdown
     begin = f"<!-- admission-table:{args.tag}:begin -->"
     end = f"<!-- admission-table:{args.tag}:end -->"
