@@ -4,8 +4,9 @@ Timings on a shared 2-core machine vary by up to +-50%; instruction counts do no
 each workload under ``valgrind --tool=cachegrind`` twice per code version, once doing the
 work and once doing only its set-up, and divides the difference by the work's units:
 
-* ``replay POLICY CAPACITY W``: instructions per block reference of
-  :func:`kvtier.replay.replay` on the full conversation trace (prefix protocol);
+* ``replay POLICY CAPACITY W [ADMISSION]``: instructions per block reference of
+  :func:`kvtier.replay.replay` on the full conversation trace (prefix protocol; admission
+  ``all`` unless given, e.g. ``"replay lru 16000 0 adaptive"``);
 * ``batch POLICY N``: per evicted block, one ``prepare_store`` of N/2 new keys into a full
   tier of N blocks (half of them used twice), as ``bench_manager.py``'s batch eviction;
 * ``op NAME POLICY N``: per call, 20,000 one-key calls over a full tier of N blocks:
@@ -68,7 +69,9 @@ def run(case: list[str], work: bool, trace: str) -> int:
 
         requests = list(read_trace(trace))
         policy, capacity, inflight = case[1], int(case[2]), int(case[3])
-        res = replay(requests if work else requests[:0], policy, capacity, inflight=inflight)
+        admission = case[4] if len(case) > 4 else "all"
+        res = replay(requests if work else requests[:0], policy, capacity, inflight=inflight,
+                     admission=admission)
         return res.block_refs if work else sum(len(r.keys) for r in requests)
     if kind == "batch":
         policy, n = case[1], int(case[2])

@@ -98,8 +98,9 @@ ProtocolOpt = Annotated[str, typer.Option("--protocol", help="'prefix' (engine, 
 ThresholdOpt = Annotated[int, typer.Option("--store-threshold", min=1,
                                            help="Admission: store blocks looked up at least N times.")]
 AdmissionOpt = Annotated[str, typer.Option(
-    "--admission", help="Admission: 'all' (store every new block) or 'adaptive' (learn online "
-                        "whether to store only blocks seen before; not with --store-threshold).")]
+    "--admission", help="Admission: 'all' (store every new block), 'adaptive' (learn online "
+                        "whether to store only blocks seen before) or 'tinylfu' (frequency "
+                        "sketch vs the tier's victims); not with --store-threshold.")]
 SkipOpt = Annotated[bool, typer.Option("--skip-bad-lines", help="Skip and count bad trace lines.")]
 StrictOpt = Annotated[bool, typer.Option(
     "--strict", help="Make suspicious trace input an error (e.g. Mooncake input_length that "

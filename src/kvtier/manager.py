@@ -169,9 +169,6 @@ class OffloadingManager:
                 f"admission={admission!r} cannot be combined with store_threshold="
                 f"{store_threshold} (choose one admission rule)"
             )
-        # the admission object, or None when every new block is stored (no per-call hooks)
-        self.admission = make_admission(admission, num_blocks)
-        self.admission_mode = admission
         if isinstance(policy, str):
             policy_cls = get_policy(policy)
         elif isinstance(policy, type) and issubclass(policy, CachePolicy):
@@ -182,6 +179,10 @@ class OffloadingManager:
             )
         self.num_blocks = num_blocks
         self.policy: CachePolicy = policy_cls(num_blocks)
+        # the admission object, or None when every new block is stored (no per-call hooks)
+        self.admission = make_admission(admission, num_blocks, policy_cls)
+        self.admission_mode = admission
+        self._on_evict = getattr(self.admission, "evicted", None)
         self._policy_name = policy_cls.name or policy_cls.__name__
         # optional hooks the policy does not override are not called at all
         self._insert = self.policy.insert if _overrides(self.policy, "insert") else None
@@ -288,7 +289,8 @@ class OffloadingManager:
             if self._tracker is not None:
                 self._tracker.record((key,))  # hashes the key before counting it
             if self.admission is not None:  # hashes the key before counting it
-                self.admission.record((key,), len(self._slot_of) - self._evictable)
+                self.admission.record((key,), len(self._slot_of) - self._evictable,
+                                      len(self._pending_keys))
             stored = key in self._slot_of
         except TypeError:
             raise unhashable_error((key,), "lookup") from None
@@ -322,7 +324,7 @@ class OffloadingManager:
             if self._tracker is not None:
                 self._tracker.record(keys)  # validates every key before counting anything
             if self.admission is not None:  # validates every key before counting anything
-                self.admission.record(keys, len(slot_of) - self._evictable)
+                self.admission.record(keys, len(slot_of) - self._evictable, len(pending))
             for key in keys:
                 if key not in slot_of:
                     self._misses += 1
@@ -652,6 +654,8 @@ class OffloadingManager:
                 victims = self.policy._evict(shortfall, ())
             self._slots.release(self._victim_slots(victims, shortfall, protected))
             evicted_keys = victims
+            if self._on_evict is not None:  # TinyLFU admission learns the victims' frequency
+                self._on_evict(victims)
             self._evictable -= shortfall
             self._evictions += shortfall
             if self.enable_events:
