@@ -9,6 +9,9 @@ work and once doing only its set-up, and divides the difference by the work's un
   ``all`` unless given, e.g. ``"replay lru 16000 0 adaptive"``);
 * ``batch POLICY N``: per evicted block, one ``prepare_store`` of N/2 new keys into a full
   tier of N blocks (half of them used twice), as ``bench_manager.py``'s batch eviction;
+  ``batchstore POLICY N``: the same plus the ``complete_store`` of the N/2 keys (with logical
+  recency a stored block takes its place in the order at ``prepare_store``, before it at
+  ``complete_store``: this compares the whole cost of storing);
 * ``op NAME POLICY N``: per call, 20,000 one-key calls over a full tier of N blocks:
   ``lookup``, ``touch``, ``load`` (prepare_load + complete_load), ``store`` (prepare_store +
   complete_store of a new key, one eviction each), as ``bench_manager.py``'s per-op table.
@@ -73,12 +76,14 @@ def run(case: list[str], work: bool, trace: str) -> int:
         res = replay(requests if work else requests[:0], policy, capacity, inflight=inflight,
                      admission=admission)
         return res.block_refs if work else sum(len(r.keys) for r in requests)
-    if kind == "batch":
+    if kind in ("batch", "batchstore"):
         policy, n = case[1], int(case[2])
         m = full_manager(policy, n)
         new = list(range(n, n + n // 2))
         if work:
             m.prepare_store(new)
+            if kind == "batchstore":  # the store completes too: the whole cost of a stored block
+                m.complete_store(new)
         return n // 2
     name, policy, n = case[1], case[2], int(case[3])
     m = full_manager(policy, n)

@@ -70,23 +70,29 @@ class ARCPolicy(CachePolicy):
         # one loop for residency, ghost hits and order: cheaper than C-level set operations
         # for the few keys of a store call (docs/performance.md, "Contract refactor")
         resident, b1, b2, t2_keys = self._resident, self._b1, self._b2, self._t2_keys
-        t1, t2 = self._t1, self._t2
-        t1_live, t2_live = t1.live, t2.live
+        t1_live, t2_live = self._t1.live, self._t2.live
+        to_t2 = False
         for key in reversed(keys):  # keys[0] ends most recent
             resident[key] = True  # pending
             if key in b1:  # a key stored while in B1 or B2 enters T2
                 del b1[key]
                 t2_keys.add(key)
                 t2_live[key] = None
-                t2.held.add(key)
+                to_t2 = True
             elif key in b2:
                 del b2[key]
                 t2_keys.add(key)
                 t2_live[key] = None
-                t2.held.add(key)
+                to_t2 = True
             else:
                 t1_live[key] = None
-                t1.held.add(key)
+        # held (pending) in their lists: one C-level set update per list (a set.add per key
+        # cost 6x the instructions of the old insert, docs/performance.md)
+        if to_t2:
+            self._t2.held.update(key for key in keys if key in t2_keys)
+            self._t1.held.update(key for key in keys if key not in t2_keys)
+        else:
+            self._t1.held.update(keys)
 
     def remove(self, keys: Sequence[Key]) -> None:
         resident, t2_keys, t1, t2 = self._resident, self._t2_keys, self._t1, self._t2
@@ -99,16 +105,18 @@ class ARCPolicy(CachePolicy):
                 t1.discard(key)
 
     def mark_evictable(self, keys: Sequence[Key]) -> None:
-        resident = self._resident
-        for key in keys:
-            resident[key] = False  # no longer pending
+        resident, t2_keys = self._resident, self._t2_keys
         t1, t2 = self._t1, self._t2
-        if t1.aside or t2.aside:
-            t1.release(keys)  # a key not held in an order is a no-op there
+        t1_held, t2_held = t1.held, t2.held
+        for key in keys:  # one loop for the pending flag and the held flag
+            resident[key] = False  # no longer pending
+            if key in t2_keys:
+                t2_held.discard(key)
+            else:
+                t1_held.discard(key)
+        if t1.aside or t2.aside:  # blocks set aside by a walk go back to their places
+            t1.release(keys)
             t2.release(keys)
-        else:  # nothing set aside: only the held flags change (C-level set operations)
-            t1.held.difference_update(keys)
-            t2.held.difference_update(keys)
 
     def mark_non_evictable(self, keys: Sequence[Key]) -> None:
         t2_keys, t1_held, t2_held = self._t2_keys, self._t1.held, self._t2.held
@@ -192,10 +200,12 @@ class ARCPolicy(CachePolicy):
         #   3. T1 again (fallback once T2 is exhausted), continuing where phase 1 stopped.
         t1, t2 = self._t1, self._t2
         quota = len(self._resident) - len(self._t2_keys) - math.floor(self.target) + 1
-        if n == 1 and not protected and not t1.heap and not t2.heap:
+        if n == 1 and not protected and not t1.aside and not t2.aside:
             # the usual one-key store: the preferred list's LRU end (its own branch: 32,580 ->
-            # ~20,000 instructions per one-key store + complete, docs/performance.md)
-            if quota > 0 and len(t1) or not len(t2):
+            # ~20,000 instructions per one-key store + complete, docs/performance.md). Nothing
+            # is aside, so no heap entry is current and the evictable counts are live - held
+            # (spelled out: LogicalOrder.__len__ is a Python-level call, +1,400 instructions)
+            if quota > 0 and len(t1.live) > len(t1.held) or len(t2.live) == len(t2.held):
                 live, held, ghost = t1.live, t1.held, self._b1
                 while True:
                     key = live.popitem(False)[0]

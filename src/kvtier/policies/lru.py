@@ -66,7 +66,7 @@ class LRUPolicy(CachePolicy):
 
     def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
         order = self._order
-        if n == 1 and not order.heap and not protected:
+        if n == 1 and not order.aside and not protected:  # no heap entry is current
             # the usual one-key store, inline: the LRU end, unless held (then LogicalOrder.take)
             live = order.live
             key = next(iter(live))

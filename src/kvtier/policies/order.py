@@ -233,14 +233,14 @@ class LogicalOrder:
             # the usual case, no held block among the oldest: one C-level slice (a Python loop
             # per victim cost +12 % instructions per replayed block, docs/performance.md)
             want = n - len(victims)
-            chosen = list(islice(live, want))
-            if len(chosen) == want and (not held or held.isdisjoint(chosen)):
+            chosen = list(islice(live, want))  # fewer when live is short: all of it
+            if not held or held.isdisjoint(chosen):
                 for key in chosen:
                     del live[key]
                 if victims:
                     victims += chosen
-                    return victims, examined + want
-                return chosen, examined + want
+                    return victims, examined + len(chosen)
+                return chosen, examined + len(chosen)
             # pop from the old end; held blocks met go aside
             while live and len(victims) < n:
                 key = live.popitem(False)[0]
