@@ -53,6 +53,7 @@ def test_round_trip_with_evictions_never_serves_stale_bytes(device):
     for k in ["a0", "a1", "a2", "a3", "a4"]:  # one at a time: a4 ends most recently used
         slot_of[k] = off.manager.prepare_load([k])[0]
         off.manager.complete_load([k])
+        off.manager.touch([k])  # the use orders them; a load and its release move nothing
     # touch a1, a3: LRU order is now a0, a2, a4, a3, a1
     off.manager.touch(["a1", "a3"])
     # store 2 new keys from other device contents: evicts a0 and a2, reuses their slots
