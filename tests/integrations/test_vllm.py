@@ -433,16 +433,6 @@ def test_abc_contract_types_failure_and_events(make):
     assert m.lookup(key(1), ctx) is VLookup.MISS
 
 
-def test_cpu_spec_is_vllms():
-    # the adapter builds CPULoadStoreSpec without its __init__ (a measured hot path): the
-    # object must be what vLLM's constructor makes, attribute for attribute
-    ours, theirs = kv._cpu_spec([4, 0, 7]), CPULoadStoreSpec([4, 0, 7])
-    assert type(ours) is CPULoadStoreSpec and vars(ours).keys() == vars(theirs).keys()
-    assert ours.block_ids.dtype == theirs.block_ids.dtype
-    assert ours.block_ids.tolist() == theirs.block_ids.tolist() == [4, 0, 7]
-    assert kv._cpu_spec([]).block_ids.shape == theirs.block_ids[:0].shape
-
-
 def test_spec_manager_after_reset_sees_the_new_tier():
     # the adapter's membership test follows the manager's reset: a key stored before the
     # reset is a store miss again (the allocation histogram counts it, ARC uses it once)
