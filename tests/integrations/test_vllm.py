@@ -491,6 +491,28 @@ def test_abc_contract_types_failure_and_events(make):
     assert m.lookup(key(1), ctx) is VLookup.MISS
 
 
+def test_spec_manager_after_reset_sees_the_new_tier():
+    # the adapter's membership test follows the manager's reset: a key stored before the
+    # reset is a store miss again (the allocation histogram counts it, ARC uses it once)
+    m = spec_manager(4, "arc")
+    ctx = ReqContext("r")
+    m.on_new_request(ctx)
+    m.complete_store(m.prepare_store(keys(1, 2), ctx).keys_to_store, ctx)
+    m.get_stats()
+    m.reset_cache()
+    ctx = ReqContext("s")
+    m.on_new_request(ctx)
+    out = m.prepare_store(keys(1, 2, 3), ctx)
+    assert out.keys_to_store == keys(1, 2, 3)
+    data = m.get_stats().data["data"]
+    assert data[CPUOffloadingMetrics.CPU_ALLOCATION_SIZE][()] == [3]
+    m.complete_store(out.keys_to_store, ctx)
+    m.on_request_finished(ctx)
+    # nothing reused: every block is in T1 (a stale membership test would have counted keys
+    # 1 and 2 as ready and reused, moving them to T2 at the request's end)
+    assert m.manager.policy.t2_size == 0 and m.manager.policy.t1_size == 3
+
+
 def test_spec_manager_stats_usage_and_skipped_stores():
     m = spec_manager(10, store_threshold=2)
     ctx = ReqContext("r")

@@ -390,6 +390,8 @@ _LOOKUP = {
     KVTierLookupResult.HIT: LookupResult.HIT,
     KVTierLookupResult.HIT_PENDING: LookupResult.HIT_PENDING,
 }
+_K_HIT, _K_MISS = KVTierLookupResult.HIT, KVTierLookupResult.MISS
+_V_HIT, _V_MISS = LookupResult.HIT, LookupResult.MISS
 
 
 @dataclass(slots=True)
@@ -460,7 +462,20 @@ class KVTierOffloadingManager(OffloadingManager):
         # bound once: the per-call paths below use them
         m = self.manager
         self._lookup = m.lookup
-        self._contains = m.__contains__
+        self._bind_contains()
+
+    def _bind_contains(self) -> None:
+        """``self._contains(key)``: is ``key`` stored (pending or ready) in the kvtier manager.
+
+        The key -> slot dict's own ``__contains__`` (C), not ``OffloadingManager.__contains__``
+        (a Python frame per key): 409 instead of 912 instructions per key offered to
+        prepare_store (docs/vllm.md "Where the time goes"). The manager replaces that dict on
+        ``reset_cache``, so :meth:`reset_cache` binds it again.
+        """
+        slot_of = getattr(self.manager, "_slot_of", None)
+        self._contains = (
+            slot_of.__contains__ if type(slot_of) is dict else self.manager.__contains__
+        )
 
     # -- per-request state -------------------------------------------------------------------
     def _access(self, req_context: ReqContext) -> _RequestAccess:
@@ -495,7 +510,12 @@ class KVTierOffloadingManager(OffloadingManager):
 
     # -- lookups and loads -------------------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        return _LOOKUP[self._lookup(key)]
+        # identity tests, not _LOOKUP[r] (an Enum's __hash__ is a Python call): 2,229 instead
+        # of 2,950 instructions per lookup (docs/vllm.md "Where the time goes")
+        r = self._lookup(key)
+        if r is _K_HIT:
+            return _V_HIT
+        return _V_MISS if r is _K_MISS else _LOOKUP[r]
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
         return CacheHitSource.HOST
@@ -547,11 +567,9 @@ class KVTierOffloadingManager(OffloadingManager):
         if out is None:
             return None
         stored = out.keys_to_store
-        return PrepareStoreOutput(
-            keys_to_store=stored,
-            store_spec=CPULoadStoreSpec(out.block_ids),
-            evicted_keys=out.evicted_keys,
-        )
+        # positional (keys_to_store, store_spec, evicted_keys): 2,027 instead of 3,614
+        # instructions per output, no keyword parsing (docs/vllm.md "Where the time goes")
+        return PrepareStoreOutput(stored, CPULoadStoreSpec(out.block_ids), out.evicted_keys)
 
     def _record_offer(self, keys: Sequence[OffloadKey]) -> None:
         counts = self._counts
@@ -608,6 +626,7 @@ class KVTierOffloadingManager(OffloadingManager):
         if self._events_on:
             self._drain_events()
         self.manager.reset_cache()
+        self._bind_contains()
         if self._counts is not None:
             self._counts.clear()
         self._generation += 1
