@@ -72,9 +72,10 @@ def run(case: list[str], work: bool, trace: str) -> int:
 
         requests = list(read_trace(trace))
         policy, capacity, inflight = case[1], int(case[2]), int(case[3])
-        admission = case[4] if len(case) > 4 else "all"
+        # admission only when asked: older checkouts' replay() has no such argument
+        extra = {"admission": case[4]} if len(case) > 4 else {}
         res = replay(requests if work else requests[:0], policy, capacity, inflight=inflight,
-                     admission=admission)
+                     **extra)
         return res.block_refs if work else sum(len(r.keys) for r in requests)
     if kind in ("batch", "batchstore"):
         policy, n = case[1], int(case[2])

@@ -57,7 +57,7 @@ def test_issue_small_input_a_released_pin_keeps_the_prefix_head_last():
 
 def test_stores_completing_out_of_order_keep_the_stored_order():
     m = OffloadingManager(4, "lru")
-    out = m.prepare_store(["h", "m", "t"])  # h ends most recent at the store
+    assert m.prepare_store(["h", "m", "t"]).keys_to_store == ["h", "m", "t"]  # h most recent
     m.complete_store(["t"])
     m.complete_store(["h"])
     m.complete_store(["m"])
