@@ -508,3 +508,15 @@ def test_prefix_wrapper_passes_request_finish_to_inner_arc():
     assert inner["t2_all"] == {"old"} and inner["t1_all"] == {"n1", "n2"}
     # the wrapper learned the request's links: n1's parent is old, n2's is n1
     assert m.policy._parent["n2"] == "n1" and m.policy._parent["n1"] == "old"
+
+
+def test_none_cannot_open_a_request_and_unhashable_finish_names_the_context():
+    # newcomer findings: None means "no request" to prepare_load / prepare_store, so it cannot
+    # be a request's context; an unhashable context is named also when no request is open
+    m = OffloadingManager(4, "lru", max_open_requests=1)
+    before = m.snapshot()
+    with pytest.raises(TypeError, match="None"):
+        m.on_new_request(None)
+    with pytest.raises(TypeError, match=r"\['x'\] is not hashable"):
+        m.on_request_finished(["x"])
+    assert m.snapshot() == before and m.stats().requests_open == 0

@@ -767,9 +767,16 @@ class OffloadingManager:
         its context is ignored (counted in ``stats().late_finishes``).
 
         Raises:
-            TypeError: ``req_context`` is not hashable (nothing changed).
+            TypeError: ``req_context`` is not hashable, or is ``None`` (which means "no
+                request" to prepare_load / prepare_store); nothing changed.
             RequestStateError: ``req_context`` is already open (nothing changed).
         """
+        if req_context is None:  # prepare_load / prepare_store read None as "no request"
+            raise TypeError(
+                "on_new_request: req_context is None, which means 'no request' in "
+                "prepare_load / prepare_store (explicit mode); open requests under a real "
+                "context (e.g. the request id)"
+            )
         try:
             is_open = req_context in self._requests
         except TypeError:
@@ -809,6 +816,7 @@ class OffloadingManager:
                 :meth:`on_new_request`, or already finished (nothing changed).
         """
         try:
+            hash(req_context)  # dict.pop of an empty dict would not hash it
             rec = self._requests.pop(req_context, None)
         except TypeError:
             raise TypeError(

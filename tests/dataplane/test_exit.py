@@ -40,7 +40,9 @@ LEAVE = """
     if mode == "raise": raise RuntimeError("boom")
     if mode == "exit0": sys.exit(0)
     if mode == "exit3": sys.exit(3)
-    if mode == "sigint": os.kill(os.getpid(), signal.SIGINT)
+    if mode == "sigint":  # Python's own handler, also where SIGINT is ignored at start-up
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job's shell)
+        os.kill(os.getpid(), signal.SIGINT)
     if mode == "fallthrough": pass
 """
 

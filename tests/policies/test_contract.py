@@ -264,3 +264,21 @@ def test_s3fifo_first_fill_evicts_the_tail_first():
     assert m.prepare_store([11]).evicted_keys == [10]
     assert m.prepare_store([12]).evicted_keys == [9]
     assert m.lookup_prefix(keys) == 8
+
+
+def test_logical_order_refuses_non_members_and_duplicates():
+    # newcomer finding: hold() of a non-member used to corrupt len(); append() of a member
+    # set aside made a duplicate
+    from kvtier.policies import LogicalOrder
+
+    order = LogicalOrder()
+    for key in range(3):
+        order.append(key)
+    with pytest.raises(KeyError, match="99"):
+        order.hold([0, 99])
+    assert len(order) == 3 and not order.held
+    order.hold([0])
+    assert order.take(1, ()) == ([1], 2)  # 0 held: set aside, in place
+    with pytest.raises(ValueError, match="member already"):
+        order.append(0)
+    assert order.snapshot() == ([0, 2], frozenset({0}))

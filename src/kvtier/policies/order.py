@@ -98,7 +98,13 @@ class LogicalOrder:
 
     # -- changes --------------------------------------------------------------------------
     def append(self, key: Key, held: bool = False) -> None:
-        """A new member at the new end (``held``: not evictable yet)."""
+        """A new member at the new end (``held``: not evictable yet).
+
+        Raises:
+            ValueError: ``key`` is a member already (use :meth:`use` to move it).
+        """
+        if key in self.live or key in self.aside:
+            raise ValueError(f"LogicalOrder.append: {key!r} is a member already (use() moves it)")
         self.live[key] = None
         if held:
             self.held.add(key)
@@ -123,8 +129,17 @@ class LogicalOrder:
         return False
 
     def hold(self, keys: Iterable[Key]) -> None:
-        """Members became non-evictable (pinned): they keep their place. Every key must be a
-        member (see :meth:`hold_members`)."""
+        """Members became non-evictable (pinned): they keep their place.
+
+        Raises:
+            KeyError: a key is not a member (nothing held; :meth:`hold_members` ignores
+                non-members instead).
+        """
+        keys = list(keys)
+        live, aside = self.live, self.aside
+        for key in keys:
+            if key not in live and key not in aside:
+                raise KeyError(f"LogicalOrder.hold: {key!r} is not a member")
         self.held.update(keys)
 
     def hold_members(self, keys: Iterable[Key]) -> None:
