@@ -287,3 +287,20 @@ def test_inline_lru_shadow_equals_the_lru_policy_shadow(calls):
         assert list(inline.keys) == generic.policy.snapshot()["order"]
         inline.touch(sampled)
         generic.touch(sampled)
+
+
+@pytest.mark.parametrize("requests", [
+    [[1, 2], [0, 0, 0, 3, 5, 7, 0], [4, 6, 8, 2, 2], [0] * 6],
+    [[0, 5], [0, 2, 3, 6, 8, 10], [7, 9], [1, 1, 4, 5, 5], [2, 2, 3, 6], [0, 0, 0, 0]],
+])
+def test_a_key_repeated_in_a_request_reaches_the_shadow_policy_once(requests):
+    # found by hypothesis in CI: the ARC shadow was given [5, 5] in one insert (a key then in
+    # both T1 and T2 after a ghost hit) and its eviction raised KeyError
+    m = OffloadingManager(8, "arc", admission="adaptive")
+    for keys in requests:
+        n = m.lookup_prefix(keys)
+        m.touch(keys)
+        out = m.prepare_store(keys[n:])
+        if out is not None:
+            m.complete_store(out.keys_to_store)
+    assert m.stats().used <= 8

@@ -461,7 +461,8 @@ class _Mini:
         keys = self.keys
         if self.touch is not None:
             self.touch(sampled)
-        new = [h for h in sampled[:upto] if h not in keys]
+        # each key once, as the manager passes them (the hooks' key-order rule)
+        new = list(dict.fromkeys(h for h in sampled[:upto] if h not in keys))
         over = len(keys) + len(new) - cap
         if over > 0:
             over = min(over, len(keys))
