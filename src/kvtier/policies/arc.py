@@ -161,7 +161,7 @@ class ARCPolicy(CachePolicy):
                 self.target = target if target > 0.0 else 0.0
                 b2.move_to_end(key)
 
-    # -- request mode (issue #11 section 2; self-contained, to be ported onto the new T1/T2) --
+    # -- request mode (issue #11 section 2) --------------------------------------------------
     def on_request_finished(
         self, keys: Sequence[Key], inserted: Collection[Key], reused: Collection[Key]
     ) -> None:
