@@ -348,6 +348,18 @@ def replay(
     )
 
 
+def _with_clock(step, advance):
+    """``step``, or ``step`` preceded by ``advance(keys)`` (an offline policy's clock)."""
+    if advance is None:
+        return step
+
+    def clocked(keys):
+        advance(keys)
+        return step(keys)
+
+    return clocked
+
+
 def _prefix_protocol(manager: OffloadingManager, window_size: int, advance=None):
     """``(step, drain)`` of the engine's protocol; ``step(keys)`` handles one request and
     returns ``(hit blocks, failed prepare_store calls, blocks they failed to store)``.
@@ -393,14 +405,7 @@ def _prefix_protocol(manager: OffloadingManager, window_size: int, advance=None)
         while window:
             complete(*window.popleft())
 
-    if advance is not None:
-        inner = step
-
-        def step(keys):  # noqa: F811 - the clock first, then the request
-            advance(keys)
-            return inner(keys)
-
-    return step, drain
+    return _with_clock(step, advance), drain
 
 
 def _request_protocol(manager: OffloadingManager, window_size: int, advance=None):
@@ -452,14 +457,7 @@ def _request_protocol(manager: OffloadingManager, window_size: int, advance=None
         while window:
             complete(*window.popleft())
 
-    if advance is not None:
-        inner = step
-
-        def step(keys):  # noqa: F811 - the clock first, then the request
-            advance(keys)
-            return inner(keys)
-
-    return step, drain
+    return _with_clock(step, advance), drain
 
 
 def _get_protocol(manager: OffloadingManager, window_size: int, advance=None):

@@ -206,21 +206,17 @@ class ARCPolicy(CachePolicy):
             # is aside, so no heap entry is current and the evictable counts are live - held
             # (spelled out: LogicalOrder.__len__ is a Python-level call, +1,400 instructions)
             if quota > 0 and len(t1.live) > len(t1.held) or len(t2.live) == len(t2.held):
-                live, held, ghost = t1.live, t1.held, self._b1
-                while True:
-                    key = live.popitem(False)[0]
-                    if key not in held:
-                        break
-                    t1._set_aside(key)
-                    self.examined += 1
+                order, ghost = t1, self._b1
             else:
-                live, held, ghost = t2.live, t2.held, self._b2
-                while True:
-                    key = live.popitem(False)[0]
-                    if key not in held:
-                        break
-                    t2._set_aside(key)
-                    self.examined += 1
+                order, ghost = t2, self._b2
+            live, held = order.live, order.held
+            while True:  # the oldest, setting held blocks met aside
+                key = live.popitem(False)[0]
+                if key not in held:
+                    break
+                order._set_aside(key)
+                self.examined += 1
+            if order is t2:
                 self._t2_keys.remove(key)
             del self._resident[key]
             ghost[key] = None
