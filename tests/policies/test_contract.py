@@ -7,8 +7,10 @@ per policy in ``test_<policy>.py``; here: what every policy must guarantee.
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from kvtier import OffloadingManager, available_policies
+from kvtier import LookupResult, OffloadingManager, available_policies
 from kvtier.policies.arc import ARCPolicy
 from kvtier.policies.lru import LRUPolicy
 from kvtier.policies.prefix import prefix_aware
@@ -125,6 +127,67 @@ def test_pins_and_out_of_order_completions_move_nothing(policy):
     assert moved.policy.snapshot() == plain.policy.snapshot()
     order = [plain.prepare_store([f"x{i}"]).evicted_keys for i in range(40)]
     assert [moved.prepare_store([f"x{i}"]).evicted_keys for i in range(40)] == order
+
+
+RELEASE_ORDERS = {
+    "one call, head first": lambda keys: [keys],
+    "one call, tail first": lambda keys: [keys[::-1]],
+    "one key at a time, head first": lambda keys: [[k] for k in keys],
+    "one key at a time, tail first": lambda keys: [[k] for k in reversed(keys)],
+    "mixed": lambda keys: [[keys[1]], [keys[3], keys[0]], [keys[2]]],
+}
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=_name)
+def test_blocks_set_aside_come_back_at_their_place_whatever_the_release_order(policy):
+    # issue #11 section 1 (the gap a newcomer found in LFU and SIEVE): evictions meet a pinned
+    # request and set its blocks aside; however its pins are released, the policy ends in the
+    # same state, evicts in the same order afterwards, and never drops a head before its tail
+    def run(release) -> tuple[dict, list]:
+        m = OffloadingManager(12, policy)
+        requests = [[f"{r}{i}" for i in range(4)] for r in "abc"]
+        for keys in requests:
+            m.complete_store(m.prepare_store(keys).keys_to_store)
+        m.touch(requests[1])
+        m.prepare_load(requests[0])  # the oldest request in every policy: evictions meet it
+        for i in range(3):
+            out = m.prepare_store([f"y{i}"])
+            m.complete_store(out.keys_to_store)
+            assert not set(out.evicted_keys) & set(requests[0])
+        for keys in release(requests[0]):
+            m.complete_load(keys)
+        _check_prefixes(m, requests)
+        snap, order = m.policy.snapshot(), []
+        for i in range(12):
+            out = m.prepare_store([f"z{i}"])
+            if out is None:
+                break
+            order.append(out.evicted_keys)
+            _check_prefixes(m, requests)
+        return snap, order
+
+    runs = {name: run(release) for name, release in RELEASE_ORDERS.items()}
+    reference = runs.pop("one call, head first")
+    for name, result in runs.items():
+        assert result == reference, name
+
+
+def test_lfu_and_sieve_bring_set_aside_blocks_back_tail_first():
+    # the newcomer's inputs: before the fix LFU (released tail first) and SIEVE (released head
+    # first, or one complete_load) evicted a, b, c head first
+    for policy, releases in (("lfu", [["c"], ["b"], ["a"]]), ("sieve", [["a"], ["b"], ["c"]]),
+                             ("sieve", [["a", "b", "c"]])):
+        m = OffloadingManager(4, policy)
+        m.complete_store(m.prepare_store(["a", "b", "c"]).keys_to_store)
+        m.complete_store(m.prepare_store(["x"]).keys_to_store)
+        m.prepare_load(["a", "b", "c"])
+        assert m.prepare_store(["y"]).evicted_keys == ["x"]
+        m.complete_store(["y"])
+        for keys in releases:
+            m.complete_load(keys)
+        victims = [m.prepare_store([f"z{i}"]).evicted_keys for i in range(3)]
+        assert victims == [["c"], ["b"], ["a"]], (policy, releases)
+        assert m.lookup_prefix(["a", "b", "c"]) == 0
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=_name)
@@ -282,3 +345,60 @@ def test_logical_order_refuses_non_members_and_duplicates():
     with pytest.raises(ValueError, match="member already"):
         order.append(0)
     assert order.snapshot() == ([0, 2], frozenset({0}))
+
+
+# random sequences of stores, touches, loads and evictions; the pins of a batch of loads are
+# released either in one call or one key at a time tail first: nothing else may differ
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("store"), st.integers(1, 4), st.booleans()),  # n keys, complete?
+        st.tuples(st.just("touch"), st.lists(st.integers(0, 30), max_size=4)),
+        st.tuples(st.just("load"), st.integers(0, 30), st.integers(2, 6)),  # a run of keys
+        st.tuples(st.just("release"), st.just(0)),
+    ),
+    max_size=60,
+)
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=_name)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=_OPS)
+def test_release_order_never_matters_on_random_sequences(policy, ops):
+    def run(tail_first: bool) -> tuple[dict, list]:
+        m = OffloadingManager(8, policy)
+        stored: list[str] = []
+        pinned: list[str] = []
+        pending: list[str] = []
+        log = []
+        for op in ops:
+            if op[0] == "store":
+                keys = [f"k{len(stored) + i}" for i in range(op[1])]
+                stored += keys
+                out = m.prepare_store(keys)
+                log.append(None if out is None else out.evicted_keys)
+                if out is not None:
+                    (m.complete_store if op[2] else pending.extend)(out.keys_to_store)
+            elif op[0] == "touch":
+                m.touch([stored[i] for i in op[1] if i < len(stored)])
+            elif op[0] == "load":
+                ready = [k for k in stored if m.lookup(k) == LookupResult.HIT]
+                start = op[1] % max(len(ready), 1)
+                keys = ready[start:start + op[2]]
+                if keys:
+                    m.prepare_load(keys)
+                    pinned += keys
+            elif pinned:  # release every pin taken so far
+                for keys in ([k] for k in reversed(pinned)) if tail_first else [pinned]:
+                    m.complete_load(keys)
+                pinned = []
+        if pending:
+            m.complete_store(pending)
+        for keys in ([k] for k in reversed(pinned)) if tail_first else [pinned] if pinned else []:
+            m.complete_load(keys)
+        snap = m.policy.snapshot()
+        for i in range(12):
+            out = m.prepare_store([f"z{i}"])
+            log.append(None if out is None else out.evicted_keys)
+        return snap, log
+
+    assert run(True) == run(False)

@@ -32,16 +32,26 @@ How it maps to the offloading contract:
 * Buckets hold every resident block, pinned and pending ones included (logical recency: a
   block's place changes only when it is used, never by a pin or a completed store); a touch
   of a held block moves it to its next bucket like any other. An eviction walk that meets a
-  held block sets it aside, O(1); when it becomes evictable again it re-enters the *oldest*
-  end of bucket ``max(K, L)`` -- it was older than every block of its bucket when it was set
-  aside, and a block that sat pinned while the floor rose is aged like the others. (Two
-  blocks released into one bucket in the other order than they were set aside come back in
-  release order: ties among them are not kept exactly.)
-* :meth:`evict` walks buckets from the lowest, skipping protected keys, then commits the
-  victims (the base class has checked that ``n`` eligible blocks exist). The floor becomes the lowest of the last victim's ``K`` and the first skipped
-  protected block's ``K``, so no evictable block is ever below it. Entries examined (added to
-  :attr:`examined`) are the victims plus the protected keys skipped: O(k + protected), worst
-  case.
+  held block at the old end of a bucket sets it aside with a sequence number, O(1); the
+  numbers follow the walk, which reads each bucket oldest first, so among the blocks set aside
+  from one bucket they keep the bucket's order. When such a block becomes evictable again it
+  goes into a min-heap by ``(max(K, L), number)``: it is older than every block still in
+  bucket ``max(K, L)`` (they entered it later, or were behind it), and the walk takes heap
+  entries of a level before that level's bucket. So it comes back exactly where it stood,
+  whatever order the pins are released in; a block that sat pinned while the floor passed
+  its ``K`` is aged like the others (it re-enters at ``L``, older than ``L``'s own blocks).
+  A protected block the walk meets goes the same way (aside and straight into the heap), so
+  the blocks behind it keep their order too. Heap entries are invalidated lazily (a block
+  used, removed, held again) and the heap is rebuilt when it holds more than twice the
+  blocks aside (plus 64).
+* :meth:`evict` walks levels from the floor up, each level's heap entries first, then its
+  bucket from the old end (the base class has checked that ``n`` eligible blocks exist, so the
+  walk always succeeds and changes the state as it goes). The floor becomes the lowest of the
+  last victim's ``K`` and the first skipped protected block's ``K``, so no evictable block is
+  ever below it. Entries examined (added to :attr:`examined`) are the victims, the protected
+  keys passed, the held blocks set aside (each once per hold) and stale heap entries (each
+  paid for by the call that made it stale): O(k + protected) amortized, whatever share of the
+  blocks is held.
 
 Request mode (the manager's ``on_request_finished``): the base class's default, one ``touch``
 of the request's keys: ``K + 1`` for each resident key, inserted ones included.
@@ -51,6 +61,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
+from heapq import heapify, heappop, heappush
 
 from kvtier.policies.base import CachePolicy, Key
 
@@ -58,6 +69,7 @@ from kvtier.policies.base import CachePolicy, Key
 WINDOW = 256
 _MOD = WINDOW - 1
 _FULL = (1 << WINDOW) - 1
+_COMPACT_SLACK = 64  # heap entries allowed beyond twice the blocks aside
 
 
 class LFUPolicy(CachePolicy):
@@ -67,10 +79,11 @@ class LFUPolicy(CachePolicy):
         floor: the aging floor ``L`` (priority of the last victim, in uses; starts at 0).
 
     State: ``_prio`` (every resident key -> priority ``K``), ``_held`` (pending or pinned
-    keys), ``_aside`` (held keys an eviction walk met, out of the buckets), ``_buckets``
-    (ring of ``WINDOW`` LRU lists of resident keys, oldest first)
-    and ``_mask`` (bit ``i`` set when bucket ``i`` is non-empty). O(1) per touched key;
-    :meth:`evict` is O(k + protected keys skipped).
+    keys), ``_aside`` (keys an eviction walk took out of their bucket without evicting them ->
+    sequence number), ``_heap`` (``(level, number, key)`` of evictable keys aside; lazy),
+    ``_buckets`` (ring of ``WINDOW`` LRU lists of resident keys, oldest first) and ``_mask``
+    (bit ``i`` set when bucket ``i`` is non-empty). O(1) per touched key (a release of a key
+    aside: O(log aside)); :meth:`evict` is O(k + protected keys skipped) amortized.
     """
 
     name = "lfu"
@@ -79,7 +92,9 @@ class LFUPolicy(CachePolicy):
         super().__init__(capacity)
         self._prio: dict[Key, int] = {}
         self._held: set[Key] = set()
-        self._aside: set[Key] = set()
+        self._aside: dict[Key, int] = {}
+        self._heap: list[tuple[int, int, Key]] = []
+        self._next = 0
         self._buckets: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(WINDOW)]
         self._mask = 0
         self.floor = 0
@@ -123,7 +138,7 @@ class LFUPolicy(CachePolicy):
     def _unbucket(self, key: Key) -> None:
         """Take ``key`` out of its bucket or out of the keys aside."""
         if key in self._aside:
-            self._aside.remove(key)
+            del self._aside[key]  # its heap entry, if any, is now stale
             return
         i = self._prio[key] & _MOD
         bucket = self._buckets[i]
@@ -142,20 +157,18 @@ class LFUPolicy(CachePolicy):
         aside = self._aside
         if not aside:
             return
-        prio, buckets, floor = self._prio, self._buckets, self.floor
-        mask = self._mask
+        prio, floor, heap = self._prio, self.floor, self._heap
         for key in keys:
-            if key in aside:  # back at the oldest end of bucket max(K, floor)
-                aside.remove(key)
+            number = aside.get(key)
+            if number is not None:  # back where it stood: level max(K, floor), by number
                 k = prio[key]
                 if k < floor:
                     k = prio[key] = floor
-                i = k & _MOD
-                bucket = buckets[i]
-                bucket[key] = None
-                bucket.move_to_end(key, last=False)
-                mask |= 1 << i
-        self._mask = mask
+                heappush(heap, (k, number, key))
+        if len(heap) > 2 * len(aside) + _COMPACT_SLACK:
+            held = self._held
+            self._heap = [(prio[k], n, k) for k, n in aside.items() if k not in held]
+            heapify(self._heap)
 
     def mark_non_evictable(self, keys: Sequence[Key]) -> None:
         self._held.update(keys)
@@ -174,7 +187,7 @@ class LFUPolicy(CachePolicy):
                 nk = top
             prio[key] = nk
             if key in aside:
-                aside.remove(key)
+                del aside[key]  # its heap entry, if any, is now stale
             else:
                 i = k & _MOD
                 bucket = buckets[i]
@@ -187,72 +200,97 @@ class LFUPolicy(CachePolicy):
         self._mask = mask
 
     def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
-        buckets = self._buckets
+        buckets, prio, held, aside, heap = (
+            self._buckets, self._prio, self._held, self._aside, self._heap)
         victims: list[Key] = []
-        victim_prio: list[int] = []
-        met_held: list[tuple[Key, int]] = []
+        passed: list[tuple[int, int, Key]] = []  # protected, back into the heap at the end
         first_skipped: int | None = None
+        last = self.floor
         examined = 0
-        held = self._held
-        k = self._lowest_from(self.floor)
-        while k is not None:  # select, lowest bucket first
-            for key in buckets[k & _MOD]:
+        number = self._next
+        k = self.floor
+        while len(victims) < n:
+            while heap:  # drop stale entries at the top
+                hk, hn, key = heap[0]
+                if aside.get(key) == hn and prio[key] == hk and key not in held:
+                    break
+                heappop(heap)
                 examined += 1
-                if key in held:  # set aside below: not met again
-                    met_held.append((key, k))
-                    continue
+            lk = self._lowest_from(k)
+            if heap and (lk is None or heap[0][0] <= lk):
+                # a released block aside is older than every block of its level's bucket
+                entry = heappop(heap)
+                examined += 1
+                k, key = entry[0], entry[2]
                 if key in protected:
+                    passed.append(entry)
                     if first_skipped is None:
                         first_skipped = k
                     continue
+                del aside[key]
+                del prio[key]
                 victims.append(key)
-                victim_prio.append(k)
-                if len(victims) == n:
-                    break
-            if len(victims) == n:
-                break
-            k = self._lowest_from(k + 1)
+                last = k
+                continue
+            k = lk  # not None: n eligible blocks exist (the base class counted them)
+            i = k & _MOD
+            bucket = buckets[i]
+            while bucket and len(victims) < n:  # bucket k from its old end
+                key = bucket.popitem(False)[0]
+                examined += 1
+                if key in held:  # aside, in the walk's order
+                    aside[key] = number
+                    number += 1
+                elif key in protected:
+                    aside[key] = number
+                    passed.append((k, number, key))
+                    number += 1
+                    if first_skipped is None:
+                        first_skipped = k
+                else:
+                    del prio[key]
+                    victims.append(key)
+                    last = k
+            if not bucket:
+                self._mask &= ~(1 << i)
+        for entry in passed:
+            heappush(heap, entry)
+        self._next = number
         self.examined += examined
-        prio = self._prio
-        mask = self._mask
-        for key, vk in zip(victims, victim_prio):  # commit
-            i = vk & _MOD
-            bucket = buckets[i]
-            del bucket[key]
-            if not bucket:
-                mask &= ~(1 << i)
-            del prio[key]
-        aside = self._aside
-        for key, vk in met_held:
-            i = vk & _MOD
-            bucket = buckets[i]
-            del bucket[key]
-            if not bucket:
-                mask &= ~(1 << i)
-            aside.add(key)
-        self._mask = mask
-        last = victim_prio[-1]
         self.floor = last if first_skipped is None or last < first_skipped else first_skipped
         return victims
 
     def snapshot(self) -> dict:
-        order = []
-        k = self._lowest_from(self.floor)
+        """``buckets``: ``(K, keys oldest first)`` per non-empty level from the floor up, blocks
+        aside in their place (a held one at level ``max(K, floor)``, where it would re-enter);
+        equal exactly when the policy would behave the same."""
+        floor, prio = self.floor, self._prio
+        aside_at: dict[int, list[tuple[int, Key]]] = {}
+        for key, number in self._aside.items():
+            aside_at.setdefault(max(prio[key], floor), []).append((number, key))
+        levels = set(aside_at)
+        k = self._lowest_from(floor)
         while k is not None:
-            order.append((k, list(self._buckets[k & _MOD])))
+            levels.add(k)
             k = self._lowest_from(k + 1)
+        order = [
+            (k, [key for _, key in sorted(aside_at.get(k, []), key=lambda e: e[0])]
+             + list(self._buckets[k & _MOD]))
+            for k in sorted(levels)
+        ]
         return {
-            "prio": dict(self._prio),
+            "prio": dict(prio),
             "held": set(self._held),
-            "aside": set(self._aside),
             "buckets": order,
-            "floor": self.floor,
+            "floor": floor,
         }
 
     def clear(self) -> None:
         self._prio.clear()
         self._held.clear()
         self._aside.clear()
+        self._heap.clear()
+        self._next = 0
         for bucket in self._buckets:
             bucket.clear()
         self._mask = 0

@@ -14,15 +14,23 @@ How it maps to the offloading contract (each choice is also what keeps :meth:`ev
 * The queue holds every resident block, pinned and pending ones included: a block's place is
   set when it is stored (a call's keys enter tail first, so ``keys[0]`` ends at the head) and
   never moved by a pin or a completed store; a touch sets the visited bit whatever the state.
-  When the hand meets a held (pending or pinned) block it sets it aside, O(1), bit kept; when
-  that block becomes evictable again it re-enters just behind the hand, i.e. where the hand
-  met it if the hand has not moved on since, else after the blocks the hand passed meanwhile
-  (a FIFO with a hand has no O(1) way back to the exact spot; this errs on keeping the block
-  longer, and at most by one lap).
-* The queue is kept as two ordered maps split at the hand: ``_ahead`` (the hand's block, then
-  every newer block up to the head) and ``_behind`` (the blocks the hand has passed in this lap,
-  oldest first). Passing a block moves it from the front of ``_ahead`` to the end of
-  ``_behind``; the wrap-around swaps the two. Every step is O(1).
+  Every block gets a queue number when stored (increasing toward the head), so the queue is
+  the blocks in number order, and the hand's position is the number of the last block it
+  examined in this lap (``_hand``; -1 at the tail).
+* The queue is kept as two ordered maps split at the hand: ``_ahead`` (blocks the hand has not
+  examined in this lap, up to the head) and ``_behind`` (the blocks it has passed in this lap),
+  both in number order. Passing a block moves it from the front of ``_ahead`` to the end of
+  ``_behind``; the wrap-around at the head swaps the two. Every step is O(1).
+* When the hand meets a held (pending or pinned) block it sets it aside, O(1), bit and number
+  kept, so it is not met again while it stays held. When it becomes evictable again it goes
+  into one of two min-heaps by number: ahead of the hand (number above ``_hand``) or behind
+  it. The hand takes the lower number of ``_ahead``'s front and the ahead-heap's top, and the
+  heaps swap at the wrap like the maps; so the block is met again exactly at its place in the
+  queue, whatever order the pins are released in. Heap entries are invalidated lazily (a
+  block removed or held again) and the heaps are rebuilt when they hold more than twice the
+  blocks aside (plus 64). One approximation: the hand wraps when no block it has not examined
+  is left ahead of it; a held block set aside in an earlier lap that lies ahead counts as
+  passed (the hand could only pass it), so a block stored just then is met after the wrap.
 * A protected block (named in the current ``prepare_store``) is passed like a visited one, but
   its bit is left as it is.
 * :meth:`evict` first counts the eligible blocks -- O(|protected|) -- and returns ``None``
@@ -33,7 +41,8 @@ Bound: within one :meth:`evict` call the hand makes at most one full lap plus th
 it has passed every block all visited bits are clear, so every unprotected block it meets next is
 a victim. Each queue entry is therefore examined at most twice per call, and the entries
 examined (added to :attr:`examined`) are ``n`` victims + visited bits cleared + protected blocks
-passed (each at most twice) + held blocks set aside (each once per hold). Cleared bits are
+passed (each at most twice) + held blocks set aside (each once per hold) + stale heap entries
+(each paid for by the call that made it stale). Cleared bits are
 paid for by the touches that set them (one bit per touch at most), so eviction is
 O(k + protected) amortized over touches and holds, not worst case: a call that meets ``m``
 visited blocks examines ``m`` extra entries, as in the paper.
@@ -47,26 +56,36 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
+from heapq import heapify, heappop, heappush
 
 from kvtier.policies.base import CachePolicy, Key
+
+_COMPACT_SLACK = 64  # heap entries allowed beyond twice the blocks aside
 
 
 class SievePolicy(CachePolicy):
     """SIEVE eviction (Zhang et al., NSDI'24) over the evictable blocks of the tier.
 
-    State: ``_ahead`` / ``_behind`` (resident keys, the queue split at the hand, see the
-    module docstring), ``_aside`` (held keys the hand met), ``_held`` (pending or pinned
-    keys) and ``_bits`` (keys whose visited bit is set, any state). O(1) per touched key; :meth:`evict` examines at most twice
-    each queue entry (O(k + protected), amortized over touches).
+    State: ``_ahead`` / ``_behind`` (resident key -> queue number, the queue split at the hand,
+    see the module docstring), ``_aside`` (held keys the hand met -> queue number),
+    ``_ahead_heap`` / ``_behind_heap`` (``(number, key)`` of evictable keys aside, lazy),
+    ``_hand``, ``_held`` (pending or pinned keys) and ``_bits`` (keys whose visited bit is set,
+    any state). O(1) per touched key (a release of a key aside: O(log aside));
+    :meth:`evict` examines at most twice each queue entry (O(k + protected), amortized over
+    touches and holds).
     """
 
     name = "sieve"
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self._ahead: OrderedDict[Key, None] = OrderedDict()
-        self._behind: OrderedDict[Key, None] = OrderedDict()
-        self._aside: set[Key] = set()
+        self._ahead: OrderedDict[Key, int] = OrderedDict()
+        self._behind: OrderedDict[Key, int] = OrderedDict()
+        self._aside: dict[Key, int] = {}
+        self._ahead_heap: list[tuple[int, Key]] = []
+        self._behind_heap: list[tuple[int, Key]] = []
+        self._hand = -1
+        self._next = 0
         self._held: set[Key] = set()
         self._bits: set[Key] = set()
 
@@ -79,18 +98,38 @@ class SievePolicy(CachePolicy):
                 eligible -= 1
         return eligible
 
+    def _next_from_heap(self) -> int | None:
+        """Drop stale entries at the ahead-heap's top; return its top's number or None."""
+        heap, aside, held = self._ahead_heap, self._aside, self._held
+        while heap:
+            number, key = heap[0]
+            if aside.get(key) == number and key not in held:
+                return number
+            heappop(heap)
+            self.examined += 1
+        return None
+
     def _wrap(self) -> None:
-        # invariant: the hand's side is empty only when the whole queue is
-        if not self._ahead and self._behind:
+        # invariant kept between calls: nothing left ahead of the hand only when the whole
+        # queue is behind it, i.e. the hand is back at the tail
+        if not self._ahead and self._next_from_heap() is None:
             self._ahead, self._behind = self._behind, self._ahead
+            self._ahead_heap, self._behind_heap = self._behind_heap, self._ahead_heap
+            self._hand = -1
 
     # -- state changes -------------------------------------------------------------------
     def insert(self, keys: Sequence[Key]) -> None:
         self._bits.difference_update(keys)
         self._held.update(keys)
-        ahead = self._ahead  # the head; _behind is empty if _ahead is
+        ahead = self._ahead  # the head; only empty if nothing is ahead of the hand
+        if not ahead:
+            self._wrap()
+            ahead = self._ahead
+        number = self._next
         for key in reversed(keys):
-            ahead[key] = None
+            ahead[key] = number
+            number += 1
+        self._next = number
 
     def remove(self, keys: Sequence[Key]) -> None:
         ahead, behind, aside = self._ahead, self._behind, self._aside
@@ -100,7 +139,7 @@ class SievePolicy(CachePolicy):
             elif key in behind:
                 del behind[key]
             else:
-                aside.remove(key)
+                del aside[key]  # its heap entry, if any, is now stale
         self._held.difference_update(keys)
         self._bits.difference_update(keys)
         self._wrap()
@@ -108,13 +147,19 @@ class SievePolicy(CachePolicy):
     def mark_evictable(self, keys: Sequence[Key]) -> None:
         self._held.difference_update(keys)
         aside = self._aside
-        if aside:
-            back = [key for key in keys if key in aside]
-            if back:  # just behind the hand (see the module docstring)
-                aside.difference_update(back)
-                queue = self._behind if self._ahead else self._ahead
-                for key in back:
-                    queue[key] = None
+        if not aside:
+            return
+        hand, ahead_heap, behind_heap = self._hand, self._ahead_heap, self._behind_heap
+        for key in keys:
+            number = aside.get(key)
+            if number is not None:  # met again exactly at its place in the queue
+                heappush(ahead_heap if number > hand else behind_heap, (number, key))
+        if len(ahead_heap) + len(behind_heap) > 2 * len(aside) + _COMPACT_SLACK:
+            held = self._held
+            ahead_heap[:] = [(n, k) for k, n in aside.items() if k not in held and n > hand]
+            behind_heap[:] = [(n, k) for k, n in aside.items() if k not in held and n <= hand]
+            heapify(ahead_heap)
+            heapify(behind_heap)
 
     def mark_non_evictable(self, keys: Sequence[Key]) -> None:
         self._held.update(keys)
@@ -131,33 +176,52 @@ class SievePolicy(CachePolicy):
         bits, held, aside = self._bits, self._held, self._aside
         victims: list[Key] = []
         examined = 0
+        hand = self._hand
         while len(victims) < n:
-            if not ahead:
-                ahead, behind = behind, ahead
-            key = ahead.popitem(False)[0]
+            top = self._next_from_heap() if self._ahead_heap else None
+            if top is not None and (not ahead or top < ahead[next(iter(ahead))]):
+                key = heappop(self._ahead_heap)[1]  # a released block aside, at its place
+                del aside[key]
+                number = top
+            elif ahead:
+                key, number = ahead.popitem(False)
+                if key in held:  # aside, not met again while held
+                    aside[key] = number
+                    hand = number
+                    examined += 1
+                    continue
+            else:  # the hand reached the head: back to the tail
+                ahead, behind = self._ahead, self._behind = behind, ahead
+                self._ahead_heap, self._behind_heap = self._behind_heap, self._ahead_heap
+                hand = -1
+                continue
             examined += 1
-            if key in held:
-                aside.add(key)
-            elif key in bits:
+            hand = number
+            if key in bits:
                 bits.discard(key)
-                behind[key] = None
+                behind[key] = number
             elif key in protected:
-                behind[key] = None
+                behind[key] = number
             else:
                 victims.append(key)
-        if not ahead:
-            ahead, behind = behind, ahead
-        self._ahead, self._behind = ahead, behind
+        self._hand = hand
         self.examined += examined
+        self._wrap()
         return victims
 
     def snapshot(self) -> dict:
-        # the hand's position is where _ahead starts: the queue read from the tail is
-        # behind + ahead, and len(behind) says where the hand is
+        """``queue``: every resident key from the tail, blocks aside in their place; ``hand``:
+        how many of them the hand has passed in this lap. Equal exactly when the policy
+        would behave the same."""
+        numbered = sorted(
+            [(n, k) for k, n in self._behind.items()]
+            + [(n, k) for k, n in self._ahead.items()]
+            + [(n, k) for k, n in self._aside.items()],
+            key=lambda e: e[0],
+        )
         return {
-            "queue": list(self._behind) + list(self._ahead),
-            "hand": len(self._behind),
-            "aside": set(self._aside),
+            "queue": [k for _, k in numbered],
+            "hand": sum(1 for n, _ in numbered if n <= self._hand),
             "held": set(self._held),
             "visited_bits": set(self._bits),
         }
@@ -166,6 +230,10 @@ class SievePolicy(CachePolicy):
         self._ahead.clear()
         self._behind.clear()
         self._aside.clear()
+        self._ahead_heap.clear()
+        self._behind_heap.clear()
+        self._hand = -1
+        self._next = 0
         self._held.clear()
         self._bits.clear()
         self.examined = 0
