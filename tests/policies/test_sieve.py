@@ -53,13 +53,13 @@ def test_protected_is_passed_without_clearing_and_not_evicted():
     assert keys_of(p.evict(1, ["a"])) == ["b"]
 
 
-def test_pinned_block_leaves_the_queue_keeps_its_touch_and_reenters_at_the_head():
+def test_pinned_block_keeps_its_place_and_its_touch_and_is_met_there_again():
     p = SievePolicy(8)
     fill(p, "abc")
     p.mark_non_evictable(["a"])
     p.touch(["a"])  # touch while pinned sets the bit
     assert keys_of(p.evict(1, ())) == ["b"]
-    p.mark_evictable(["a"])  # re-enters at the head, bit still set: queue c a
+    p.mark_evictable(["a"])  # back at its place, bit still set: the hand meets c, wraps, then a
     assert keys_of(p.evict(2, ())) == ["c", "a"]
 
 

@@ -14,9 +14,14 @@ How it maps to the offloading contract (each choice is also what keeps :meth:`ev
 * The queue holds every resident block, pinned and pending ones included: a block's place is
   set when it is stored (a call's keys enter tail first, so ``keys[0]`` ends at the head) and
   never moved by a pin or a completed store; a touch sets the visited bit whatever the state.
-  Every block gets a queue number when stored (increasing toward the head), so the queue is
-  the blocks in number order, and the hand's position is the number of the last block it
-  examined in this lap (``_hand``; -1 at the tail).
+  A block gets a queue number the first time the hand passes it or sets it aside (a counter;
+  the hand meets never-examined blocks in the order they were stored, so numbers follow the
+  queue), and keeps it while resident; never-examined blocks, all at the head end, have
+  none (a victim never needs one; numbering every stored block, with the heap checked at every
+  step, cost +16 % per evicted block: docs/performance.md, "Set-aside blocks in LFU and
+  SIEVE"). So the queue is the numbered blocks in number order, then the
+  others; the hand's position is the number of the last block it passed or set aside in
+  this lap (``_hand``; -1 at the tail).
 * The queue is kept as two ordered maps split at the hand: ``_ahead`` (blocks the hand has not
   examined in this lap, up to the head) and ``_behind`` (the blocks it has passed in this lap),
   both in number order. Passing a block moves it from the front of ``_ahead`` to the end of
@@ -79,7 +84,7 @@ class SievePolicy(CachePolicy):
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self._ahead: OrderedDict[Key, int] = OrderedDict()
+        self._ahead: OrderedDict[Key, int | None] = OrderedDict()
         self._behind: OrderedDict[Key, int] = OrderedDict()
         self._aside: dict[Key, int] = {}
         self._ahead_heap: list[tuple[int, Key]] = []
@@ -125,11 +130,8 @@ class SievePolicy(CachePolicy):
         if not ahead:
             self._wrap()
             ahead = self._ahead
-        number = self._next
         for key in reversed(keys):
-            ahead[key] = number
-            number += 1
-        self._next = number
+            ahead[key] = None  # numbered when the hand first passes it
 
     def remove(self, keys: Sequence[Key]) -> None:
         ahead, behind, aside = self._ahead, self._behind, self._aside
@@ -177,33 +179,70 @@ class SievePolicy(CachePolicy):
         victims: list[Key] = []
         examined = 0
         hand = self._hand
+        number = self._next  # the next queue number to hand out
         while len(victims) < n:
-            top = self._next_from_heap() if self._ahead_heap else None
-            if top is not None and (not ahead or top < ahead[next(iter(ahead))]):
-                key = heappop(self._ahead_heap)[1]  # a released block aside, at its place
-                del aside[key]
-                number = top
-            elif ahead:
-                key, number = ahead.popitem(False)
-                if key in held:  # aside, not met again while held
-                    aside[key] = number
-                    hand = number
+            if self._ahead_heap:  # a released block aside may be next: one step at a time
+                top = self._next_from_heap()
+                if top is not None and (not ahead or ahead[next(iter(ahead))] is None
+                                        or top < ahead[next(iter(ahead))]):
+                    key = heappop(self._ahead_heap)[1]  # met again at its place
+                    del aside[key]
                     examined += 1
+                    hand = top
+                    if key in bits:
+                        bits.discard(key)
+                        behind[key] = top
+                    elif key in protected:
+                        behind[key] = top
+                    else:
+                        victims.append(key)
                     continue
-            else:  # the hand reached the head: back to the tail
+            if not ahead:  # the hand reached the head: back to the tail
                 ahead, behind = self._ahead, self._behind = behind, ahead
                 self._ahead_heap, self._behind_heap = self._behind_heap, self._ahead_heap
                 hand = -1
                 continue
-            examined += 1
-            hand = number
-            if key in bits:
-                bits.discard(key)
-                behind[key] = number
-            elif key in protected:
-                behind[key] = number
-            else:
-                victims.append(key)
+            if self._ahead_heap:  # ahead's front is next: one step
+                key, at = ahead.popitem(False)
+                examined += 1
+                if at is None:
+                    at, number = number, number + 1
+                hand = at
+                if key in held:  # aside, not met again while held
+                    aside[key] = at
+                elif key in bits:
+                    bits.discard(key)
+                    behind[key] = at
+                elif key in protected:
+                    behind[key] = at
+                else:
+                    victims.append(key)
+                continue
+            # nothing aside ahead of the hand: run down _ahead (checking the heap at every
+            # step was part of a +16 % per evicted block, docs/performance.md, "Set-aside")
+            while ahead:
+                key, at = ahead.popitem(False)
+                examined += 1
+                if key in held:  # aside, not met again while held
+                    if at is None:
+                        at, number = number, number + 1
+                    aside[key] = hand = at
+                elif key in bits:
+                    bits.discard(key)
+                    if at is None:
+                        at, number = number, number + 1
+                    behind[key] = hand = at
+                elif key in protected:
+                    if at is None:
+                        at, number = number, number + 1
+                    behind[key] = hand = at
+                else:  # a victim needs no number
+                    victims.append(key)
+                    if at is not None:
+                        hand = at
+                    if len(victims) == n:
+                        break
+        self._next = number
         self._hand = hand
         self.examined += examined
         self._wrap()
@@ -215,12 +254,13 @@ class SievePolicy(CachePolicy):
         would behave the same."""
         numbered = sorted(
             [(n, k) for k, n in self._behind.items()]
-            + [(n, k) for k, n in self._ahead.items()]
+            + [(n, k) for k, n in self._ahead.items() if n is not None]
             + [(n, k) for k, n in self._aside.items()],
             key=lambda e: e[0],
         )
+        fresh = [k for k, n in self._ahead.items() if n is None]  # all at the head end
         return {
-            "queue": [k for _, k in numbered],
+            "queue": [k for _, k in numbered] + fresh,
             "hand": sum(1 for n, _ in numbered if n <= self._hand),
             "held": set(self._held),
             "visited_bits": set(self._bits),
