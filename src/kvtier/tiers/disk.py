@@ -49,7 +49,7 @@ from typing import Any
 
 import xxhash
 
-from kvtier.checks import key_list
+from kvtier.checks import key_list, unhashable_error
 from kvtier.manager import OffloadingManager
 from kvtier.policies import CachePolicy
 from kvtier.tiers.base import BlockTier, Key, TierStats, encode_key
@@ -355,11 +355,14 @@ class DiskTier(BlockTier):
         self._drain()
         keys = list(keys)
         out: list[bytes | None] = [None] * len(keys)
+        m = self.manager
+        try:  # validate first: an unhashable key changes nothing, counters included
+            ready = [i for i, k in enumerate(keys) if m.ref_count(k) is not None
+                     and m.ref_count(k) >= 0 and k not in self._bad]
+        except TypeError:
+            raise unhashable_error(keys, "DiskTier.read") from None
         st = self._stats
         st.reads += len(keys)
-        m = self.manager
-        ready = [i for i, k in enumerate(keys) if m.ref_count(k) is not None
-                 and m.ref_count(k) >= 0 and k not in self._bad]
         if not ready:
             return out
         ready_keys = [keys[i] for i in ready]
