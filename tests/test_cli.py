@@ -262,3 +262,34 @@ def test_run_grid_rejects_a_bad_limit():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="limit must be an int >= 1"):
             run_grid(embedded_sample_path(), ["lru"], [100], workers=1, limit=bad)
+
+
+def test_an_interrupted_sweep_ends_its_running_points_at_once(monkeypatch):
+    """Ctrl-C in a sweep (here: KeyboardInterrupt from on_result after the first finished
+    point) ends the worker processes instead of waiting for the points they are running or
+    were already handed: before, run_grid raised only once the 60 s point below had run."""
+    import multiprocessing
+    import time
+
+    import kvtier.sweep
+
+    real = kvtier.sweep.replay
+
+    def replay_slow_at_1000(trace, policy, capacity, options):  # runs in the workers (fork)
+        if capacity >= 1000:
+            time.sleep(60)
+        return real(trace, policy, capacity, options)
+
+    monkeypatch.setattr(kvtier.sweep, "replay", replay_slow_at_1000)
+    if multiprocessing.get_start_method() != "fork":
+        pytest.skip("the slow replay reaches the workers only through fork")
+
+    def interrupt(result):
+        raise KeyboardInterrupt
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        kvtier.sweep.run_grid(embedded_sample_path(), ["lru"], [1, 2, 3, 1000], workers=2,
+                              on_result=interrupt)
+    assert time.monotonic() - t0 < 30
+    assert not multiprocessing.active_children()
