@@ -566,6 +566,15 @@ class DiskTier(BlockTier):
                     m.complete_store(new_keys, success=success)
         st.used_blocks = len(m)
 
+    def check_keys(self, keys: Sequence[Key]) -> None:
+        """Raise if :meth:`write` would refuse one of ``keys``: no stable encoding
+        (``TypeError``) or an encoding longer than 216 bytes (``ValueError``). No I/O."""
+        for key in keys:
+            kb = encode_key(key)
+            if len(kb) > MAX_KEY_BYTES:
+                raise ValueError(f"block key {key!r} encodes to {len(kb)} bytes; a disk tier "
+                                 f"record holds at most {MAX_KEY_BYTES}")
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every accepted write is done (or failed) and collect them.
 
