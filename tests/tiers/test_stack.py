@@ -389,6 +389,30 @@ def test_tiers_replay_with_an_unreachable_redis_fails_fast():
     assert "lru     redis" not in result.output  # no table of a run that did not happen
 
 
+def test_tiers_replay_never_shows_a_redis_password(tmp_path):
+    """The table's title, the --json file and --tiers errors showed a Redis URL's password
+    (found by a newcomer); now each shows ``***`` as RedisTier's own messages do."""
+    pytest.importorskip("kvtier.tiers.redis")
+    from redis_servers import RedisServer, require_redis
+
+    require_redis()
+    server = RedisServer(tmp_path / "redis", password="s3cret-pw").start()
+    try:
+        out = tmp_path / "r.json"
+        result = _replay_cli("--tiers", f"host:50,{server.url}", "--json", out)
+        assert result.exit_code == 0, result.output
+        assert "s3cret-pw" not in result.output and "redis://:***@127.0.0.1" in result.output
+        text = out.read_text()
+        assert "s3cret-pw" not in text
+        assert json.loads(text)["tiers"][1]["url"] == f"redis://:***@127.0.0.1:{server.port}/0"
+        for spec in (f"host:50,{server.url},redis://127.0.0.1:1/0", f"{server.url},host:50"):
+            result = _replay_cli("--tiers", spec)
+            assert result.exit_code == 1 and "s3cret-pw" not in result.output
+            assert ":***@" in result.output
+    finally:
+        server.stop()
+
+
 def test_tiers_replay_deletes_its_redis_keys_and_sets_a_ttl(redis_server):
     pytest.importorskip("kvtier.tiers.redis")
     from kvtier.tiersim import SIM_REDIS_TTL_S, _redis_tier
