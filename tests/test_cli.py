@@ -231,3 +231,65 @@ def test_sweep_rejects_an_image_format_matplotlib_cannot_write_before_any_work(t
     assert res.exit_code == 1
     assert "matplotlib cannot write .xyz files" in res.stderr and ".svg" in res.stderr
     assert not (tmp_path / "r.json").exists()  # failed before the sweep ran
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sweep_limit_replays_only_the_first_requests(tmp_path, workers):
+    """--limit N (as replay's and analyze's): the grid's percentages, the caption and every
+    point count only the first N requests, in this process and in the worker processes
+    (which re-read the trace file themselves)."""
+    out = tmp_path / "s.json"
+    res = run("sweep", "-p", "lru,arc", "--points", "3", "--limit", "100", "--workers", workers,
+              "--json", out)
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    trace = list(read_trace(embedded_sample_path()))[:100]
+    unique = len({k for r in trace for k in r.keys})
+    assert data["trace"]["requests"] == 100 and data["trace"]["unique_blocks"] == unique
+    assert data["capacities"][0] == round(unique * 0.005) and data["capacities"][-1] == unique
+    for row in data["results"]:
+        assert row["requests"] == 100
+        expect = replay(trace, row["policy"], row["capacity"])
+        assert (row["hit_blocks"], row["evictions"]) == (expect.hit_blocks, expect.evictions)
+    # a sweep of the whole sample at the same size counts more hits: the limit mattered
+    whole = replay(list(read_trace(embedded_sample_path())), "lru", unique).hit_blocks
+    assert whole > data["results"][2]["hit_blocks"]
+
+
+def test_run_grid_rejects_a_bad_limit():
+    from kvtier.sweep import run_grid
+
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="limit must be an int >= 1"):
+            run_grid(embedded_sample_path(), ["lru"], [100], workers=1, limit=bad)
+
+
+def test_an_interrupted_sweep_ends_its_running_points_at_once(monkeypatch):
+    """Ctrl-C in a sweep (here: KeyboardInterrupt from on_result after the first finished
+    point) ends the worker processes instead of waiting for the points they are running or
+    were already handed: before, run_grid raised only once the 60 s point below had run."""
+    import multiprocessing
+    import time
+
+    import kvtier.sweep
+
+    real = kvtier.sweep.replay
+
+    def replay_slow_at_1000(trace, policy, capacity, options):  # runs in the workers (fork)
+        if capacity >= 1000:
+            time.sleep(60)
+        return real(trace, policy, capacity, options)
+
+    monkeypatch.setattr(kvtier.sweep, "replay", replay_slow_at_1000)
+    if multiprocessing.get_start_method() != "fork":
+        pytest.skip("the slow replay reaches the workers only through fork")
+
+    def interrupt(result):
+        raise KeyboardInterrupt
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        kvtier.sweep.run_grid(embedded_sample_path(), ["lru"], [1, 2, 3, 1000], workers=2,
+                              on_result=interrupt)
+    assert time.monotonic() - t0 < 30
+    assert not multiprocessing.active_children()

@@ -817,6 +817,8 @@ def sweep_cmd(
     admission: AdmissionOpt = "all",
     skip_bad_lines: SkipOpt = False,
     strict: StrictOpt = False,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=1,
+                                                 help="Replay only the first N requests.")] = None,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="Draw the miss-ratio curves to this image file (the suffix picks "
                        "matplotlib's format, e.g. .png, .svg). Default: no image.")] = None,
@@ -834,7 +836,7 @@ def sweep_cmd(
                                            protocol, store_threshold, admission)
         command = SweepCommand(
             source=TraceSource(trace if trace is not None else embedded_sample_path(),
-                               trace_opts),
+                               trace_opts, limit),
             policies=tuple(_split(policy, available_policies(), "--policy")),
             capacities=tuple(_split(capacity, [], "--capacity")),
             points=points, cap_min=cap_min, cap_max=cap_max,
@@ -908,7 +910,8 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
                         bar.advance(task)
 
                 results = run_grid(path, cmd.policies, capacities, trace=source.options,
-                                   options=cmd.replay, workers=n_workers, on_result=on_result)
+                                   options=cmd.replay, workers=n_workers, on_result=on_result,
+                                   limit=cmd.source.limit)
         except KeyboardInterrupt:
             interrupted = True
             order = {(p, c): i for i, (p, c) in

@@ -54,6 +54,21 @@ class TierSpec:
     url: str | None = None
 
 
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _shown(spec: str) -> str:
+    """``spec`` as an error message may show it: each Redis URL's password replaced by
+    ``***`` (without redis-py installed, the whole URL is replaced)."""
+    try:
+        from kvtier.tiers.redis import redact_url
+    except ImportError:  # redis-py missing: show no URL at all
+        def redact_url(url: str) -> str:
+            return "<redis URL>"
+    return ",".join(redact_url(item.strip()) if item.strip().startswith(_REDIS_SCHEMES)
+                    else item for item in spec.split(","))
+
+
 def parse_tiers(spec: str) -> list[TierSpec]:
     """Parse ``host:CAP[,disk:CAP][,redis://...]``, top down.
 
@@ -64,13 +79,14 @@ def parse_tiers(spec: str) -> list[TierSpec]:
         ValueError: naming the item and the rule it broke.
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"--tiers must name the tiers, e.g. host:4000,disk:64000; got {spec!r}")
+        raise ValueError("--tiers must name the tiers, e.g. host:4000,disk:64000; got "
+                         f"{_shown(spec) if isinstance(spec, str) else spec!r}")
     out: list[TierSpec] = []
     for raw in spec.split(","):
         item = raw.strip()
         if not item:
-            raise ValueError(f"--tiers {spec!r}: empty item")
-        if item.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"--tiers {_shown(spec)!r}: empty item")
+        if item.startswith(_REDIS_SCHEMES):
             tier = TierSpec("redis", None, item)
         else:
             kind, sep, cap = item.partition(":")
@@ -80,10 +96,10 @@ def parse_tiers(spec: str) -> list[TierSpec]:
                                  "redis:// URL (CAP = blocks or %)")
             tier = TierSpec(kind, cap.strip())
         if any(t.kind == tier.kind for t in out):
-            raise ValueError(f"--tiers {spec!r}: tier {tier.kind!r} named twice")
+            raise ValueError(f"--tiers {_shown(spec)!r}: tier {tier.kind!r} named twice")
         out.append(tier)
     if out[0].kind != "host":
-        raise ValueError(f"--tiers {spec!r}: the first tier must be host:CAP")
+        raise ValueError(f"--tiers {_shown(spec)!r}: the first tier must be host:CAP")
     return out
 
 
@@ -256,7 +272,7 @@ def _redis_tier(url: str, block_bytes: int) -> BlockTier:
     try:
         from kvtier.tiers.redis import RedisTier
     except ImportError as exc:
-        raise ValueError(f"--tiers {url}: the Redis tier (kvtier.tiers.redis.RedisTier) is "
+        raise ValueError(f"--tiers {_shown(url)}: the Redis tier (kvtier.tiers.redis.RedisTier) is "
                          f"not available: {exc}") from None
     try:
         query = dict(parse_qsl(urlsplit(url).query))
@@ -474,10 +490,14 @@ def replay_tiers_cli(command, tiers: str, demotion: str, capacity_given: bool = 
                                 store_threshold=opts.store_threshold)
                    for p in command.policies]
     out = cli._out_console(json_out)
-    names = ",".join(t.url if t.kind == "redis" else f"{t.kind}:{t.capacity}" for t in spec)
+    # a Redis URL's password is never shown (title, JSON)
+    names = ",".join(_shown(t.url) if t.kind == "redis" else f"{t.kind}:{t.capacity}"
+                     for t in spec)
     out.print(results_table(results, f"kvtier replay --tiers {names} — demotion {demotion}"))
     out.print(cli._trace_caption(info), highlight=False, soft_wrap=True)
-    cli._write_json(json_out, {"trace": info, "tiers": [t.__dict__ for t in spec],
+    cli._write_json(json_out, {"trace": info,
+                               "tiers": [{**t.__dict__, "url": t.url and _shown(t.url)}
+                                         for t in spec],
                                "results": [r.to_dict() for r in results]})
     # a Redis tier that failed during the run served less than it would have: the figures
     # are not the tier's, so the command fails (exit status 1) after showing them

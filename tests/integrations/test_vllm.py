@@ -540,6 +540,52 @@ def test_spec_manager_admission_matches_vllms():
         assert a.stored_blocks < replay_vllm(CPUOffloadingManager(200, "lru"), kpr).stored_blocks
 
 
+@pytest.mark.parametrize("tracker", [1, 2, 3, 5, 8])
+def test_spec_manager_admission_tracker_matches_vllms_at_its_cap(tracker):
+    """The admission tracker at its cap and with keys named twice in one call, against the
+    real vLLM manager, call by call (a newcomer found three differences: a new key named
+    twice counted 2 and was stored at its first offer; a full tracker dropped the call's own
+    keys, so [p, q, r] offered twice to a 2-key tracker stored the tail q, r, vLLM the head
+    p, q; and a key offered the second time could lose its count)."""
+    for seed in range(30):
+        rng = random.Random(seed * 31 + tracker)
+        vm = CPUOffloadingManager(6, "lru", store_threshold=2, max_tracker_size=tracker)
+        ours = kv.KVTierOffloadingManager(6, "lru", store_threshold=2, max_tracker_size=tracker)
+        for step in range(40):
+            # distinct keys: vLLM's manager stores a new key named twice twice (see below)
+            offer = keys(*rng.sample(range(10), rng.randrange(1, 6)))
+            outs = []
+            for m in (vm, ours):
+                ctx = ReqContext(f"r{step}")
+                m.on_new_request(ctx)
+                out = m.prepare_store(offer, ctx)
+                outs.append(None if out is None else list(out.keys_to_store))
+                if out is not None:
+                    m.complete_store(out.keys_to_store, ctx)
+                m.on_request_finished(ctx)
+            assert outs[0] == outs[1], (seed, step, offer)
+            assert list(vm.counts.items()) == list(ours._counts.items()), (seed, step)
+
+
+def test_spec_manager_admission_counts_a_key_named_twice_once_as_vllm():
+    """A new key named twice in one offer is tracked once (count 1), as vLLM does, so it is
+    not stored before its second offer; a tracked key named twice counts twice there too.
+    (Only the tracker is compared: vLLM's manager then allocates the key twice.)"""
+    vm = CPUOffloadingManager(6, "lru", store_threshold=2)
+    ours = kv.KVTierOffloadingManager(6, "lru", store_threshold=2)
+    for offer in (keys(1, 1, 2), keys(2, 2, 3)):
+        for m in (vm, ours):
+            ctx = ReqContext("r")
+            m.on_new_request(ctx)
+            out = m.prepare_store(offer, ctx)
+            if out is not None:
+                m.complete_store(out.keys_to_store, ctx)
+            m.on_request_finished(ctx)
+        assert list(vm.counts.items()) == list(ours._counts.items())
+    assert dict(ours._counts) == {key(1): 1, key(2): 3, key(3): 1}
+    assert ours.manager.ref_count(key(1)) is None  # named twice at its only offer: not stored
+
+
 def test_spec_manager_is_stricter_than_vllm():
     m = spec_manager()
     ctx = ReqContext("r")

@@ -72,6 +72,21 @@ def test_bad_input_raises_and_changes_nothing(tmp_path):
         t.lookup_prefix([1])
 
 
+def test_read_of_an_unhashable_key_names_it_and_counts_nothing(tmp_path):
+    """read([1, [2]]) raised a bare "unhashable type: 'list'" after counting the call's
+    reads (found by a newcomer): now the key is named and the counters are as before."""
+    with DiskTier(tmp_path, 4, BB) as t:
+        t.write([1], [blk(1)])
+        assert t.flush(5)
+        before = t.stats()
+        for bad in ([1, [2]], [{}]):
+            with pytest.raises(TypeError, match=r"DiskTier.read: block key .* is not hashable"):
+                t.read(bad)
+        after = t.stats()
+        assert (after.reads, after.read_hits) == (before.reads, before.read_hits) == (0, 0)
+        assert t.read([1]) == [blk(1)] and t.stats().reads == 1
+
+
 def test_write_is_readable_only_when_done(tmp_path, monkeypatch):
     gate = threading.Event()
     real = disk_mod._pwrite_all

@@ -70,6 +70,32 @@ def test_write_back_copies_victims_before_reuse_and_promotes_them_back(tmp_path)
     tiered.close()
 
 
+@pytest.mark.parametrize("bad, error", [((1, 2), TypeError), (1.5, TypeError),
+                                         ("k" * 300, ValueError)])
+def test_offload_refuses_a_key_no_lower_tier_can_store_before_anything_changes(
+        tmp_path, bad, error):
+    """A key the disk cannot store (a tuple, a float, a 300-byte str) is refused before the
+    host store, naming it. Before (found by a newcomer), the host took it, and the error
+    came later, from the write-back of another offload: that call raised instead of
+    returning its job id while its copy ran, and the victim never reached the disk."""
+    tiered, kv, disk = make(tmp_path, host_slots=2)
+    m = tiered.offloader.manager
+    before = m.snapshot()
+    with pytest.raises(error, match="block key"):
+        tiered.offload(["a", bad], [0, 1])
+    assert m.snapshot() == before and tiered.offloader.in_flight == 0
+    # every key of the stack is storable below, so demotions never fail
+    tiered.offload(["a", "b"], [0, 1])
+    tiered.wait(10)
+    job = tiered.offload(["c"], [2])  # evicts b: written to the disk
+    assert job is not None
+    tiered.wait(10)
+    assert tiered.flush(10) and disk.lookup_prefix(["b"]) == 1
+    with pytest.raises(TypeError, match="keys must be a sequence"):
+        tiered.offload("ab", [0, 1])
+    tiered.close()
+
+
 def test_write_through_writes_every_completed_store(tmp_path):
     tiered, kv, disk = make(tmp_path, demotion="write-through")
     data = {b: block(kv, b) for b in range(16)}
@@ -361,6 +387,30 @@ def test_tiers_replay_with_an_unreachable_redis_fails_fast():
     assert result.exit_code == 1
     assert "not reachable" in result.output and "Connection refused" in result.output
     assert "lru     redis" not in result.output  # no table of a run that did not happen
+
+
+def test_tiers_replay_never_shows_a_redis_password(tmp_path):
+    """The table's title, the --json file and --tiers errors showed a Redis URL's password
+    (found by a newcomer); now each shows ``***`` as RedisTier's own messages do."""
+    pytest.importorskip("kvtier.tiers.redis")
+    from redis_servers import RedisServer, require_redis
+
+    require_redis()
+    server = RedisServer(tmp_path / "redis", password="s3cret-pw").start()
+    try:
+        out = tmp_path / "r.json"
+        result = _replay_cli("--tiers", f"host:50,{server.url}", "--json", out)
+        assert result.exit_code == 0, result.output
+        assert "s3cret-pw" not in result.output and "redis://:***@127.0.0.1" in result.output
+        text = out.read_text()
+        assert "s3cret-pw" not in text
+        assert json.loads(text)["tiers"][1]["url"] == f"redis://:***@127.0.0.1:{server.port}/0"
+        for spec in (f"host:50,{server.url},redis://127.0.0.1:1/0", f"{server.url},host:50"):
+            result = _replay_cli("--tiers", spec)
+            assert result.exit_code == 1 and "s3cret-pw" not in result.output
+            assert ":***@" in result.output
+    finally:
+        server.stop()
 
 
 def test_tiers_replay_deletes_its_redis_keys_and_sets_a_ttl(redis_server):

@@ -70,11 +70,27 @@ class TieredOffloader:
     # -- engine calls ----------------------------------------------------------------------
     def offload(self, keys: Sequence[Hashable], block_ids: Sequence[int],
                 req_context: Any = None) -> int | None:
-        """``KVOffloader.offload``, then the write-back of the blocks it evicted."""
+        """``KVOffloader.offload``, then the write-back of the blocks it evicted.
+
+        Raises:
+            as ``KVOffloader.offload``, and ``TypeError`` / ``ValueError`` for a key a lower
+            tier cannot store (e.g. a tuple, or a disk key over 216 bytes), before anything
+            changed: such a block could never be demoted.
+        """
+        self._check_keys(keys)
         try:
             return self.offloader.offload(keys, block_ids, req_context)
         finally:
             self.stack.flush_demotions()
+
+    def _check_keys(self, keys: Sequence[Hashable]) -> None:
+        """Every lower tier accepts every key (checked before the host stores them: a victim
+        a lower tier refuses at demotion time would be lost, and the error would replace the
+        offload's job id while its copy runs)."""
+        if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+            raise TypeError(f"keys must be a sequence of block keys, got {type(keys).__name__}")
+        for tier in self.stack.lower:
+            tier.check_keys(keys)
 
     def lookup(self, keys: Sequence[Hashable]) -> TieredLookup:
         """Leading blocks available in some tier and where (:meth:`TierStack.lookup`)."""

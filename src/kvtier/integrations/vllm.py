@@ -575,10 +575,32 @@ class KVTierOffloadingManager(OffloadingManager):
         counts = self._counts
         if counts is None:  # only called with admission on (store_threshold >= 2)
             raise RuntimeError("_record_offer without an admission tracker")
+        # vLLM 0.33's rule (CPUOffloadingManager's tracker), which decides what is stored:
+        # a key already tracked counts one more per time it is named and moves to the newest
+        # end, safe from this call's trimming; a new key is tracked once (count 1, however
+        # often the call names it), after dropping the oldest entry not named in this call,
+        # and not at all when every entry was named. (Counting first and trimming after
+        # could drop the call's own keys: with a tracker smaller than a request, the
+        # prefix's head lost its count and only the tail was stored.)
+        protected = 0
         for key in keys:
-            counts[key] = counts.pop(key, 0) + 1
-        for _ in range(len(counts) - self.max_tracker_size):
-            counts.popitem(last=False)
+            if key in counts:
+                counts[key] += 1
+                counts.move_to_end(key)
+                protected += 1
+        if protected:
+            protected = len({k for k in keys if k in counts})  # once per distinct key
+        unprotected = len(counts) - protected
+        limit = self.max_tracker_size
+        for key in keys:
+            if key in counts:
+                continue
+            if len(counts) >= limit:
+                if not unprotected:
+                    continue
+                counts.popitem(last=False)
+                unprotected -= 1
+            counts[key] = 1
 
     def complete_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True

@@ -145,6 +145,20 @@ class BlockTier(ABC):
             TypeError: a key has no stable encoding (:func:`encode_key`).
         """
 
+    def check_keys(self, keys: Sequence[Key]) -> None:
+        """Raise if :meth:`write` would refuse one of ``keys`` (changes nothing).
+
+        A tier stack calls it before a host store whose victims may later be written here:
+        a key refused only at demotion time would be lost, and the error would surface far
+        from its cause. The default is the key-type rule of :func:`encode_key`; tiers with
+        more rules (the disk tier's key length) add them.
+
+        Raises:
+            TypeError: a key has no stable encoding (named).
+        """
+        for key in keys:
+            encode_key(key)
+
     @abstractmethod
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every accepted write is done (or failed); ``False`` on timeout."""

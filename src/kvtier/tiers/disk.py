@@ -49,7 +49,7 @@ from typing import Any
 
 import xxhash
 
-from kvtier.checks import key_list
+from kvtier.checks import key_list, unhashable_error
 from kvtier.manager import OffloadingManager
 from kvtier.policies import CachePolicy
 from kvtier.tiers.base import BlockTier, Key, TierStats, encode_key
@@ -355,11 +355,14 @@ class DiskTier(BlockTier):
         self._drain()
         keys = list(keys)
         out: list[bytes | None] = [None] * len(keys)
+        m = self.manager
+        try:  # validate first: an unhashable key changes nothing, counters included
+            ready = [i for i, k in enumerate(keys) if m.ref_count(k) is not None
+                     and m.ref_count(k) >= 0 and k not in self._bad]
+        except TypeError:
+            raise unhashable_error(keys, "DiskTier.read") from None
         st = self._stats
         st.reads += len(keys)
-        m = self.manager
-        ready = [i for i, k in enumerate(keys) if m.ref_count(k) is not None
-                 and m.ref_count(k) >= 0 and k not in self._bad]
         if not ready:
             return out
         ready_keys = [keys[i] for i in ready]
@@ -562,6 +565,15 @@ class DiskTier(BlockTier):
                 if new_keys:
                     m.complete_store(new_keys, success=success)
         st.used_blocks = len(m)
+
+    def check_keys(self, keys: Sequence[Key]) -> None:
+        """Raise if :meth:`write` would refuse one of ``keys``: no stable encoding
+        (``TypeError``) or an encoding longer than 216 bytes (``ValueError``). No I/O."""
+        for key in keys:
+            kb = encode_key(key)
+            if len(kb) > MAX_KEY_BYTES:
+                raise ValueError(f"block key {key!r} encodes to {len(kb)} bytes; a disk tier "
+                                 f"record holds at most {MAX_KEY_BYTES}")
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every accepted write is done (or failed) and collect them.
