@@ -68,6 +68,16 @@ def test_a_capacity_above_the_distinct_blocks_warns():
     assert json.loads(res.stdout)["results"][0]["evictions"] == 0
 
 
+def test_a_policy_or_capacity_named_twice_is_refused():
+    # newcomer finding: -p lru,lru replayed lru twice and printed two identical rows
+    for args in (("replay", "-p", "lru,arc", "-p", "lru", "-c", "100"),
+                 ("sweep", "-p", "lru,lru", "-c", "100"),
+                 ("replay", "-p", "lru", "-c", "100,200,100")):
+        res = run(*args)
+        assert res.exit_code == 1, args
+        assert "more than once" in res.stderr and ("lru" in res.stderr or "100" in res.stderr)
+
+
 def test_json_to_a_directory_or_an_unwritable_path_fails_before_the_run(tmp_path):
     res = run("replay", "--json", tmp_path)
     assert res.exit_code == 1 and f"--json {tmp_path}: is a directory" in res.stderr

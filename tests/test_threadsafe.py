@@ -119,6 +119,10 @@ def test_the_wrapper_forwards_the_public_api_and_hides_private_state():
         m.complete_load(["a"])
     with pytest.raises(TypeError, match="context manager"):
         ThreadSafeManager(OffloadingManager(4), lock=object())
+    # newcomer finding: a plain Lock deadlocked at the first call inside `with m.lock:`
+    with pytest.raises(TypeError, match="not re-entrant"):
+        ThreadSafeManager(OffloadingManager(4), lock=threading.Lock())
+    assert ThreadSafeManager(OffloadingManager(4), lock=threading.RLock()).prepare_store(["a"])
 
 
 def test_every_call_holds_the_lock():

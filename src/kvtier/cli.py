@@ -116,6 +116,9 @@ def _split(values: list[str] | None, default: list[str], option: str) -> list[st
         out.extend(v.strip() for v in value.split(",") if v.strip())
     if values and not out:
         raise _CliError(f"{option} was given but names nothing ({values!r})")
+    twice = sorted({v for v in out if out.count(v) > 1})
+    if twice:  # each would be replayed twice and printed as two rows
+        raise _CliError(f"{option} names {', '.join(twice)} more than once; give each once")
     return out
 
 

@@ -38,6 +38,9 @@ from kvtier.manager import OffloadingManager
 __all__ = ["ThreadSafeManager"]
 
 
+_PLAIN_LOCK = type(threading.Lock())
+
+
 class ThreadSafeManager:
     """Every public method of ``manager`` (an :class:`~kvtier.OffloadingManager` or anything
     with its interface) called under one lock.
@@ -45,8 +48,9 @@ class ThreadSafeManager:
     Args:
         manager: the manager to share. Do not keep calling it directly: calls that bypass the
             wrapper take no lock.
-        lock: the lock to use (default: a new ``threading.RLock``). It must be re-entrant when
-            callers hold it across several calls (``with m.lock: ...``).
+        lock: the lock to use (default: a new ``threading.RLock``). It must be re-entrant:
+            callers hold it across several calls (``with m.lock: ...``), and a plain
+            ``threading.Lock`` would deadlock there at the first call, so it is refused.
 
     Attributes:
         lock: the lock every call takes; hold it to make several calls atomic.
@@ -57,7 +61,8 @@ class ThreadSafeManager:
     state read without the lock is what this class exists to prevent.
 
     Raises:
-        TypeError: ``lock`` does not have ``__enter__``/``__exit__``.
+        TypeError: ``lock`` does not have ``__enter__``/``__exit__``, or is a plain
+            (non-re-entrant) ``threading.Lock``.
     """
 
     def __init__(self, manager: OffloadingManager, lock: Any = None) -> None:
@@ -65,6 +70,10 @@ class ThreadSafeManager:
             lock = threading.RLock()
         elif not (hasattr(lock, "__enter__") and hasattr(lock, "__exit__")):
             raise TypeError(f"lock must be a context manager (e.g. threading.RLock), got {lock!r}")
+        elif isinstance(lock, _PLAIN_LOCK):
+            raise TypeError(
+                "lock is a plain threading.Lock, which is not re-entrant: a call made inside "
+                "`with m.lock:` would deadlock; pass a threading.RLock (or omit lock)")
         if not all(callable(getattr(manager, m, None)) for m in ("lookup", "prepare_store",
                                                                  "complete_store", "stats")):
             raise TypeError(
