@@ -74,7 +74,7 @@ Not thread-safe: the manager calls it under whatever lock guards the manager.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from itertools import filterfalse, takewhile
 
@@ -206,10 +206,12 @@ class DuelingAdmission:
         self.shadow_hits_all = 0
         self.shadow_hits_second = 0
         self.generations = 0
-        self._busy = 0  # the tier's pending + pinned blocks at the last lookup
-        self._pending = 0  # ... of them pending stores
-        self._cap_a = self._cap_b = self.shadow_capacity
-        self._ins = [0.0, 0.0]  # running means of sampled blocks inserted per call: A, B
+        # requests in flight: the tier's store calls not known complete, [call, blocks]
+        # (FIFO), their blocks, the calls recorded, and the in-flight depth in calls
+        self._flight: deque = deque()
+        self._flight_blocks = 0
+        self._calls = 0
+        self._depth = 0.0
         # the last lookup's keys and how many of them lead that were seen before it (or -1)
         self._last: Sequence[Hashable] = ()
         self._last_run = -1
@@ -259,33 +261,32 @@ class DuelingAdmission:
             seen.update(keys)
         else:
             self._last_run = -1
+        self._calls += 1
+        if pending:
+            self._observe_depth(pending)
+        elif self._flight:
+            self._flight.clear()
+            self._flight_blocks = 0
         if sampled:
             self._duel(sampled)
-        else:
-            ins = self._ins
-            ins[0] -= ins[0] * _EMA_ALPHA
-            ins[1] -= ins[1] * _EMA_ALPHA
-        if busy != self._busy or pending != self._pending:
-            self._resize(busy, pending)
 
-    def _resize(self, busy: int, pending: int) -> None:
-        """Shadow capacities for ``busy`` blocks in flight in the tier, ``pending`` of them
-        pending stores: pinned loads (``busy - pending``) take the same room under either
-        rule; pending stores are scaled by each shadow's blocks inserted per call over those
-        of the rule the tier follows (running means over about 256 calls)."""
-        self._busy = busy
-        self._pending = pending
-        ins_a, ins_b = self._ins
-        current = ins_b if self.selective else ins_a
-        free = self.num_blocks - busy
-        if pending and current > 0:
-            pinned = busy - pending
-            free_a = self.num_blocks - pinned - pending * ins_a / current
-            free_b = self.num_blocks - pinned - pending * ins_b / current
-        else:
-            free_a = free_b = free
-        self._cap_a = max(1, round(self.rate * free_a))
-        self._cap_b = max(1, round(self.rate * free_b))
+    def _observe_depth(self, pending: int) -> None:
+        """The tier has ``pending`` blocks of stores in flight: drop the oldest store calls
+        that must have completed (stores complete oldest first) and take the age of the
+        oldest one left, in calls, as an observed in-flight depth. The depth used is a
+        decaying maximum of these (a call that stored nothing shows no age, so one
+        observation is only a lower bound); it falls by 1/256 per call."""
+        flight = self._flight
+        total = self._flight_blocks
+        while flight and total - flight[0][1] >= pending:
+            total -= flight.popleft()[1]
+        self._flight_blocks = total
+        depth = self._depth * (1 - _EMA_ALPHA)
+        if flight:
+            age = self._calls - flight[0][0]
+            if age > depth:
+                depth = age
+        self._depth = depth
 
     def _duel(self, sampled: list[int]) -> None:
         """Replay one lookup's sampled keys (their hashes, head to tail) through both
@@ -297,11 +298,21 @@ class DuelingAdmission:
         n = len(sampled)
         hits_a = len(list(takewhile(sa.__contains__, sampled)))
         hits_b = len(list(takewhile(sb.__contains__, sampled)))
+        depth = self._depth
+        if depth >= 1 or ma.held or mb.held:
+            # requests in flight: a key a shadow stored in the last `depth` calls is
+            # pending (not evictable, and a lookup stops there: the tier's HIT_PENDING)
+            oldest = self._calls - int(depth)
+            if ma.held:
+                ma.complete(oldest)
+                hits_a = _until_pending(sampled, hits_a, ma.held)
+            if mb.held:
+                mb.complete(oldest)
+                hits_b = _until_pending(sampled, hits_b, mb.held)
         self.sampled_refs += n
         self.shadow_hits_all += hits_a
         self.shadow_hits_second += hits_b
         sseen = self._sseen
-        ins = self._ins
         if hits_a == n and hits_b == n:
             # the usual sampled lookup (a shared head): every key hits in both shadows, no
             # store, no disagreement
@@ -309,8 +320,6 @@ class DuelingAdmission:
                 ma.touch(sampled)
                 mb.touch(sampled)
             sseen.update(sampled)
-            ins[0] -= ins[0] * _EMA_ALPHA
-            ins[1] -= ins[1] * _EMA_ALPHA
             self.psel -= self.psel * n * self._decay
             return
         if len(sseen) >= self.sample_window:
@@ -324,10 +333,10 @@ class DuelingAdmission:
             else:
                 break
         sseen.update(sampled)
-        inserted_a = ma.access(sampled, n, self._cap_a)
-        inserted_b = mb.access(sampled, run, self._cap_b)
-        ins[0] += (inserted_a - ins[0]) * _EMA_ALPHA
-        ins[1] += (inserted_b - ins[1]) * _EMA_ALPHA
+        call = self._calls if depth >= 1 else 0  # stores stay pending while calls are
+        cap = self.shadow_capacity
+        ma.access(sampled, n, cap, call)
+        mb.access(sampled, run, cap, call)
         psel = self.psel
         psel += hits_b - hits_a - psel * n * self._decay
         self.psel = psel
@@ -351,7 +360,16 @@ class DuelingAdmission:
         """
         n = len(new_keys)
         if not self.selective and (room is None or n <= room):
+            self._flight.append((self._calls, n))
+            self._flight_blocks += n
             return n
+        count = self._admit_selective(new_keys, n)
+        if count:
+            self._flight.append((self._calls, count))
+            self._flight_blocks += count
+        return count
+
+    def _admit_selective(self, new_keys: Sequence[Hashable], n: int) -> int:
         last = self._last
         run = self._last_run
         offset = len(last) - n
@@ -386,7 +404,7 @@ class DuelingAdmission:
             "stride": self.stride,
             "modulus": self.modulus,
             "shadow_capacity": self.shadow_capacity,
-            "shadow_capacity_now": (self._cap_a, self._cap_b),
+            "inflight_depth": self._depth,
             "window": self.window,
             "generations": self.generations,
             "state_keys": self.state_size(),
@@ -404,8 +422,8 @@ class DuelingAdmission:
             "last": (list(self._last), self._last_run),
             "counters": (self.psel, self.selective, self.switches, self.sampled_refs,
                          self.shadow_hits_all, self.shadow_hits_second, self.generations,
-                         self._busy, self._pending, self._cap_a, self._cap_b,
-                         tuple(self._ins)),
+                         self._calls, self._depth, tuple(self._flight)),
+            "pending": (dict(self._mini_a.held), dict(self._mini_b.held)),
         }
 
 
@@ -441,23 +459,28 @@ class _Mini:
     Saemundsson, Ahmad, Park, "Cache Modeling and Optimization using Miniature Simulations",
     USENIX ATC 2017): the policy's own class at the shadow's size, driven by the manager's
     public hooks in the manager's order (touch the looked-up keys, evict for room, insert
-    and mark evictable the admitted ones, on_store)."""
+    the admitted ones, on_store; mark them evictable when their store completes)."""
 
-    __slots__ = ("insert", "keys", "on_store", "policy", "touch")
+    __slots__ = ("fifo", "held", "insert", "keys", "on_store", "policy", "touch")
 
     def __init__(self, policy_cls: type, capacity: int) -> None:
         from kvtier.policies import CachePolicy  # noqa: PLC0415 (import cycle)
 
         self.policy = pol = policy_cls(capacity)
         self.keys: set[int] = set()  # the resident sampled keys
+        self.held: dict[int, int] = {}  # pending keys (stores in flight) -> their call
+        self.fifo: deque = deque()  # (call, keys) of the stores in flight, oldest first
         cls = type(pol)
         self.touch = pol.touch if cls.touch is not CachePolicy.touch else None
         self.insert = pol.insert if cls.insert is not CachePolicy.insert else None
         self.on_store = pol.on_store if cls.on_store is not CachePolicy.on_store else None
 
-    def access(self, sampled: list[int], upto: int, cap: int) -> int:
+    def access(self, sampled: list[int], upto: int, cap: int, call: int = 0) -> int:
         """One lookup of ``sampled`` (head to tail) that stores the missing keys among the
-        first ``upto``, at most ``cap`` keys resident; returns the keys stored."""
+        first ``upto``, at most ``cap`` keys resident; returns the keys stored. ``call`` > 0:
+        the stored keys stay pending (not evictable) until :meth:`complete` passes ``call``,
+        and when too few keys are evictable the store fails as a whole (the tier's atomic
+        ``prepare_store``); else they are evictable at once."""
         keys = self.keys
         if self.touch is not None:
             self.touch(sampled)
@@ -465,21 +488,51 @@ class _Mini:
         new = list(dict.fromkeys(h for h in sampled[:upto] if h not in keys))
         over = len(keys) + len(new) - cap
         if over > 0:
-            over = min(over, len(keys))
-            if over:
+            if call:
                 victims = self.policy.evict(over)
-                if victims:
-                    keys.difference_update(victims)
-            if len(keys) + len(new) > cap:
-                new = new[: max(0, cap - len(keys))]
+                if victims is None:
+                    return 0
+                keys.difference_update(victims)
+            else:
+                over = min(over, len(keys))
+                if over:
+                    victims = self.policy.evict(over)
+                    if victims:
+                        keys.difference_update(victims)
+                if len(keys) + len(new) > cap:
+                    new = new[: max(0, cap - len(keys))]
         if new:
             if self.insert is not None:
                 self.insert(new)
-            self.policy.mark_evictable(new)
             keys.update(new)
+            if call:
+                self.fifo.append((call, new))
+                held = self.held
+                for h in new:
+                    held[h] = call
+            else:
+                self.policy.mark_evictable(new)
             if self.on_store is not None:
                 self.on_store(new)
         return len(new)
+
+    def complete(self, oldest: int) -> None:
+        """The stores of calls before ``oldest`` completed: their keys become evictable."""
+        fifo = self.fifo
+        held = self.held
+        while fifo and fifo[0][0] < oldest:
+            done = fifo.popleft()[1]
+            for h in done:
+                del held[h]
+            self.policy.mark_evictable(done)
+
+
+def _until_pending(sampled: list[int], hits: int, held: dict) -> int:
+    """The leading hits of ``sampled`` up to its first pending key."""
+    for i in range(hits):
+        if sampled[i] in held:
+            return i
+    return hits
 
 
 def _lru_class() -> type:
@@ -493,10 +546,12 @@ class _LRUMini:
     ``OrderedDict`` without the policy's method calls (tested equal). Speed trick on the
     duel's hot path: LRU 16,000 blocks, docs/performance.md "Adaptive admission"."""
 
-    __slots__ = ("keys", "policy")
+    __slots__ = ("fifo", "held", "keys", "policy")
 
     def __init__(self, policy_cls: type, capacity: int) -> None:
         self.keys: OrderedDict[int, None] = OrderedDict()  # least recent first
+        self.held: dict[int, int] = {}
+        self.fifo: deque = deque()
         self.policy = self  # snapshot() reads policy.snapshot()
 
     def snapshot(self) -> dict:
@@ -508,7 +563,7 @@ class _LRUMini:
             if h in order:
                 order.move_to_end(h)
 
-    def access(self, sampled: list[int], upto: int, cap: int) -> int:
+    def access(self, sampled: list[int], upto: int, cap: int, call: int = 0) -> int:
         order = self.keys
         for h in reversed(sampled):
             if h in order:
@@ -516,10 +571,37 @@ class _LRUMini:
         new = [h for h in sampled[:upto] if h not in order]
         over = len(order) + len(new) - cap
         if over > 0:
-            for _ in range(min(over, len(order))):
-                order.popitem(False)
-            if len(order) + len(new) > cap:
-                new = new[: max(0, cap - len(order))]
+            held = self.held
+            if held:
+                if len(order) - len(held) < over:
+                    return 0  # too few evictable keys: the store fails as a whole
+                victims = []
+                for h in order:  # least recent first, past the pending keys
+                    if h not in held:
+                        victims.append(h)
+                        if len(victims) == over:
+                            break
+                for h in victims:
+                    del order[h]
+            elif call and len(order) < over:
+                return 0
+            else:
+                for _ in range(min(over, len(order))):
+                    order.popitem(False)
+                if len(order) + len(new) > cap:
+                    new = new[: max(0, cap - len(order))]
         for h in reversed(new):
             order[h] = None
+        if call and new:
+            self.fifo.append((call, new))
+            held = self.held
+            for h in new:
+                held[h] = call
         return len(new)
+
+    def complete(self, oldest: int) -> None:
+        fifo = self.fifo
+        held = self.held
+        while fifo and fifo[0][0] < oldest:
+            for h in fifo.popleft()[1]:
+                del held[h]
