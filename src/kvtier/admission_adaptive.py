@@ -125,6 +125,11 @@ hits per sampled reference (PSEL below ``-KEEP_LEAD * HORIZON * shadow_capacity`
 every looked-up block is stored anyway, and PSEL passes back above this line, where the
 doorkeeper is kept again, before it reaches 0 and second sight needs it."""
 
+SWITCH_Z = 2.0
+"""Hysteresis of the tier's choice, in standard errors of PSEL: the tier changes rule when
+PSEL shows the other rule ahead by more than this many standard errors of PSEL under equal
+rules (see :meth:`DuelingAdmission._decide`)."""
+
 _EMA_CALLS = 256
 _EMA_ALPHA = 1 / _EMA_CALLS  # weight of one call in the running means of blocks inserted
 
@@ -160,6 +165,7 @@ class DuelingAdmission:
         min_rate: float = MIN_RATE,
         horizon: int = HORIZON,
         shadow_policy: type | None = None,
+        switch_z: float = SWITCH_Z,
     ) -> None:
         for arg, value in (("num_blocks", num_blocks), ("window_factor", window_factor),
                            ("shadow_blocks", shadow_blocks), ("horizon", horizon)):
@@ -180,6 +186,7 @@ class DuelingAdmission:
         self.shadow_capacity = max(1, round(self.rate * num_blocks))
         self.sample_window = max(1, round(self.rate * self.window))
         self.horizon = horizon
+        self._z = switch_z
         self._decay = 1 / (horizon * self.shadow_capacity)  # PSEL's decay per sampled ref
         self._keep_above = -KEEP_LEAD / self._decay  # the doorkeeper is kept while PSEL > this
         if shadow_policy is None or getattr(shadow_policy, "needs_future", False):
@@ -200,6 +207,11 @@ class DuelingAdmission:
         self._mini_b = mini(self.shadow_policy, self.shadow_capacity)  # second sight
         # PSEL >= 0: second sight (a tie refuses: a block no shadow hits is a wasted write)
         self.psel = 0.0
+        self._s2 = 0.0  # decayed sum of squared disagreements (PSEL's noise)
+        self._ha = 0.0  # decayed hits of the admit-all shadow
+        self._filling = True  # until the shadows are full, both store every miss
+        self._kept = True  # the tier's doorkeeper was kept up at the last lookup
+        self._warm = True  # ... and holds a whole generation (or every sight so far)
         self.selective = True  # the tier's current choice: True second sight, False admit-all
         self.switches = 0
         self.sampled_refs = 0
@@ -241,14 +253,24 @@ class DuelingAdmission:
         # may not fit (see admit); not kept up while admit-all leads by more than half of
         # PSEL's range, since then it stores every looked-up block and is unlikely to lose
         # its lead soon (LRU 16,000 blocks: -290 instructions per block ref)
-        if self.psel > self._keep_above or 2 * len(keys) > self.num_blocks - busy:
+        keep = self.selective or self.psel > self._keep_above
+        if keep or 2 * len(keys) > self.num_blocks - busy:
             if stride > 1:
                 hash(tuple(keys))  # hashes the keys the sample skipped: validate first
+            if keep and not self._kept:
+                # kept again after a pause: what it holds is stale, and until it has one
+                # whole generation of sights second sight would refuse reused blocks
+                self._seen_old = set()
+                self._seen = set()
+                self._warm = False
             seen = self._seen
             if len(seen) >= self.window:  # a new generation: the oldest sights are forgotten
                 self._seen_old = seen
                 self._seen = seen = set()
                 self.generations += 1
+                if not self._warm:
+                    self._warm = True
+                    self._decide()
             run = len(list(takewhile(seen.__contains__, keys)))
             old = self._seen_old
             n = len(keys)
@@ -261,6 +283,7 @@ class DuelingAdmission:
             seen.update(keys)
         else:
             self._last_run = -1
+        self._kept = keep
         self._calls += 1
         if pending:
             self._observe_depth(pending)
@@ -320,7 +343,12 @@ class DuelingAdmission:
                 ma.touch(sampled)
                 mb.touch(sampled)
             sseen.update(sampled)
-            self.psel -= self.psel * n * self._decay
+            keep = 1 - n * self._decay
+            self.psel *= keep
+            self._s2 *= keep
+            self._ha = self._ha * keep + n
+            if self.selective:  # hits only: the choice can only turn to admit-all
+                self._decide()
             return
         if len(sseen) >= self.sample_window:
             self._sseen_old = sseen
@@ -336,11 +364,40 @@ class DuelingAdmission:
         call = self._calls if depth >= 1 else 0  # stores stay pending while calls are
         cap = self.shadow_capacity
         ma.access(sampled, n, cap, call)
-        mb.access(sampled, run, cap, call)
-        psel = self.psel
-        psel += hits_b - hits_a - psel * n * self._decay
-        self.psel = psel
-        selective = psel >= 0
+        if self._filling:  # both shadows store every miss until full: the tier's fill
+            mb.access(sampled, n, cap, call)
+            if len(sb) >= cap:
+                self._filling = False
+        else:
+            mb.access(sampled, run, cap, call)
+        keep = 1 - n * self._decay
+        d = hits_b - hits_a
+        self.psel = self.psel * keep + d
+        self._s2 = self._s2 * keep + d * d
+        self._ha = self._ha * keep + hits_a
+        self._decide()
+
+    def _decide(self) -> None:
+        """The tier's rule from the duel: second sight while the admit-all shadow had
+        less than one hit in PSEL's horizon (storing first sights would gain nothing);
+        admit-all during the fill and while the tier's doorkeeper is not warm (see
+        :meth:`record`); then the current rule until PSEL shows the other one ahead by more
+        than :data:`SWITCH_Z` standard errors."""
+        if self._ha < 1:
+            selective = True
+        elif self._filling or not self._warm:
+            selective = False
+        else:
+            # PSEL's standard error when the rules are equal: sqrt(sum of d^2 w^2), which
+            # is about sqrt(s2 / 2) for s2 = sum of d^2 w (weights w decaying as PSEL's)
+            bar = self._z * (self._s2 * 0.5) ** 0.5
+            psel = self.psel
+            selective = self.selective
+            if selective:
+                if psel < -bar:
+                    selective = False
+            elif psel > bar:
+                selective = True
         if selective is not self.selective:
             self.selective = selective
             self.switches += 1
@@ -396,6 +453,8 @@ class DuelingAdmission:
         return {
             "mode": "second-sight" if self.selective else "admit-all",
             "psel": self.psel,
+            "psel_stderr": (self._s2 * 0.5) ** 0.5,
+            "filling": self._filling,
             "switches": self.switches,
             "sampled_refs": self.sampled_refs,
             "shadow_hits_all": self.shadow_hits_all,
@@ -420,7 +479,8 @@ class DuelingAdmission:
             "shadow_all": self._mini_a.policy.snapshot(),
             "shadow_second": self._mini_b.policy.snapshot(),
             "last": (list(self._last), self._last_run),
-            "counters": (self.psel, self.selective, self.switches, self.sampled_refs,
+            "counters": (self.psel, self._s2, self._ha, self._filling, self._kept, self._warm,
+                         self.selective, self.switches, self.sampled_refs,
                          self.shadow_hits_all, self.shadow_hits_second, self.generations,
                          self._calls, self._depth, tuple(self._flight)),
             "pending": (dict(self._mini_a.held), dict(self._mini_b.held)),
