@@ -338,5 +338,4 @@ def test_reuse_while_the_store_is_in_flight_is_not_a_hit_in_the_shadows():
     # only the first repeat hits in the shadows (both store every miss in their fill): no
     # store was seen in flight yet
     assert a.shadow_hits_all <= 8 and a.shadow_hits_second <= 8
-    assert a.info()["mode"] == "second-sight"
-    assert res.refused_blocks > 10 * res.stored_blocks
+    assert a.info()["mode"] == "second-sight"  # no hits for admit-all: nothing to gain
