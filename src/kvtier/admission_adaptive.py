@@ -76,7 +76,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
-from itertools import filterfalse, takewhile
+from itertools import takewhile
 
 __all__ = [
     "ADMISSION_MODES",
@@ -202,7 +202,8 @@ class DuelingAdmission:
         self._seen_old: set[Hashable] = set()  # ... and in the previous one
         self._sseen: set[int] = set()  # the same for sampled keys (by hash)
         self._sseen_old: set[int] = set()
-        mini = _LRUMini if self.shadow_policy is _lru_class() else _Mini
+        self._lru_minis = self.shadow_policy is _lru_class()
+        mini = _LRUMini if self._lru_minis else _Mini
         self._mini_a = mini(self.shadow_policy, self.shadow_capacity)  # admit-all
         self._mini_b = mini(self.shadow_policy, self.shadow_capacity)  # second sight
         # PSEL >= 0: second sight (a tie refuses: a block no shadow hits is a wasted write)
@@ -224,6 +225,7 @@ class DuelingAdmission:
         self._flight_blocks = 0
         self._calls = 0
         self._depth = 0.0
+        self._inflight = False  # depth >= 1 or a shadow holds pending keys
         # the last lookup's keys and how many of them lead that were seen before it (or -1)
         self._last: Sequence[Hashable] = ()
         self._last_run = -1
@@ -247,8 +249,8 @@ class DuelingAdmission:
         picked = keys[::stride] if stride > 1 else keys
         if modulus == 1:
             sampled = list(map(hash, picked))
-        else:
-            sampled = list(filterfalse(modulus.__rmod__, map(hash, picked)))
+        else:  # (a comprehension: -1,300 instructions a call against filterfalse)
+            sampled = [h for h in map(hash, picked) if not h % modulus]
         # the real tier's doorkeeper: needed by second sight, and by admit-all when the call
         # may not fit (see admit); not kept up while admit-all leads by more than half of
         # PSEL's range, since then it stores every looked-up block and is unlikely to lose
@@ -310,6 +312,8 @@ class DuelingAdmission:
             if age > depth:
                 depth = age
         self._depth = depth
+        if depth >= 1:
+            self._inflight = True
 
     def _duel(self, sampled: list[int]) -> None:
         """Replay one lookup's sampled keys (their hashes, head to tail) through both
@@ -319,10 +323,31 @@ class DuelingAdmission:
         sa = ma.keys
         sb = mb.keys
         n = len(sampled)
+        if n == 1 and self._lru_minis and not self._inflight:
+            h = sampled[0]
+            if h in sa and h in sb:
+                # the usual sampled lookup (a shared head, one sampled key) that hits in both
+                # LRU shadows: the steps of the general path below, inlined (LRU 16,000
+                # blocks: this path is about half of all sampled lookups)
+                sa.move_to_end(h)
+                sb.move_to_end(h)
+                self._sseen.add(h)
+                self.sampled_refs += 1
+                self.shadow_hits_all += 1
+                self.shadow_hits_second += 1
+                keep = 1 - self._decay
+                self.psel *= keep
+                self._s2 *= keep
+                self._ha = self._ha * keep + 1
+                if self.selective:
+                    self._decide()
+                return
         hits_a = len(list(takewhile(sa.__contains__, sampled)))
         hits_b = len(list(takewhile(sb.__contains__, sampled)))
         depth = self._depth
-        if depth >= 1 or ma.held or mb.held:
+        if self._inflight and not (depth >= 1 or ma.held or mb.held):
+            self._inflight = False
+        if self._inflight:
             # requests in flight: a key a shadow stored in the last `depth` calls is
             # pending (not evictable, and a lookup stops there: the tier's HIT_PENDING)
             oldest = self._calls - int(depth)
@@ -372,10 +397,21 @@ class DuelingAdmission:
             mb.access(sampled, run, cap, call)
         keep = 1 - n * self._decay
         d = hits_b - hits_a
-        self.psel = self.psel * keep + d
-        self._s2 = self._s2 * keep + d * d
-        self._ha = self._ha * keep + hits_a
-        self._decide()
+        self.psel = psel = self.psel * keep + d
+        self._s2 = s2 = self._s2 * keep + d * d
+        self._ha = ha = self._ha * keep + hits_a
+        if ha >= 1 and not self._filling and self._warm:
+            # _decide's last case, inlined (the usual one)
+            bar = self._z * (s2 * 0.5) ** 0.5
+            if self.selective:
+                if psel < -bar:
+                    self.selective = False
+                    self.switches += 1
+            elif psel > bar:
+                self.selective = True
+                self.switches += 1
+        else:
+            self._decide()
 
     def _decide(self) -> None:
         """The tier's rule from the duel: second sight while the admit-all shadow had
