@@ -323,14 +323,18 @@ class DuelingAdmission:
         sa = ma.keys
         sb = mb.keys
         n = len(sampled)
-        if n == 1 and self._lru_minis and not self._inflight:
+        if n == 1 and not self._inflight:
             h = sampled[0]
             if h in sa and h in sb:
                 # the usual sampled lookup (a shared head, one sampled key) that hits in both
-                # LRU shadows: the steps of the general path below, inlined (LRU 16,000
+                # shadows: the steps of the general path below, inlined (LRU 16,000
                 # blocks: this path is about half of all sampled lookups)
-                sa.move_to_end(h)
-                sb.move_to_end(h)
+                if self._lru_minis:
+                    sa.move_to_end(h)
+                    sb.move_to_end(h)
+                elif ma.touch is not None:
+                    ma.touch(sampled)
+                    mb.touch(sampled)
                 self._sseen.add(h)
                 self.sampled_refs += 1
                 self.shadow_hits_all += 1
@@ -580,8 +584,10 @@ class _Mini:
         keys = self.keys
         if self.touch is not None:
             self.touch(sampled)
-        # each key once, as the manager passes them (the hooks' key-order rule)
-        new = list(dict.fromkeys(h for h in sampled[:upto] if h not in keys))
+        new = [h for h in sampled[:upto] if h not in keys]
+        if len(new) > 1 and len(set(new)) < len(new):
+            # each key once, as the manager passes them (the hooks' key-order rule)
+            new = list(dict.fromkeys(new))
         over = len(keys) + len(new) - cap
         if over > 0:
             if call:
