@@ -20,9 +20,21 @@ when it was looked up before *and* so were the sampled keys before it in the cal
 (prefix-closed, as the real tier). Each sampled lookup adds the shadows' difference of hits
 to PSEL, and PSEL decays by ``1 / (HORIZON * shadow_capacity)`` per sampled reference: it
 is a running sum over about the last :data:`HORIZON` shadow turnovers, so evidence from an
-earlier phase (e.g. the first fill, where admit-all wins) is forgotten at that pace. Ties go
-to second sight (PSEL starts at 0, second sight while PSEL >= 0): when neither shadow hits,
-as on traffic that is never reused, storing is only wasted writes.
+earlier phase is forgotten at that pace.
+
+**The choice** (:meth:`DuelingAdmission._decide`). *Fill:* until the shadows are full both
+store every miss (a free slot costs nothing, so the tier stores every block then too), so
+PSEL does not pile up the lead admit-all always has while a cache fills, which says nothing
+about the steady state (a cold-start bias, as cache simulations drop their warm-up).
+*No hits:* while the admit-all shadow had less than one hit in PSEL's horizon, second sight
+(storing would be only wasted writes, e.g. traffic that is never reused). *Otherwise* the
+tier keeps its rule until PSEL shows the other one ahead by more than :data:`SWITCH_Z`
+standard errors of PSEL under equal rules (``sqrt(s2 / 2)``, ``s2`` the decayed sum of
+squared disagreements), a two-sided test at about 95 %: where the two rules are close, a
+switch on noise costs a tier turnover of the wrong contents (docs/policies.md: 105
+switches and -0.26 points on one synthetic mix without it). Second sight also needs the
+tier's doorkeeper to hold one whole generation (it is not kept up while admit-all leads
+clearly, see below).
 
 **The sample.** Keys are prefix block hashes (a key names its whole prefix), so a key always
 sits at the same depth in a request; a key is sampled when its depth is a multiple of
@@ -42,24 +54,32 @@ then every looked-up block is stored anyway. The shadows have their own doorkeep
 sampled keys, with generations of ``rate * WINDOW_FACTOR * num_blocks`` sampled keys (the
 same span of time).
 
-**Requests in flight.** Pending stores and pinned loads (``busy`` blocks, ``pending`` of them
-stores, passed by the manager at each lookup) leave less room for cached blocks. Pinned loads
-shrink both shadows alike; pending stores shrink each shadow by ``pending`` scaled by its own
-blocks stored per call over those of the rule the tier follows. And when a call's admitted
-blocks cannot fit at all (the whole store would fail), admit-all falls back to the
+**Requests in flight.** A block whose store is in flight is not readable (HIT_PENDING, a
+miss, and the lookup stops there) and not evictable. The shadows model both: a key a shadow
+stores stays pending for the tier's in-flight depth ``D`` in calls, and a shadow's store
+fails as a whole when too few of its keys are evictable (the tier's atomic
+``prepare_store``). ``D`` is estimated from the ``pending`` count the manager passes at each
+lookup: the store calls :meth:`admit` answered form a FIFO (stores complete oldest first);
+the oldest calls whose blocks exceed ``pending`` have completed, and the age of the oldest
+left is one observation of ``D``; ``D`` is their maximum, decaying by 1/256 per call (a call
+that stored nothing shows no age, so one observation is only a lower bound). Pinned loads
+are not modelled (they are the blocks just read, the most recent ones). When a call's
+admitted blocks cannot fit at all (the whole store would fail), admit-all falls back to the
 second-sight answer for that call.
 
 The shadows run the tier's policy class through its public hooks (touch the looked-up
 keys, evict for room, insert and mark evictable the admitted ones, on_store), so the module
 composes with every registered policy; an offline policy (``needs_future``) is shadowed by
 LRU. They count hits per key (a sampled key hits when it and the sampled keys before it in
-the call are in the shadow), not the tier's exact prefix hits, and a key stored in a shadow
-is readable at once (the tier's HIT_PENDING is not modelled).
+the call are in the shadow and not pending), not the tier's exact prefix hits.
 
 State (independent of the trace's length): the doorkeepers hold at most ``2 * (G + L)`` keys
 (``G = WINDOW_FACTOR * num_blocks``, ``L`` the longest call) and ``2 * (rate * G + L)``
 sampled keys, the shadows at most ``2 * ceil(rate * num_blocks)`` keys plus their policies'
-ghost state (bounded by their capacity), plus a few counters. Time per key looked up: a slice
+ghost state (bounded by their capacity) and their pending keys (at most their capacity),
+the FIFO of store calls in flight at most ``num_blocks + L`` entries (after each lookup its
+blocks but the oldest entry's are fewer than the tier's pending blocks), plus a few
+counters. Time per key looked up: a slice
 and a hash for ``1 / stride`` of the keys, and two shadow policy updates for a sampled key; while second sight is chosen, also one hash, one set insertion and
 one or two set lookups per key (the leading run of keys seen before); the end of a generation
 drops one set of ``G`` keys (O(1) amortized per key). :meth:`admit` is O(1) per key of its call.
@@ -122,16 +142,20 @@ before, as a saturating counter does not (see docs/policies.md, "versions tried"
 KEEP_LEAD = 0.005
 """The tier's doorkeeper is not kept up while admit-all leads by more than this many shadow
 hits per sampled reference (PSEL below ``-KEEP_LEAD * HORIZON * shadow_capacity``): then
-every looked-up block is stored anyway, and PSEL passes back above this line, where the
-doorkeeper is kept again, before it reaches 0 and second sight needs it."""
+every looked-up block is stored anyway. It is kept again (emptied first: what it held is
+stale) when PSEL passes back above this line or second sight is chosen, and second sight
+waits until it holds one whole generation (without that wait, `multi-turn` 1 % W=0 lost
+1.4 points: docs/policies.md)."""
 
 SWITCH_Z = 2.0
 """Hysteresis of the tier's choice, in standard errors of PSEL: the tier changes rule when
 PSEL shows the other rule ahead by more than this many standard errors of PSEL under equal
-rules (see :meth:`DuelingAdmission._decide`)."""
+rules (see :meth:`DuelingAdmission._decide`). 2 is the usual two-sided 95 % level; on the
+72 cells of docs/policies.md's grid, z = 0 / 1 / 2 / 3 left 2 / 6 / 1 / 1 cells more than
+0.2 points below the better static rule (mean margins +0.065 / +0.070 / +0.095 / +0.089)."""
 
 _EMA_CALLS = 256
-_EMA_ALPHA = 1 / _EMA_CALLS  # weight of one call in the running means of blocks inserted
+_EMA_ALPHA = 1 / _EMA_CALLS  # the in-flight depth estimate's decay per call
 
 
 class DuelingAdmission:
