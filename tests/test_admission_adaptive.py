@@ -339,3 +339,23 @@ def test_reuse_while_the_store_is_in_flight_is_not_a_hit_in_the_shadows():
     # store was seen in flight yet
     assert a.shadow_hits_all <= 8 and a.shadow_hits_second <= 8
     assert a.info()["mode"] == "second-sight"  # no hits for admit-all: nothing to gain
+
+
+def test_second_sight_waits_for_a_whole_doorkeeper_generation():
+    # admit-all led clearly (the tier's doorkeeper was not kept up); now PSEL favours second
+    # sight: the doorkeeper is emptied and kept again, and second sight waits until it holds
+    # one whole generation (else it would refuse every reused block it has not seen since)
+    a = DuelingAdmission(64)
+    a._filling, a._kept, a._warm, a.selective = False, False, True, False
+    a.psel, a._s2, a._ha = 50.0, 1.0, 10.0
+    a._seen.update(range(10**6, 10**6 + 100))  # stale sights
+    fresh = iter(range(10**7))
+    keys = [next(fresh) for _ in range(8)]
+    a.record(keys)
+    assert a.info()["mode"] == "admit-all" and not a._warm
+    assert a._seen == set(keys) and not a._seen_old
+    while not a._warm:
+        a.record([next(fresh) for _ in range(8)])
+        assert a.info()["mode"] == "admit-all" or a._warm
+    assert len(a._seen_old) >= a.window  # a whole generation
+    assert a.info()["mode"] == "second-sight"  # PSEL (decayed) still > 2 standard errors
