@@ -230,7 +230,7 @@ class DuelingAdmission:
         mini = _LRUMini if self._lru_minis else _Mini
         self._mini_a = mini(self.shadow_policy, self.shadow_capacity)  # admit-all
         self._mini_b = mini(self.shadow_policy, self.shadow_capacity)  # second sight
-        # PSEL >= 0: second sight (a tie refuses: a block no shadow hits is a wasted write)
+        # PSEL: the duel's evidence for second sight (see _decide for how it picks the rule)
         self.psel = 0.0
         self._s2 = 0.0  # decayed sum of squared disagreements (PSEL's noise)
         self._ha = 0.0  # decayed hits of the admit-all shadow
