@@ -20,9 +20,21 @@ when it was looked up before *and* so were the sampled keys before it in the cal
 (prefix-closed, as the real tier). Each sampled lookup adds the shadows' difference of hits
 to PSEL, and PSEL decays by ``1 / (HORIZON * shadow_capacity)`` per sampled reference: it
 is a running sum over about the last :data:`HORIZON` shadow turnovers, so evidence from an
-earlier phase (e.g. the first fill, where admit-all wins) is forgotten at that pace. Ties go
-to second sight (PSEL starts at 0, second sight while PSEL >= 0): when neither shadow hits,
-as on traffic that is never reused, storing is only wasted writes.
+earlier phase is forgotten at that pace.
+
+**The choice** (:meth:`DuelingAdmission._decide`). *Fill:* until the shadows are full both
+store every miss (a free slot costs nothing, so the tier stores every block then too), so
+PSEL does not pile up the lead admit-all always has while a cache fills, which says nothing
+about the steady state (a cold-start bias, as cache simulations drop their warm-up).
+*No hits:* while the admit-all shadow had less than one hit in PSEL's horizon, second sight
+(storing would be only wasted writes, e.g. traffic that is never reused). *Otherwise* the
+tier keeps its rule until PSEL shows the other one ahead by more than :data:`SWITCH_Z`
+standard errors of PSEL under equal rules (``sqrt(s2 / 2)``, ``s2`` the decayed sum of
+squared disagreements), a two-sided test at about 95 %: where the two rules are close, a
+switch on noise costs a tier turnover of the wrong contents (docs/policies.md: 105
+switches and -0.26 points on one synthetic mix without it). Second sight also needs the
+tier's doorkeeper to hold one whole generation (it is not kept up while admit-all leads
+clearly, see below).
 
 **The sample.** Keys are prefix block hashes (a key names its whole prefix), so a key always
 sits at the same depth in a request; a key is sampled when its depth is a multiple of
@@ -42,24 +54,32 @@ then every looked-up block is stored anyway. The shadows have their own doorkeep
 sampled keys, with generations of ``rate * WINDOW_FACTOR * num_blocks`` sampled keys (the
 same span of time).
 
-**Requests in flight.** Pending stores and pinned loads (``busy`` blocks, ``pending`` of them
-stores, passed by the manager at each lookup) leave less room for cached blocks. Pinned loads
-shrink both shadows alike; pending stores shrink each shadow by ``pending`` scaled by its own
-blocks stored per call over those of the rule the tier follows. And when a call's admitted
-blocks cannot fit at all (the whole store would fail), admit-all falls back to the
+**Requests in flight.** A block whose store is in flight is not readable (HIT_PENDING, a
+miss, and the lookup stops there) and not evictable. The shadows model both: a key a shadow
+stores stays pending for the tier's in-flight depth ``D`` in calls, and a shadow's store
+fails as a whole when too few of its keys are evictable (the tier's atomic
+``prepare_store``). ``D`` is estimated from the ``pending`` count the manager passes at each
+lookup: the store calls :meth:`admit` answered form a FIFO (stores complete oldest first);
+the oldest calls whose blocks exceed ``pending`` have completed, and the age of the oldest
+left is one observation of ``D``; ``D`` is their maximum, decaying by 1/256 per call (a call
+that stored nothing shows no age, so one observation is only a lower bound). Pinned loads
+are not modelled (they are the blocks just read, the most recent ones). When a call's
+admitted blocks cannot fit at all (the whole store would fail), admit-all falls back to the
 second-sight answer for that call.
 
 The shadows run the tier's policy class through its public hooks (touch the looked-up
 keys, evict for room, insert and mark evictable the admitted ones, on_store), so the module
 composes with every registered policy; an offline policy (``needs_future``) is shadowed by
 LRU. They count hits per key (a sampled key hits when it and the sampled keys before it in
-the call are in the shadow), not the tier's exact prefix hits, and a key stored in a shadow
-is readable at once (the tier's HIT_PENDING is not modelled).
+the call are in the shadow and not pending), not the tier's exact prefix hits.
 
 State (independent of the trace's length): the doorkeepers hold at most ``2 * (G + L)`` keys
 (``G = WINDOW_FACTOR * num_blocks``, ``L`` the longest call) and ``2 * (rate * G + L)``
 sampled keys, the shadows at most ``2 * ceil(rate * num_blocks)`` keys plus their policies'
-ghost state (bounded by their capacity), plus a few counters. Time per key looked up: a slice
+ghost state (bounded by their capacity) and their pending keys (at most their capacity),
+the FIFO of store calls in flight at most ``num_blocks + L`` entries (after each lookup its
+blocks but the oldest entry's are fewer than the tier's pending blocks), plus a few
+counters. Time per key looked up: a slice
 and a hash for ``1 / stride`` of the keys, and two shadow policy updates for a sampled key; while second sight is chosen, also one hash, one set insertion and
 one or two set lookups per key (the leading run of keys seen before); the end of a generation
 drops one set of ``G`` keys (O(1) amortized per key). :meth:`admit` is O(1) per key of its call.
@@ -74,9 +94,9 @@ Not thread-safe: the manager calls it under whatever lock guards the manager.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
-from itertools import filterfalse, takewhile
+from itertools import takewhile
 
 __all__ = [
     "ADMISSION_MODES",
@@ -122,11 +142,20 @@ before, as a saturating counter does not (see docs/policies.md, "versions tried"
 KEEP_LEAD = 0.005
 """The tier's doorkeeper is not kept up while admit-all leads by more than this many shadow
 hits per sampled reference (PSEL below ``-KEEP_LEAD * HORIZON * shadow_capacity``): then
-every looked-up block is stored anyway, and PSEL passes back above this line, where the
-doorkeeper is kept again, before it reaches 0 and second sight needs it."""
+every looked-up block is stored anyway. It is kept again (emptied first: what it held is
+stale) when PSEL passes back above this line or second sight is chosen, and second sight
+waits until it holds one whole generation (without that wait, `multi-turn` 1 % W=0 lost
+1.4 points: docs/policies.md)."""
+
+SWITCH_Z = 2.0
+"""Hysteresis of the tier's choice, in standard errors of PSEL: the tier changes rule when
+PSEL shows the other rule ahead by more than this many standard errors of PSEL under equal
+rules (see :meth:`DuelingAdmission._decide`). 2 is the usual two-sided 95 % level; on the
+72 cells of docs/policies.md's grid, z = 0 / 1 / 2 / 3 left 2 / 6 / 1 / 1 cells more than
+0.2 points below the better static rule (mean margins +0.065 / +0.070 / +0.095 / +0.089)."""
 
 _EMA_CALLS = 256
-_EMA_ALPHA = 1 / _EMA_CALLS  # weight of one call in the running means of blocks inserted
+_EMA_ALPHA = 1 / _EMA_CALLS  # the in-flight depth estimate's decay per call
 
 
 class DuelingAdmission:
@@ -160,6 +189,7 @@ class DuelingAdmission:
         min_rate: float = MIN_RATE,
         horizon: int = HORIZON,
         shadow_policy: type | None = None,
+        switch_z: float = SWITCH_Z,
     ) -> None:
         for arg, value in (("num_blocks", num_blocks), ("window_factor", window_factor),
                            ("shadow_blocks", shadow_blocks), ("horizon", horizon)):
@@ -180,6 +210,7 @@ class DuelingAdmission:
         self.shadow_capacity = max(1, round(self.rate * num_blocks))
         self.sample_window = max(1, round(self.rate * self.window))
         self.horizon = horizon
+        self._z = switch_z
         self._decay = 1 / (horizon * self.shadow_capacity)  # PSEL's decay per sampled ref
         self._keep_above = -KEEP_LEAD / self._decay  # the doorkeeper is kept while PSEL > this
         if shadow_policy is None or getattr(shadow_policy, "needs_future", False):
@@ -195,21 +226,30 @@ class DuelingAdmission:
         self._seen_old: set[Hashable] = set()  # ... and in the previous one
         self._sseen: set[int] = set()  # the same for sampled keys (by hash)
         self._sseen_old: set[int] = set()
-        mini = _LRUMini if self.shadow_policy is _lru_class() else _Mini
+        self._lru_minis = self.shadow_policy is _lru_class()
+        mini = _LRUMini if self._lru_minis else _Mini
         self._mini_a = mini(self.shadow_policy, self.shadow_capacity)  # admit-all
         self._mini_b = mini(self.shadow_policy, self.shadow_capacity)  # second sight
-        # PSEL >= 0: second sight (a tie refuses: a block no shadow hits is a wasted write)
+        # PSEL: the duel's evidence for second sight (see _decide for how it picks the rule)
         self.psel = 0.0
+        self._s2 = 0.0  # decayed sum of squared disagreements (PSEL's noise)
+        self._ha = 0.0  # decayed hits of the admit-all shadow
+        self._filling = True  # until the shadows are full, both store every miss
+        self._kept = True  # the tier's doorkeeper was kept up at the last lookup
+        self._warm = True  # ... and holds a whole generation (or every sight so far)
         self.selective = True  # the tier's current choice: True second sight, False admit-all
         self.switches = 0
         self.sampled_refs = 0
         self.shadow_hits_all = 0
         self.shadow_hits_second = 0
         self.generations = 0
-        self._busy = 0  # the tier's pending + pinned blocks at the last lookup
-        self._pending = 0  # ... of them pending stores
-        self._cap_a = self._cap_b = self.shadow_capacity
-        self._ins = [0.0, 0.0]  # running means of sampled blocks inserted per call: A, B
+        # requests in flight: the tier's store calls not known complete, [call, blocks]
+        # (FIFO), their blocks, the calls recorded, and the in-flight depth in calls
+        self._flight: deque = deque()
+        self._flight_blocks = 0
+        self._calls = 0
+        self._depth = 0.0
+        self._inflight = False  # depth >= 1 or a shadow holds pending keys
         # the last lookup's keys and how many of them lead that were seen before it (or -1)
         self._last: Sequence[Hashable] = ()
         self._last_run = -1
@@ -233,20 +273,30 @@ class DuelingAdmission:
         picked = keys[::stride] if stride > 1 else keys
         if modulus == 1:
             sampled = list(map(hash, picked))
-        else:
-            sampled = list(filterfalse(modulus.__rmod__, map(hash, picked)))
+        else:  # (a comprehension: -1,300 instructions a call against filterfalse)
+            sampled = [h for h in map(hash, picked) if not h % modulus]
         # the real tier's doorkeeper: needed by second sight, and by admit-all when the call
         # may not fit (see admit); not kept up while admit-all leads by more than half of
         # PSEL's range, since then it stores every looked-up block and is unlikely to lose
         # its lead soon (LRU 16,000 blocks: -290 instructions per block ref)
-        if self.psel > self._keep_above or 2 * len(keys) > self.num_blocks - busy:
+        keep = self.selective or self.psel > self._keep_above
+        if keep or 2 * len(keys) > self.num_blocks - busy:
             if stride > 1:
                 hash(tuple(keys))  # hashes the keys the sample skipped: validate first
+            if keep and not self._kept:
+                # kept again after a pause: what it holds is stale, and until it has one
+                # whole generation of sights second sight would refuse reused blocks
+                self._seen_old = set()
+                self._seen = set()
+                self._warm = False
             seen = self._seen
             if len(seen) >= self.window:  # a new generation: the oldest sights are forgotten
                 self._seen_old = seen
                 self._seen = seen = set()
                 self.generations += 1
+                if not self._warm:
+                    self._warm = True
+                    self._decide()
             run = len(list(takewhile(seen.__contains__, keys)))
             old = self._seen_old
             n = len(keys)
@@ -259,33 +309,35 @@ class DuelingAdmission:
             seen.update(keys)
         else:
             self._last_run = -1
+        self._kept = keep
+        self._calls += 1
+        if pending:
+            self._observe_depth(pending)
+        elif self._flight:
+            self._flight.clear()
+            self._flight_blocks = 0
         if sampled:
             self._duel(sampled)
-        else:
-            ins = self._ins
-            ins[0] -= ins[0] * _EMA_ALPHA
-            ins[1] -= ins[1] * _EMA_ALPHA
-        if busy != self._busy or pending != self._pending:
-            self._resize(busy, pending)
 
-    def _resize(self, busy: int, pending: int) -> None:
-        """Shadow capacities for ``busy`` blocks in flight in the tier, ``pending`` of them
-        pending stores: pinned loads (``busy - pending``) take the same room under either
-        rule; pending stores are scaled by each shadow's blocks inserted per call over those
-        of the rule the tier follows (running means over about 256 calls)."""
-        self._busy = busy
-        self._pending = pending
-        ins_a, ins_b = self._ins
-        current = ins_b if self.selective else ins_a
-        free = self.num_blocks - busy
-        if pending and current > 0:
-            pinned = busy - pending
-            free_a = self.num_blocks - pinned - pending * ins_a / current
-            free_b = self.num_blocks - pinned - pending * ins_b / current
-        else:
-            free_a = free_b = free
-        self._cap_a = max(1, round(self.rate * free_a))
-        self._cap_b = max(1, round(self.rate * free_b))
+    def _observe_depth(self, pending: int) -> None:
+        """The tier has ``pending`` blocks of stores in flight: drop the oldest store calls
+        that must have completed (stores complete oldest first) and take the age of the
+        oldest one left, in calls, as an observed in-flight depth. The depth used is a
+        decaying maximum of these (a call that stored nothing shows no age, so one
+        observation is only a lower bound); it falls by 1/256 per call."""
+        flight = self._flight
+        total = self._flight_blocks
+        while flight and total - flight[0][1] >= pending:
+            total -= flight.popleft()[1]
+        self._flight_blocks = total
+        depth = self._depth * (1 - _EMA_ALPHA)
+        if flight:
+            age = self._calls - flight[0][0]
+            if age > depth:
+                depth = age
+        self._depth = depth
+        if depth >= 1:
+            self._inflight = True
 
     def _duel(self, sampled: list[int]) -> None:
         """Replay one lookup's sampled keys (their hashes, head to tail) through both
@@ -295,13 +347,48 @@ class DuelingAdmission:
         sa = ma.keys
         sb = mb.keys
         n = len(sampled)
+        if n == 1 and not self._inflight:
+            h = sampled[0]
+            if h in sa and h in sb:
+                # the usual sampled lookup (a shared head, one sampled key) that hits in both
+                # shadows: the steps of the general path below, inlined (LRU 16,000
+                # blocks: this path is about half of all sampled lookups)
+                if self._lru_minis:
+                    sa.move_to_end(h)
+                    sb.move_to_end(h)
+                elif ma.touch is not None:
+                    ma.touch(sampled)
+                    mb.touch(sampled)
+                self._sseen.add(h)
+                self.sampled_refs += 1
+                self.shadow_hits_all += 1
+                self.shadow_hits_second += 1
+                keep = 1 - self._decay
+                self.psel *= keep
+                self._s2 *= keep
+                self._ha = self._ha * keep + 1
+                if self.selective:
+                    self._decide()
+                return
         hits_a = len(list(takewhile(sa.__contains__, sampled)))
         hits_b = len(list(takewhile(sb.__contains__, sampled)))
+        depth = self._depth
+        if self._inflight and not (depth >= 1 or ma.held or mb.held):
+            self._inflight = False
+        if self._inflight:
+            # requests in flight: a key a shadow stored in the last `depth` calls is
+            # pending (not evictable, and a lookup stops there: the tier's HIT_PENDING)
+            oldest = self._calls - int(depth)
+            if ma.held:
+                ma.complete(oldest)
+                hits_a = _until_pending(sampled, hits_a, ma.held)
+            if mb.held:
+                mb.complete(oldest)
+                hits_b = _until_pending(sampled, hits_b, mb.held)
         self.sampled_refs += n
         self.shadow_hits_all += hits_a
         self.shadow_hits_second += hits_b
         sseen = self._sseen
-        ins = self._ins
         if hits_a == n and hits_b == n:
             # the usual sampled lookup (a shared head): every key hits in both shadows, no
             # store, no disagreement
@@ -309,9 +396,12 @@ class DuelingAdmission:
                 ma.touch(sampled)
                 mb.touch(sampled)
             sseen.update(sampled)
-            ins[0] -= ins[0] * _EMA_ALPHA
-            ins[1] -= ins[1] * _EMA_ALPHA
-            self.psel -= self.psel * n * self._decay
+            keep = 1 - n * self._decay
+            self.psel *= keep
+            self._s2 *= keep
+            self._ha = self._ha * keep + n
+            if self.selective:  # hits only: the choice can only turn to admit-all
+                self._decide()
             return
         if len(sseen) >= self.sample_window:
             self._sseen_old = sseen
@@ -324,14 +414,54 @@ class DuelingAdmission:
             else:
                 break
         sseen.update(sampled)
-        inserted_a = ma.access(sampled, n, self._cap_a)
-        inserted_b = mb.access(sampled, run, self._cap_b)
-        ins[0] += (inserted_a - ins[0]) * _EMA_ALPHA
-        ins[1] += (inserted_b - ins[1]) * _EMA_ALPHA
-        psel = self.psel
-        psel += hits_b - hits_a - psel * n * self._decay
-        self.psel = psel
-        selective = psel >= 0
+        call = self._calls if depth >= 1 else 0  # stores stay pending while calls are
+        cap = self.shadow_capacity
+        ma.access(sampled, n, cap, call)
+        if self._filling:  # both shadows store every miss until full: the tier's fill
+            mb.access(sampled, n, cap, call)
+            if len(sb) >= cap:
+                self._filling = False
+        else:
+            mb.access(sampled, run, cap, call)
+        keep = 1 - n * self._decay
+        d = hits_b - hits_a
+        self.psel = psel = self.psel * keep + d
+        self._s2 = s2 = self._s2 * keep + d * d
+        self._ha = ha = self._ha * keep + hits_a
+        if ha >= 1 and not self._filling and self._warm:
+            # _decide's last case, inlined (the usual one)
+            bar = self._z * (s2 * 0.5) ** 0.5
+            if self.selective:
+                if psel < -bar:
+                    self.selective = False
+                    self.switches += 1
+            elif psel > bar:
+                self.selective = True
+                self.switches += 1
+        else:
+            self._decide()
+
+    def _decide(self) -> None:
+        """The tier's rule from the duel: second sight while the admit-all shadow had
+        less than one hit in PSEL's horizon (storing first sights would gain nothing);
+        admit-all during the fill and while the tier's doorkeeper is not warm (see
+        :meth:`record`); then the current rule until PSEL shows the other one ahead by more
+        than :data:`SWITCH_Z` standard errors."""
+        if self._ha < 1:
+            selective = True
+        elif self._filling or not self._warm:
+            selective = False
+        else:
+            # PSEL's standard error when the rules are equal: sqrt(sum of d^2 w^2), which
+            # is about sqrt(s2 / 2) for s2 = sum of d^2 w (weights w decaying as PSEL's)
+            bar = self._z * (self._s2 * 0.5) ** 0.5
+            psel = self.psel
+            selective = self.selective
+            if selective:
+                if psel < -bar:
+                    selective = False
+            elif psel > bar:
+                selective = True
         if selective is not self.selective:
             self.selective = selective
             self.switches += 1
@@ -351,7 +481,16 @@ class DuelingAdmission:
         """
         n = len(new_keys)
         if not self.selective and (room is None or n <= room):
+            self._flight.append((self._calls, n))
+            self._flight_blocks += n
             return n
+        count = self._admit_selective(new_keys, n)
+        if count:
+            self._flight.append((self._calls, count))
+            self._flight_blocks += count
+        return count
+
+    def _admit_selective(self, new_keys: Sequence[Hashable], n: int) -> int:
         last = self._last
         run = self._last_run
         offset = len(last) - n
@@ -378,6 +517,8 @@ class DuelingAdmission:
         return {
             "mode": "second-sight" if self.selective else "admit-all",
             "psel": self.psel,
+            "psel_stderr": (self._s2 * 0.5) ** 0.5,
+            "filling": self._filling,
             "switches": self.switches,
             "sampled_refs": self.sampled_refs,
             "shadow_hits_all": self.shadow_hits_all,
@@ -386,7 +527,7 @@ class DuelingAdmission:
             "stride": self.stride,
             "modulus": self.modulus,
             "shadow_capacity": self.shadow_capacity,
-            "shadow_capacity_now": (self._cap_a, self._cap_b),
+            "inflight_depth": self._depth,
             "window": self.window,
             "generations": self.generations,
             "state_keys": self.state_size(),
@@ -402,10 +543,11 @@ class DuelingAdmission:
             "shadow_all": self._mini_a.policy.snapshot(),
             "shadow_second": self._mini_b.policy.snapshot(),
             "last": (list(self._last), self._last_run),
-            "counters": (self.psel, self.selective, self.switches, self.sampled_refs,
+            "counters": (self.psel, self._s2, self._ha, self._filling, self._kept, self._warm,
+                         self.selective, self.switches, self.sampled_refs,
                          self.shadow_hits_all, self.shadow_hits_second, self.generations,
-                         self._busy, self._pending, self._cap_a, self._cap_b,
-                         tuple(self._ins)),
+                         self._calls, self._depth, tuple(self._flight)),
+            "pending": (dict(self._mini_a.held), dict(self._mini_b.held)),
         }
 
 
@@ -441,45 +583,82 @@ class _Mini:
     Saemundsson, Ahmad, Park, "Cache Modeling and Optimization using Miniature Simulations",
     USENIX ATC 2017): the policy's own class at the shadow's size, driven by the manager's
     public hooks in the manager's order (touch the looked-up keys, evict for room, insert
-    and mark evictable the admitted ones, on_store)."""
+    the admitted ones, on_store; mark them evictable when their store completes)."""
 
-    __slots__ = ("insert", "keys", "on_store", "policy", "touch")
+    __slots__ = ("fifo", "held", "insert", "keys", "on_store", "policy", "touch")
 
     def __init__(self, policy_cls: type, capacity: int) -> None:
         from kvtier.policies import CachePolicy  # noqa: PLC0415 (import cycle)
 
         self.policy = pol = policy_cls(capacity)
         self.keys: set[int] = set()  # the resident sampled keys
+        self.held: dict[int, int] = {}  # pending keys (stores in flight) -> their call
+        self.fifo: deque = deque()  # (call, keys) of the stores in flight, oldest first
         cls = type(pol)
         self.touch = pol.touch if cls.touch is not CachePolicy.touch else None
         self.insert = pol.insert if cls.insert is not CachePolicy.insert else None
         self.on_store = pol.on_store if cls.on_store is not CachePolicy.on_store else None
 
-    def access(self, sampled: list[int], upto: int, cap: int) -> int:
+    def access(self, sampled: list[int], upto: int, cap: int, call: int = 0) -> int:
         """One lookup of ``sampled`` (head to tail) that stores the missing keys among the
-        first ``upto``, at most ``cap`` keys resident; returns the keys stored."""
+        first ``upto``, at most ``cap`` keys resident; returns the keys stored. ``call`` > 0:
+        the stored keys stay pending (not evictable) until :meth:`complete` passes ``call``,
+        and when too few keys are evictable the store fails as a whole (the tier's atomic
+        ``prepare_store``); else they are evictable at once."""
         keys = self.keys
         if self.touch is not None:
             self.touch(sampled)
-        # each key once, as the manager passes them (the hooks' key-order rule)
-        new = list(dict.fromkeys(h for h in sampled[:upto] if h not in keys))
+        new = [h for h in sampled[:upto] if h not in keys]
+        if len(new) > 1 and len(set(new)) < len(new):
+            # each key once, as the manager passes them (the hooks' key-order rule)
+            new = list(dict.fromkeys(new))
         over = len(keys) + len(new) - cap
         if over > 0:
-            over = min(over, len(keys))
-            if over:
+            if call:
                 victims = self.policy.evict(over)
-                if victims:
-                    keys.difference_update(victims)
-            if len(keys) + len(new) > cap:
-                new = new[: max(0, cap - len(keys))]
+                if victims is None:
+                    return 0
+                keys.difference_update(victims)
+            else:
+                over = min(over, len(keys))
+                if over:
+                    victims = self.policy.evict(over)
+                    if victims:
+                        keys.difference_update(victims)
+                if len(keys) + len(new) > cap:
+                    new = new[: max(0, cap - len(keys))]
         if new:
             if self.insert is not None:
                 self.insert(new)
-            self.policy.mark_evictable(new)
             keys.update(new)
+            if call:
+                self.fifo.append((call, new))
+                held = self.held
+                for h in new:
+                    held[h] = call
+            else:
+                self.policy.mark_evictable(new)
             if self.on_store is not None:
                 self.on_store(new)
         return len(new)
+
+    def complete(self, oldest: int) -> None:
+        """The stores of calls before ``oldest`` completed: their keys become evictable."""
+        fifo = self.fifo
+        held = self.held
+        while fifo and fifo[0][0] < oldest:
+            done = fifo.popleft()[1]
+            for h in done:
+                del held[h]
+            self.policy.mark_evictable(done)
+
+
+def _until_pending(sampled: list[int], hits: int, held: dict) -> int:
+    """The leading hits of ``sampled`` up to its first pending key."""
+    for i in range(hits):
+        if sampled[i] in held:
+            return i
+    return hits
 
 
 def _lru_class() -> type:
@@ -493,10 +672,12 @@ class _LRUMini:
     ``OrderedDict`` without the policy's method calls (tested equal). Speed trick on the
     duel's hot path: LRU 16,000 blocks, docs/performance.md "Adaptive admission"."""
 
-    __slots__ = ("keys", "policy")
+    __slots__ = ("fifo", "held", "keys", "policy")
 
     def __init__(self, policy_cls: type, capacity: int) -> None:
         self.keys: OrderedDict[int, None] = OrderedDict()  # least recent first
+        self.held: dict[int, int] = {}
+        self.fifo: deque = deque()
         self.policy = self  # snapshot() reads policy.snapshot()
 
     def snapshot(self) -> dict:
@@ -508,7 +689,7 @@ class _LRUMini:
             if h in order:
                 order.move_to_end(h)
 
-    def access(self, sampled: list[int], upto: int, cap: int) -> int:
+    def access(self, sampled: list[int], upto: int, cap: int, call: int = 0) -> int:
         order = self.keys
         for h in reversed(sampled):
             if h in order:
@@ -516,10 +697,37 @@ class _LRUMini:
         new = [h for h in sampled[:upto] if h not in order]
         over = len(order) + len(new) - cap
         if over > 0:
-            for _ in range(min(over, len(order))):
-                order.popitem(False)
-            if len(order) + len(new) > cap:
-                new = new[: max(0, cap - len(order))]
+            held = self.held
+            if held:
+                if len(order) - len(held) < over:
+                    return 0  # too few evictable keys: the store fails as a whole
+                victims = []
+                for h in order:  # least recent first, past the pending keys
+                    if h not in held:
+                        victims.append(h)
+                        if len(victims) == over:
+                            break
+                for h in victims:
+                    del order[h]
+            elif call and len(order) < over:
+                return 0
+            else:
+                for _ in range(min(over, len(order))):
+                    order.popitem(False)
+                if len(order) + len(new) > cap:
+                    new = new[: max(0, cap - len(order))]
         for h in reversed(new):
             order[h] = None
+        if call and new:
+            self.fifo.append((call, new))
+            held = self.held
+            for h in new:
+                held[h] = call
         return len(new)
+
+    def complete(self, oldest: int) -> None:
+        fifo = self.fifo
+        held = self.held
+        while fifo and fifo[0][0] < oldest:
+            for h in fifo.popleft()[1]:
+                del held[h]
