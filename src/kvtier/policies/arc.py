@@ -108,14 +108,15 @@ class ARCPolicy(CachePolicy):
 
     def mark_evictable(self, keys: Sequence[Key]) -> None:
         t1, t2 = self._t1, self._t2
-        # no loop: each key leaves the held set of its list, discarded from both in C (a
-        # set.discard call per key cost 2.5x, docs/performance.md, "ARC hot paths")
-        t1.held.difference_update(keys)
-        if t2.held:
-            t2.held.difference_update(keys)
         if t1.aside or t2.aside:  # blocks set aside by a walk go back to their places
             t1.release(keys)
             t2.release(keys)
+            return
+        # no loop: each key leaves the held set of its list, discarded from both in C (a
+        # set.discard call per key cost more, docs/performance.md, "ARC hot paths")
+        t1.held.difference_update(keys)
+        if t2.held:
+            t2.held.difference_update(keys)
 
     def mark_non_evictable(self, keys: Sequence[Key]) -> None:
         resident, t2_keys = self._resident, self._t2_keys
