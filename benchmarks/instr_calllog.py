@@ -4,7 +4,7 @@
 set-up plus work) and take minutes each under valgrind. For comparing variants of the
 manager or a policy this records once, with the code on ``PYTHONPATH``, the calls
 :func:`kvtier.replay.replay` makes to its :class:`kvtier.OffloadingManager` on the first
-``--requests`` requests of a trace (prefix protocol), then replays that log on a fresh manager
+``--requests`` requests of a trace (``--protocol`` prefix or request), then replays that log on a fresh manager
 of each ``src`` folder under ``valgrind --tool=callgrind --instr-atstart=no``, counting only the
 replay of the log (a tiny C helper, compiled here with gcc from valgrind's ``callgrind.h``,
 switches instrumentation on and off). Each version runs the same calls with the same
@@ -13,7 +13,7 @@ arguments; the replay driver, trace parsing and imports are not counted.
 Usage::
 
     python benchmarks/instr_calllog.py --trace PATH [--policy arc] [--capacity 16000]
-        [--inflight 0] [--requests 5000] SRC [SRC ...]
+        [--inflight 0] [--requests 5000] [--protocol prefix] SRC [SRC ...]
 
 e.g. ``SRC`` = ``src`` and the ``src`` of a ``git worktree add /tmp/old <commit>`` checkout
 (the old code must accept the same manager calls). Prints instructions per block reference
@@ -40,11 +40,11 @@ void cg_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
 void cg_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; CALLGRIND_DUMP_STATS_AT("measured"); }
 """
 METHODS = ("lookup_prefix", "touch", "prepare_load", "complete_load", "prepare_store",
-           "complete_store")
+           "complete_store", "on_new_request", "on_request_finished")
 
 
 def record(trace: Path, policy: str, capacity: int, inflight: int, requests: int,
-           out: Path) -> None:
+           protocol: str, out: Path) -> None:
     """Replay the first ``requests`` requests and pickle the manager calls they make."""
     import kvtier.replay as replay_module
     from kvtier.trace import read_trace
@@ -65,7 +65,8 @@ def record(trace: Path, policy: str, capacity: int, inflight: int, requests: int
         setattr(Recorder, name, method)
     replay_module.OffloadingManager = Recorder
     try:
-        replay_module.replay(reqs, policy, capacity, inflight=inflight)
+        options = replay_module.ReplayOptions(inflight=inflight, protocol=protocol)
+        replay_module.replay(reqs, policy, capacity, options)
     finally:
         replay_module.OffloadingManager = base
     refs = sum(len(r.keys) for r in reqs)
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--capacity", type=int, default=16_000)
     ap.add_argument("--inflight", type=int, default=0)
     ap.add_argument("--requests", type=int, default=5_000)
+    ap.add_argument("--protocol", default="prefix", choices=("prefix", "request"))
     ap.add_argument("--run", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--helper", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -127,10 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(helper), str(work / "cg.c")],
                        check=True)
         log = work / "calls.pkl"
-        record(args.trace, args.policy, args.capacity, args.inflight, args.requests, log)
-        print(f"{args.trace.name}, first {args.requests} requests, {args.policy} "
-              f"{args.capacity} blocks, W={args.inflight}: manager instructions per block "
-              "reference (callgrind)")
+        record(args.trace, args.policy, args.capacity, args.inflight, args.requests,
+               args.protocol, log)
+        print(f"{args.trace.name}, first {args.requests} requests, {args.protocol} protocol, "
+              f"{args.policy} {args.capacity} blocks, W={args.inflight}: manager instructions "
+              "per block reference (callgrind)")
         for src in args.src or [str(REPO / "src")]:
             print(f"  {src}: {measure(log, helper, src, work):,.0f}", flush=True)
     return 0
