@@ -44,9 +44,10 @@ void cg_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
 void cg_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; CALLGRIND_DUMP_STATS_AT("measured"); }
 """
 POLICY_METHODS = ("insert", "remove", "mark_evictable", "mark_non_evictable", "touch",
-                  "_evict", "evict")
+                  "_evict", "evict", "on_request_finished")
 MANAGER_METHODS = ("lookup", "prepare_load", "touch", "complete_load", "prepare_store",
-                   "complete_store", "ref_count", "__contains__")
+                   "complete_store", "ref_count", "missing", "on_new_request",
+                   "on_request_finished")
 
 
 def _keys(trace: Path, work: Path) -> Path:
@@ -141,7 +142,6 @@ def record_layers(kpr_path: Path, policy: str, capacity: int, inflight: int, out
         m._insert = m.policy.insert
     _record(m, MANAGER_METHODS, manager_log)
     spec._lookup = m.lookup
-    spec._contains = m.__dict__["__contains__"]
     result = replay_vllm(spec, kpr, inflight=inflight)
     out.write_bytes(pickle.dumps(
         {"refs": result.block_refs, "manager": manager_log, "policy": policy_log}

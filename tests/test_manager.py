@@ -249,6 +249,21 @@ def test_complete_store_ignores_keys_that_are_not_pending():
     assert m.lookup("a") is LookupResult.HIT
 
 
+def test_missing_lists_the_keys_not_stored_in_order_and_counts_nothing():
+    m = OffloadingManager(4)
+    store(m, ["a"])  # ready
+    m.prepare_store(["b"])  # pending: stored too
+    before = m.snapshot()
+    assert m.missing(["x", "a", "b", "y", "x"]) == ["x", "y", "x"]
+    assert m.missing(("a", "b")) == []
+    assert m.missing(k for k in ["z", "a"]) == ["z"]
+    assert m.snapshot() == before  # no lookup counted, no admission, nothing moved
+    with pytest.raises(TypeError, match=r"missing: block key \['c'\] is not hashable"):
+        m.missing(["a", ["c"]])
+    with pytest.raises(TypeError, match="missing: keys must be a list"):
+        m.missing("ab")
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "4"])
 def test_constructor_rejects_bad_sizes(bad):
     with pytest.raises(ValueError, match="num_blocks"):

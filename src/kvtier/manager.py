@@ -699,7 +699,7 @@ class OffloadingManager:
             TypeError: a key is not hashable, ``success`` is not a bool, or ``req_context``
                 is a bool or ``numpy.bool_`` (nothing changed).
         """
-        if type(req_context).__name__ in ("bool", "bool_"):
+        if req_context is not None and type(req_context).__name__ in ("bool", "bool_"):
             # bool, and numpy's bool (no bool subclass; named bool_ before numpy 2): a success
             # flag in the context's place
             raise TypeError(
@@ -955,6 +955,22 @@ class OffloadingManager:
         ``prepare_store`` returns, the slot may belong to a new block.
         """
         return self._slot_of.get(key)
+
+    def missing(self, keys: Sequence[Hashable]) -> list[Hashable]:
+        """The keys of ``keys`` not stored in the tier (neither pending nor ready), in order,
+        repeats kept: what :meth:`prepare_store` would allocate before admission and
+        de-duplication. O(len(keys)) in one C-level pass (a ``key in manager`` per key costs
+        a Python call each, docs/performance.md, "ARC hot paths"). Counts no lookup.
+
+        Raises:
+            TypeError: a key is not hashable.
+        """
+        if type(keys) is not list and type(keys) is not tuple:
+            keys = key_list(keys, "missing")
+        try:
+            return list(filterfalse(self._slot_of.__contains__, keys))
+        except TypeError:
+            raise unhashable_error(keys, "missing") from None
 
     def ref_count(self, key: Hashable) -> int | None:
         """Ref count of ``key`` (-1 pending, 0 evictable, >0 pinned), or None if not stored."""

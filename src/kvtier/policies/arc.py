@@ -32,7 +32,8 @@ class ARCPolicy(CachePolicy):
     """Adaptive Replacement Cache over the blocks of the tier, logical recency.
 
     State: ``_resident`` (every resident key, T1 and T2, pinned and pending included -> True
-    while its store is pending), ``_t2_keys`` (the resident keys of T2; T1 is the rest), the
+    until the block is first pinned: a block is pending exactly when its flag is True and it
+    is held), ``_t2_keys`` (the resident keys of T2; T1 is the rest), the
     orders ``_t1`` / ``_t2`` (:class:`~kvtier.policies.order.LogicalOrder`, least recent
     first, held blocks in place), the ghost lists ``_b1`` / ``_b2`` (keys, least recent
     first), and ``target`` (adaptive target size of T1, in blocks, within
@@ -44,8 +45,9 @@ class ARCPolicy(CachePolicy):
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        # one dict for residency and the pending flag: one C-level update per call instead of
-        # a set each (docs/performance.md, "Contract refactor")
+        # one dict for residency and the not-pinned-since-stored flag (see touch): one
+        # C-level update per call instead of a set each (docs/performance.md, "Contract
+        # refactor")
         self._resident: dict[Key, bool] = {}
         self._t2_keys: set[Key] = set()
         self._t1 = LogicalOrder()
@@ -73,7 +75,7 @@ class ARCPolicy(CachePolicy):
         t1_live, t2_live = self._t1.live, self._t2.live
         to_t2 = False
         for key in reversed(keys):  # keys[0] ends most recent
-            resident[key] = True  # pending
+            resident[key] = True  # not pinned since stored (pending while held)
             if key in b1:  # a key stored while in B1 or B2 enters T2
                 del b1[key]
                 t2_keys.add(key)
@@ -105,22 +107,23 @@ class ARCPolicy(CachePolicy):
                 t1.discard(key)
 
     def mark_evictable(self, keys: Sequence[Key]) -> None:
-        resident, t2_keys = self._resident, self._t2_keys
         t1, t2 = self._t1, self._t2
-        t1_held, t2_held = t1.held, t2.held
-        for key in keys:  # one loop for the pending flag and the held flag
-            resident[key] = False  # no longer pending
-            if key in t2_keys:
-                t2_held.discard(key)
-            else:
-                t1_held.discard(key)
         if t1.aside or t2.aside:  # blocks set aside by a walk go back to their places
             t1.release(keys)
             t2.release(keys)
+            return
+        # no loop: each key leaves the held set of its list, discarded from both in C (a
+        # loop with a set.discard per key: +362 instructions per block reference of a
+        # replay, docs/performance.md, "ARC hot paths")
+        t1.held.difference_update(keys)
+        if t2.held:
+            t2.held.difference_update(keys)
 
     def mark_non_evictable(self, keys: Sequence[Key]) -> None:
-        t2_keys, t1_held, t2_held = self._t2_keys, self._t1.held, self._t2.held
+        resident, t2_keys = self._resident, self._t2_keys
+        t1_held, t2_held = self._t1.held, self._t2.held
         for key in keys:
+            resident[key] = False  # pinned, so ready: not pending (see touch)
             if key in t2_keys:
                 t2_held.add(key)
             else:
@@ -129,7 +132,7 @@ class ARCPolicy(CachePolicy):
     def touch(self, keys: Sequence[Key]) -> None:
         resident, t2_keys = self._resident, self._t2_keys
         t1, t2 = self._t1, self._t2
-        t1_live, t2_live = t1.live, t2.live
+        t1_live, t2_live, t1_held = t1.live, t2.live, t1.held
         b1, b2 = self._b1, self._b2
         for key in reversed(keys):
             # resident first: a missed key then costs three membership tests, not four (and
@@ -140,14 +143,22 @@ class ARCPolicy(CachePolicy):
                         t2_live.move_to_end(key)
                     else:
                         t2.use(key)
-                elif resident[key]:  # pending: refreshed within T1 (not read yet)
+                # pending (held, and not pinned since it was stored: a pin clears the flag,
+                # so completing a store costs no per-key write, -478 instructions per block
+                # reference, docs/performance.md, "ARC hot paths"): refreshed within T1
+                # (not read yet)
+                elif resident[key] and key in t1_held:
                     if key in t1_live:
                         t1_live.move_to_end(key)
                     else:
                         t1.use(key)
                 else:  # seen again: to T2's MRU end, pinned or not
                     t2_keys.add(key)
-                    t2.append(key, t1.discard(key))
+                    if key in t1_live and key not in t1_held:  # the usual case, spelled out
+                        del t1_live[key]  # (-109 per block reference, docs/performance.md)
+                        t2_live[key] = None
+                    else:
+                        t2.append(key, t1.discard(key))
             # ghost hits adapt the target (conditional expressions, not min/max: builtin
             # calls that parse keyword arguments each time, docs/performance.md)
             elif key in b1:  # T1 was too small: target += max(1, |B2| / |B1|), <= capacity
@@ -176,20 +187,29 @@ class ARCPolicy(CachePolicy):
         of new keys is where request mode learns from ghost hits). O(len(keys)).
         """
         resident, t2_keys, t1, t2 = self._resident, self._t2_keys, self._t1, self._t2
+        t1_live, t2_live, t1_held = t1.live, t2.live, t1.held
+        # LogicalOrder.use / append / discard spelled out for the usual case (a block in its
+        # live order): a Python call less per key (request-mode call log 16,105 -> 15,749
+        # instructions per block reference, docs/performance.md, "ARC hot paths")
         for key in reversed(keys):
-            if key not in resident:
+            if key not in resident or key not in reused and key not in inserted:
                 continue
-            if key in reused:
-                if key in t2_keys:
-                    t2.use(key)
-                else:  # T1 -> T2
-                    t2_keys.add(key)
-                    t2.append(key, t1.discard(key))
-            elif key in inserted:
-                if key in t2_keys:
-                    t2.use(key)
+            if key in t2_keys:  # reused or inserted: to T2's MRU end
+                if key in t2_live:
+                    t2_live.move_to_end(key)
                 else:
-                    t1.use(key)
+                    t2.use(key)
+            elif key in reused:  # T1 -> T2's MRU end, pinned or not
+                t2_keys.add(key)
+                if key in t1_live and key not in t1_held:
+                    del t1_live[key]
+                    t2_live[key] = None
+                else:
+                    t2.append(key, t1.discard(key))
+            elif key in t1_live:  # only inserted: refreshed within T1
+                t1_live.move_to_end(key)
+            else:
+                t1.use(key)
 
     def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
         # The per-victim rule: from T1 while |T1| minus the T1 victims so far >= floor(target),
@@ -199,13 +219,16 @@ class ARCPolicy(CachePolicy):
         #   2. T2 (preferred from then on, or the fallback once T1 is exhausted);
         #   3. T1 again (fallback once T2 is exhausted), continuing where phase 1 stopped.
         t1, t2 = self._t1, self._t2
-        quota = len(self._resident) - len(self._t2_keys) - math.floor(self.target) + 1
+        t1_size = len(self._resident) - len(self._t2_keys)
         if n == 1 and not protected and not t1.aside and not t2.aside:
             # the usual one-key store: the preferred list's LRU end (its own branch: 32,580 ->
             # ~20,000 instructions per one-key store + complete, docs/performance.md). Nothing
             # is aside, so no heap entry is current and the evictable counts are live - held
             # (spelled out: LogicalOrder.__len__ is a Python-level call, +1,400 instructions)
-            if quota > 0 and len(t1.live) > len(t1.held) or len(t2.live) == len(t2.held):
+            # quota > 0, i.e. |T1| >= floor(target), is |T1| + 1 > target for an int |T1|
+            # (no math.floor call: _evict(1) 7,800 -> 7,645, docs/performance.md)
+            if t1_size + 1 > self.target and len(t1.live) > len(t1.held) \
+                    or len(t2.live) == len(t2.held):
                 order, ghost = t1, self._b1
             else:
                 order, ghost = t2, self._b2
@@ -224,6 +247,7 @@ class ARCPolicy(CachePolicy):
                 ghost.popitem(False)
             self.examined += 1
             return [key]
+        quota = t1_size - math.floor(self.target) + 1
         first, examined = t1.take(quota if quota < n else n, protected)
         from_t2, seen = t2.take(n - len(first), protected)
         late, seen_late = t1.take(n - len(first) - len(from_t2), protected)
@@ -259,7 +283,8 @@ class ARCPolicy(CachePolicy):
             "held": self._t1.held | self._t2.held,
             "b1": list(self._b1),
             "b2": list(self._b2),
-            "pending": {key for key, pending in resident.items() if pending},
+            "pending": {key for key, flag in resident.items()
+                        if flag and (key in self._t1.held or key in self._t2.held)},
             "target": self.target,
         }
 
