@@ -15,8 +15,8 @@ How it maps to the offloading contract (each choice is also what keeps :meth:`ev
   set when it is stored (a call's keys enter tail first, so ``keys[0]`` ends at the head) and
   never moved by a pin or a completed store; a touch sets the visited bit whatever the state.
   A block gets a queue number the first time the hand passes it or sets it aside (a counter;
-  the hand meets never-examined blocks in the order they were stored, so numbers follow the
-  queue), and keeps it while resident; never-examined blocks, all at the head end, have
+  the hand meets never-examined blocks in the order they entered the queue, so numbers
+  follow the queue), and keeps it while resident; never-examined blocks, all at the head end, have
   none (a victim never needs one; numbering every stored block, with the heap checked at every
   step, cost +16 % per evicted block: docs/performance.md, "Set-aside blocks in LFU and
   SIEVE"). So the queue is the numbered blocks in number order, then the
@@ -24,7 +24,7 @@ How it maps to the offloading contract (each choice is also what keeps :meth:`ev
   this lap (``_hand``; -1 at the tail).
 * The queue is kept as two ordered maps split at the hand: ``_ahead`` (blocks the hand has not
   examined in this lap, up to the head) and ``_behind`` (the blocks it has passed in this lap),
-  both in number order. Passing a block moves it from the front of ``_ahead`` to the end of
+  both in queue order. Passing a block moves it from the front of ``_ahead`` to the end of
   ``_behind``; the wrap-around at the head swaps the two. Every step is O(1).
 * When the hand meets a held (pending or pinned) block it sets it aside, O(1), bit and number
   kept, so it is not met again while it stays held. When it becomes evictable again it goes
