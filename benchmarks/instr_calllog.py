@@ -27,18 +27,14 @@ import ctypes
 import gc
 import os
 import pickle
-import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from callgrind_toggle import build_helper, count  # benchmarks/ (the script's folder)
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
-HELPER_C = """#include <valgrind/callgrind.h>
-void cg_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
-void cg_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; CALLGRIND_DUMP_STATS_AT("measured"); }
-"""
 METHODS = ("lookup_prefix", "touch", "prepare_load", "complete_load", "prepare_store",
            "complete_store", "on_new_request", "on_request_finished")
 
@@ -91,20 +87,10 @@ def run_log(path: Path, helper: Path) -> None:
 
 
 def measure(log: Path, helper: Path, src: str, work: Path) -> float:
-    out = work / "cg"
     env = dict(os.environ, PYTHONPATH=src, PYTHONHASHSEED="0")
-    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-           f"--callgrind-out-file={out}.%p", sys.executable, str(Path(__file__).resolve()),
-           "--run", str(log), "--helper", str(helper)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    refs = re.search(r"REFS (\d+)", proc.stderr)
-    dumps = [p for p in work.glob("cg.*") if re.search(r"\.\d+\.1$", p.name)]
-    if proc.returncode or not refs or not dumps:
-        raise RuntimeError(f"callgrind run of {src} failed:\n{proc.stderr[-3000:]}")
-    total = re.search(r"^totals: (\d+)", dumps[0].read_text(), re.M)
-    for p in work.glob("cg.*"):
-        p.unlink()
-    return int(total.group(1)) / int(refs.group(1))
+    ir, refs = count(str(Path(__file__).resolve()),
+                     ["--run", str(log), "--helper", str(helper)], env, work, "calllog")
+    return ir / refs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,10 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        helper = work / "libcgtoggle.so"
-        (work / "cg.c").write_text(HELPER_C)
-        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(helper), str(work / "cg.c")],
-                       check=True)
+        helper = build_helper(work)
         log = work / "calls.pkl"
         record(args.trace, args.policy, args.capacity, args.inflight, args.requests,
                args.protocol, log)

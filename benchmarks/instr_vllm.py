@@ -31,18 +31,14 @@ import gc
 import logging
 import os
 import pickle
-import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from callgrind_toggle import build_helper, count  # benchmarks/ (the script's folder)
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
-HELPER_C = """#include <valgrind/callgrind.h>
-void cg_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
-void cg_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; CALLGRIND_DUMP_STATS_AT("measured"); }
-"""
 POLICY_METHODS = ("insert", "remove", "mark_evictable", "mark_non_evictable", "touch",
                   "_evict", "evict", "on_request_finished")
 MANAGER_METHODS = ("lookup", "prepare_load", "touch", "complete_load", "prepare_store",
@@ -150,21 +146,10 @@ def record_layers(kpr_path: Path, policy: str, capacity: int, inflight: int, out
 
 def callgrind(work: Path, helper: Path, data: Path, case: tuple, inflight: int) -> tuple[int, int]:
     """(instructions, block refs) of one case under callgrind."""
-    out = work / ("cg." + ".".join(map(str, case)))
-    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-           f"--callgrind-out-file={out}.%p", sys.executable, str(Path(__file__).resolve()),
-           "--run", *map(str, case), "--helper", str(helper), "--keys", str(data),
-           "--inflight", str(inflight)]
+    args = ["--run", *map(str, case), "--helper", str(helper), "--keys", str(data),
+            "--inflight", str(inflight)]
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    refs = re.search(r"REFS (\d+)", proc.stderr)
-    dumps = [p for p in work.glob(out.name + ".*") if re.search(r"\.\d+\.1$", p.name)]
-    if proc.returncode or not refs or not dumps:
-        raise RuntimeError(f"callgrind case {case} failed:\n{proc.stderr[-3000:]}")
-    total = re.search(r"^totals: (\d+)", dumps[0].read_text(), re.M)
-    for p in work.glob(out.name + ".*"):
-        p.unlink()
-    return int(total.group(1)), int(refs.group(1))
+    return count(str(Path(__file__).resolve()), args, env, work, ".".join(map(str, case)))
 
 
 def main(argv=None) -> int:
@@ -185,10 +170,7 @@ def main(argv=None) -> int:
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        helper = work / "libcgtoggle.so"
-        (work / "cg.c").write_text(HELPER_C)
-        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(helper), str(work / "cg.c")],
-                       check=True)
+        helper = build_helper(work)
         kpr = _keys(trace, work)
         print(f"trace {trace.name}, policy {args.policy}, W={args.inflight}; "
               "instructions per block reference (callgrind)")
