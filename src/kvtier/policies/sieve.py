@@ -181,32 +181,20 @@ class SievePolicy(CachePolicy):
         hand = self._hand
         number = self._next  # the next queue number to hand out
         while len(victims) < n:
-            if self._ahead_heap:  # a released block aside may be next: one step at a time
+            if self._ahead_heap and (ahead or self._next_from_heap() is not None):
+                # a released block aside may be next: one step at a time, the lower number
+                # of the heap's top and _ahead's front (unnumbered: never examined, later)
                 top = self._next_from_heap()
-                if top is not None and (not ahead or ahead[next(iter(ahead))] is None
-                                        or top < ahead[next(iter(ahead))]):
+                front = ahead[next(iter(ahead))] if ahead else None
+                if top is not None and (front is None or top < front):
                     key = heappop(self._ahead_heap)[1]  # met again at its place
                     del aside[key]
-                    examined += 1
-                    hand = top
-                    if key in bits:
-                        bits.discard(key)
-                        behind[key] = top
-                    elif key in protected:
-                        behind[key] = top
-                    else:
-                        victims.append(key)
-                    continue
-            if not ahead:  # the hand reached the head: back to the tail
-                ahead, behind = self._ahead, self._behind = behind, ahead
-                self._ahead_heap, self._behind_heap = self._behind_heap, self._ahead_heap
-                hand = -1
-                continue
-            if self._ahead_heap:  # ahead's front is next: one step
-                key, at = ahead.popitem(False)
+                    at = top
+                else:
+                    key, at = ahead.popitem(False)
+                    if at is None:
+                        at, number = number, number + 1
                 examined += 1
-                if at is None:
-                    at, number = number, number + 1
                 hand = at
                 if key in held:  # aside, not met again while held
                     aside[key] = at
@@ -218,25 +206,26 @@ class SievePolicy(CachePolicy):
                 else:
                     victims.append(key)
                 continue
+            if not ahead:  # the hand reached the head: back to the tail
+                ahead, behind = self._ahead, self._behind = behind, ahead
+                self._ahead_heap, self._behind_heap = self._behind_heap, self._ahead_heap
+                hand = -1
+                continue
             # nothing aside ahead of the hand: run down _ahead (checking the heap at every
             # step was part of a +16 % per evicted block, docs/performance.md, "Set-aside")
             while ahead:
                 key, at = ahead.popitem(False)
                 examined += 1
-                if key in held:  # aside, not met again while held
-                    if at is None:
+                if key in held or key in bits or key in protected:
+                    if at is None:  # numbered when first passed (a victim needs no number)
                         at, number = number, number + 1
-                    aside[key] = hand = at
-                elif key in bits:
-                    bits.discard(key)
-                    if at is None:
-                        at, number = number, number + 1
-                    behind[key] = hand = at
-                elif key in protected:
-                    if at is None:
-                        at, number = number, number + 1
-                    behind[key] = hand = at
-                else:  # a victim needs no number
+                    hand = at
+                    if key in held:  # aside, not met again while held
+                        aside[key] = at
+                    else:  # visited (its bit cleared) or protected: passed
+                        bits.discard(key)
+                        behind[key] = at
+                else:
                     victims.append(key)
                     if at is not None:
                         hand = at
