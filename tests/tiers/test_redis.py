@@ -240,6 +240,8 @@ def test_bad_input_raises_and_leaves_state(shared_redis_server):
         assert tier.lookup_prefix([1]) == 0  # nothing of the failed writes was stored
     with pytest.raises(RuntimeError, match="closed"):
         tier.lookup_prefix([1])
+    with pytest.raises(RuntimeError, match="closed"):  # a tier stack checks before storing
+        tier.check_keys([1])
     tier.close()  # idempotent
 
 

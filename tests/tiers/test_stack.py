@@ -96,6 +96,23 @@ def test_offload_refuses_a_key_no_lower_tier_can_store_before_anything_changes(
     tiered.close()
 
 
+def test_offload_refuses_a_closed_lower_tier_before_anything_changes(tmp_path):
+    """A lower tier closed by its owner: the host store is refused up front, naming the
+    tier. Before, the host took the blocks and the write-back of their victims raised from
+    inside ``offload`` after the copy had started, so the caller lost the job id."""
+    tiered, kv, disk = make(tmp_path, host_slots=2)
+    tiered.offload(["a", "b"], [0, 1])
+    tiered.wait(10)
+    disk.close()
+    m = tiered.offloader.manager
+    before = m.snapshot()
+    with pytest.raises(ValueError, match="closed"):
+        tiered.offload(["c"], [2])  # would evict b into the closed disk
+    assert m.snapshot() == before and tiered.offloader.in_flight == 0
+    tiered.close()  # closing the stack again is fine
+    tiered.close()
+
+
 def test_write_through_writes_every_completed_store(tmp_path):
     tiered, kv, disk = make(tmp_path, demotion="write-through")
     data = {b: block(kv, b) for b in range(16)}

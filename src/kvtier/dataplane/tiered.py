@@ -74,8 +74,9 @@ class TieredOffloader:
 
         Raises:
             as ``KVOffloader.offload``, and ``TypeError`` / ``ValueError`` for a key a lower
-            tier cannot store (e.g. a tuple, or a disk key over 216 bytes), before anything
-            changed: such a block could never be demoted.
+            tier cannot store (e.g. a tuple, or a disk key over 216 bytes), ``ValueError``
+            (disk) / ``RuntimeError`` (Redis) for a lower tier already closed, before
+            anything changed: such a block could never be demoted.
         """
         self._check_keys(keys)
         try:
@@ -84,9 +85,9 @@ class TieredOffloader:
             self.stack.flush_demotions()
 
     def _check_keys(self, keys: Sequence[Hashable]) -> None:
-        """Every lower tier accepts every key (checked before the host stores them: a victim
-        a lower tier refuses at demotion time would be lost, and the error would replace the
-        offload's job id while its copy runs)."""
+        """Every lower tier is open and accepts every key (checked before the host stores
+        them: a victim a lower tier refuses at demotion time would be lost, and the error
+        would replace the offload's job id while its copy runs)."""
         if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
             raise TypeError(f"keys must be a sequence of block keys, got {type(keys).__name__}")
         for tier in self.stack.lower:

@@ -155,6 +155,8 @@ class BlockTier(ABC):
 
         Raises:
             TypeError: a key has no stable encoding (named).
+            ValueError / RuntimeError: the tier is closed (as its :meth:`write` raises;
+                tiers that can be closed check it here).
         """
         for key in keys:
             encode_key(key)

@@ -568,7 +568,9 @@ class DiskTier(BlockTier):
 
     def check_keys(self, keys: Sequence[Key]) -> None:
         """Raise if :meth:`write` would refuse one of ``keys``: no stable encoding
-        (``TypeError``) or an encoding longer than 216 bytes (``ValueError``). No I/O."""
+        (``TypeError``), an encoding longer than 216 bytes or a closed tier (``ValueError``).
+        No I/O."""
+        self._check_open()
         for key in keys:
             kb = encode_key(key)
             if len(kb) > MAX_KEY_BYTES:

@@ -785,6 +785,12 @@ class RedisTier(BlockTier):
             return None
         return block
 
+    def check_keys(self, keys: Sequence[Key]) -> None:
+        """Raise if :meth:`write` would refuse one of ``keys``: no stable encoding
+        (``TypeError``) or a closed tier (``RuntimeError``). No I/O."""
+        self._check_open()
+        super().check_keys(keys)
+
     def write(self, keys: Sequence[Key], blocks: Sequence[bytes | bytearray | memoryview]) -> int:
         """Queue ``blocks[i]`` for ``keys[i]``; returns how many were accepted.
 

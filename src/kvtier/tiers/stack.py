@@ -360,7 +360,7 @@ class TierStack:
         if self._victims and self.lower:
             try:
                 self.flush_demotions()
-            except ValueError:  # a tier already closed
+            except (ValueError, RuntimeError):  # a tier already closed (disk / Redis)
                 self._victims = []
         for tier in self.lower:
             tier.close()
