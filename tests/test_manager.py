@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tracemalloc
 
+import numpy as np
 import pytest
 
 from kvtier import (
@@ -14,7 +15,6 @@ from kvtier import (
     OffloadingManager,
     available_policies,
 )
-
 from kvtier.manager import MAX_BLOCKS
 
 ALL_POLICIES = available_policies()
@@ -264,10 +264,23 @@ def test_missing_lists_the_keys_not_stored_in_order_and_counts_nothing():
         m.missing("ab")
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "4"])
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "4", np.float64(4.0), np.bool_(True),
+                                 np.int64(0)])
 def test_constructor_rejects_bad_sizes(bad):
     with pytest.raises(ValueError, match="num_blocks"):
         OffloadingManager(bad)
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "prefix-arc"])
+def test_numpy_integer_sizes_are_taken_as_plain_ints(policy):
+    """A capacity computed with numpy (e.g. ``bytes // block_bytes`` of numpy ints) is an
+    integer: it is taken, and stored as a plain ``int`` (was refused before)."""
+    m = OffloadingManager(np.int64(4), policy, store_threshold=np.int32(1),
+                          max_open_requests=np.uint16(8))
+    assert m.num_blocks == 4 and type(m.num_blocks) is int
+    assert type(m.policy.capacity) is int
+    out = m.prepare_store(list(range(4)))
+    assert out is not None and sorted(out.block_ids) == [0, 1, 2, 3]
 
 
 def test_constructor_rejects_unknown_policy():

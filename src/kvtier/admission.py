@@ -31,7 +31,7 @@ class AdmissionTracker:
     __slots__ = ("_counts", "max_size", "threshold")
 
     def __init__(self, threshold: int, max_size: int) -> None:
-        check_positive_int("store_threshold", threshold)
+        threshold = check_positive_int("store_threshold", threshold)
         if threshold < 2:
             raise ValueError(f"an admission threshold must be >= 2 lookups, got {threshold!r}")
         self.threshold = threshold

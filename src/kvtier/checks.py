@@ -5,32 +5,49 @@ Every check raises before anything is changed and names the argument, the rule a
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 
+def _as_int(value: Any) -> int | None:
+    """``value`` as a plain int when it is an integer (``int``, numpy's integer types: any
+    object with ``__index__``), else None; bools (``bool``, ``numpy.bool_``) are not ints."""
+    if isinstance(value, bool) or type(value).__name__ in ("bool_", "bool"):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def check_positive_int(name: str, value: Any, unit: str = "") -> int:
-    """Return ``value`` if it is an int >= 1 (``bool`` is not accepted).
+    """Return ``value`` as an ``int`` if it is an integer >= 1: an ``int`` or an object with
+    ``__index__`` such as ``numpy.int64`` (``bool`` is not accepted). Callers keep the
+    returned plain ``int``.
 
     Raises:
         ValueError: ``"<name> must be a positive int (<unit>), got <value>"``.
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    number = _as_int(value)
+    if number is None or number < 1:
         what = f" ({unit})" if unit else ""
         raise ValueError(f"{name} must be a positive int{what}, got {value!r}")
-    return value
+    return number
 
 
 def check_nonnegative_int(name: str, value: Any, unit: str = "") -> int:
-    """Return ``value`` if it is an int >= 0 (``bool`` is not accepted).
+    """Return ``value`` as an ``int`` if it is an integer >= 0 (as
+    :func:`check_positive_int`; ``bool`` is not accepted).
 
     Raises:
         ValueError: ``"<name> must be an int >= 0 (<unit>), got <value>"``.
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    number = _as_int(value)
+    if number is None or number < 0:
         what = f" ({unit})" if unit else ""
         raise ValueError(f"{name} must be an int >= 0{what}, got {value!r}")
-    return value
+    return number
 
 
 def key_list(keys: Any, method: str) -> list[Hashable]:

@@ -158,12 +158,13 @@ class OffloadingManager:
         admission: str = "all",
         max_open_requests: int = 4096,
     ) -> None:
-        check_positive_int("num_blocks", num_blocks, "blocks")
-        check_positive_int("max_open_requests", max_open_requests, "requests")
+        num_blocks = check_positive_int("num_blocks", num_blocks, "blocks")
+        max_open_requests = check_positive_int("max_open_requests", max_open_requests,
+                                               "requests")
         if num_blocks > MAX_BLOCKS:
             raise ValueError(f"num_blocks must be at most {MAX_BLOCKS}, got {num_blocks}")
-        check_positive_int("store_threshold", store_threshold, "lookups")
-        check_positive_int("max_tracker_size", max_tracker_size, "keys")
+        store_threshold = check_positive_int("store_threshold", store_threshold, "lookups")
+        max_tracker_size = check_positive_int("max_tracker_size", max_tracker_size, "keys")
         if admission != "all" and store_threshold >= 2:
             raise ValueError(
                 f"admission={admission!r} cannot be combined with store_threshold="

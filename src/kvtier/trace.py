@@ -331,7 +331,7 @@ class TraceReader:
             raise TraceFormatError(
                 path, None, f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}"
             )
-        check_positive_int("block_tokens", block_tokens, "tokens")
+        block_tokens = check_positive_int("block_tokens", block_tokens, "tokens")
         self.path = Path(path)
         self.fmt = fmt
         self.block_tokens = block_tokens

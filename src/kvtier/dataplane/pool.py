@@ -64,12 +64,13 @@ def _check_block_shape(block_shape: Sequence[int]) -> tuple[int, ...]:
         raise TypeError(f"block_shape must be a sequence of positive ints, got {block_shape!r}")
     if len(block_shape) == 0:
         raise ValueError("block_shape must have at least one dimension, got ()")
+    dims = []
     for i, dim in enumerate(block_shape):
         try:
-            check_positive_int(f"block_shape[{i}]", dim)
+            dims.append(check_positive_int(f"block_shape[{i}]", dim))
         except ValueError as exc:
             raise ValueError(f"{exc} (block_shape {tuple(block_shape)!r})") from None
-    return tuple(block_shape)
+    return tuple(dims)
 
 
 class HostBlockPool:
@@ -106,7 +107,7 @@ class HostBlockPool:
         pin_memory: bool | None = None,
         max_bytes: int | None = None,
     ) -> None:
-        check_positive_int("num_blocks", num_blocks, "slots")
+        num_blocks = check_positive_int("num_blocks", num_blocks, "slots")
         shape = _check_block_shape(block_shape)
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
@@ -116,7 +117,7 @@ class HostBlockPool:
         elif pin_memory and not cuda:
             raise ValueError("pin_memory=True needs CUDA, but torch.cuda.is_available() is False")
         if max_bytes is not None:
-            check_nonnegative_int("max_bytes (or None)", max_bytes, "bytes")
+            max_bytes = check_nonnegative_int("max_bytes (or None)", max_bytes, "bytes")
 
         itemsize = torch.empty((), dtype=dtype).element_size()
         block_nbytes = math.prod(shape) * itemsize

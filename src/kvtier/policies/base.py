@@ -128,8 +128,7 @@ class CachePolicy(ABC):
     _orders: tuple[Collection[Key], ...] = ()
 
     def __init__(self, capacity: int) -> None:
-        check_positive_int("capacity", capacity, "blocks")
-        self.capacity = capacity
+        self.capacity = check_positive_int("capacity", capacity, "blocks")
         self.examined = 0
 
     # -- hooks the manager calls ------------------------------------------------------------
