@@ -547,6 +547,27 @@ def test_loads_run_before_queued_stores(tmp_path):
         m.shutdown()
 
 
+def test_a_job_submitted_after_shutdown_is_refused(tmp_path):
+    """After ``shutdown()`` the I/O thread is gone: a job submitted then is refused with a
+    clear error and nothing is queued (before, it was queued and never run, so
+    ``has_pending_work()`` stayed True and ``drain_jobs()`` waited forever)."""
+    import numpy as np
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    m = make_spec([disk_entry(tmp_path)]).get_manager()
+    tier = m.secondary_tiers[0]
+    keys, _ = keys_and_blocks(1, "late", tier.block_size_bytes)
+    m.shutdown()
+    job = TransferJob(job_id=7, keys=keys, chunk_ids=np.array([0], np.int32),
+                      is_promotion=False, req_context=ReqContext(req_id="late"))
+    for submit in (tier.submit_store, tier.submit_load):
+        with pytest.raises(RuntimeError, match="job 7.*KvtierDiskTier.*shut down"):
+            submit(job)
+    assert not tier.has_pending_work()
+    tier.drain_jobs()  # returns at once
+    tier.shutdown()  # idempotent
+
+
 def test_vllm_touch_reaches_the_disk_tier_policy(tmp_path):
     """capacity 4, LRU: store A (2 chunks), B (2 chunks); vLLM's manager.touch(A) (a GPU
     prefix-cache hit on A); store C (2 chunks): B is evicted, not A, which without the touch

@@ -336,6 +336,15 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._submit(job_metadata)
 
     def _submit(self, job: TransferJob) -> None:
+        """Queue ``job`` for the I/O thread.
+
+        Raises:
+            RuntimeError: the tier is shut down (its I/O thread is gone: the job would never
+                run); ValueError: keys and chunk ids differ in number. Nothing queued then.
+        """
+        if self._closed:
+            raise RuntimeError(f"job {job.job_id}: secondary tier {self.tier_type} is shut "
+                               f"down; it takes no more jobs")
         keys = list(job.keys)
         rows = [int(c) for c in job.chunk_ids]
         if len(keys) != len(rows):
