@@ -16,7 +16,9 @@ at most ``capacity`` entries, i.e. the last ``capacity / 2`` such stores. A key 
 when a later touch names it while it is in the probe (it then leaves the probe). The probe
 records keys whether or not they are still resident, and a request touches all its keys, hits
 and misses, so evicting leaves cannot make their reuse look lower than it is (no
-self-fulfilling demotion). Counts per class are halved every :data:`LEAF_WINDOW` pairs.
+self-fulfilling demotion). For the same reason a pair stays sampled when its store fails
+(``complete_store(success=False)``): whether the engine names a key again does not depend on
+whether its bytes reached the tier. Counts per class are halved every :data:`LEAF_WINDOW` pairs.
 :attr:`LeafReuseEstimator.demoting` is true when at least :data:`LEAF_MIN_STORES` pairs are
 counted and ``(r_leaf + LEAF_Z * sqrt(r_leaf) + 1) / s_leaf < LEAF_RATIO * r_parent /
 s_parent`` (``r``: reused, ``s``: stored): the leaves' rate, taken at the pessimistic end of
