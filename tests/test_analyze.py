@@ -168,3 +168,13 @@ def test_readme_capacity_examples_match_the_code():
         ln for ln in got if ln.startswith("cost model —"))):])
     # hit columns of the replay table (timings differ from run to run)
     assert [ln.split()[:9] for ln in shown[4:8]] == [ln.split()[:9] for ln in got[4:8]]
+
+
+def test_timestamps_out_of_order_are_reported_not_turned_into_negative_times():
+    # newcomer finding: request 2 arrives 4 ms before request 1 (same blocks); the time
+    # between reuses was reported as -0.004 s with no word. Now a warning names the first
+    # request whose timestamp goes backwards, and such a reuse gets no time (none is negative).
+    with pytest.warns(UserWarning, match=r"timestamps go backwards .* request 2 \(stamped 1 ms, "
+                                         r"after a request stamped 5 ms\).*1 of 2 requests"):
+        r = analyze(_reqs([[1, 2], [1, 2]], [5, 1]))
+    assert list(r.reuse_times_s) == []  # a reuse stamped before its use: no time between

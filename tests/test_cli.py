@@ -126,6 +126,9 @@ def test_bad_line_exits_nonzero_naming_file_and_line(tmp_path):
         (["-p", ",", "--json", "-"], "--policy was given but names nothing"),
         (["-c", ""], "--capacity was given but names nothing"),
         (["--json", "/nonexistent-dir/o.json"], "cannot write there"),
+        # --demotion only means something with --tiers: without it, it was silently ignored
+        (["--demotion", "write-through"], "--demotion write-through needs --tiers"),
+        (["--demotion", "write-back"], "--demotion write-back needs --tiers"),
     ],
 )
 def test_bad_arguments_exit_1(args, message):

@@ -124,3 +124,16 @@ def test_replay_cost_and_belady_errors():
     assert res.exit_code == 1 and "not both" in res.output
     res = CliRunner().invoke(app, ["replay", "-p", "belady", "--stream"])
     assert res.exit_code == 1 and "whole trace up front" in res.output
+
+
+def test_arrivals_out_of_trace_order_are_reported():
+    # newcomer finding: the FIFO queue takes requests in trace order; arrivals that go
+    # backwards made the span (last - first arrival) negative, so utilization was None and
+    # auto instances fell to 1 with no word. Now a warning names the request, and the span
+    # is the arrivals' range.
+    auto = CostModel(1000, 1000, 1.0, instances=None)
+    with pytest.warns(UserWarning, match=r"request 2 arrives at 0 ms, before request 1 "
+                                         r"\(500 ms\)"):
+        c = evaluate(auto, [1000, 2000], [0, 2], [500, 0], stored_blocks=3)
+    assert c["instances"] == 8  # ceil(3 s / (0.8 * 0.5 s)), as with arrivals [0, 500]
+    assert c["utilization_no_tier"] == pytest.approx(3.0 / (8 * 0.5))

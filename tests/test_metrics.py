@@ -137,6 +137,12 @@ def test_collector_rejects_bad_sources():
         TierCollector({}, [object()])
     with pytest.raises(ValueError, match="tokens_per_block"):
         TierCollector({"host": m}, tokens_per_block=0)
+    # newcomer finding: a list (as for tiers=) or a bare manager gave dict()'s "cannot convert
+    # dictionary update sequence element #0 to a sequence", naming no argument
+    for wrong in ([m], m):
+        with pytest.raises(TypeError, match=r"managers must be a mapping \{tier name: "
+                                            r"manager\}, e\.g\. \{'host': manager\}, got "):
+            TierCollector(wrong)
 
 
 def test_no_hit_tokens_without_block_size():

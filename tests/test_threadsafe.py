@@ -125,6 +125,28 @@ def test_the_wrapper_forwards_the_public_api_and_hides_private_state():
     assert ThreadSafeManager(OffloadingManager(4), lock=threading.RLock()).prepare_store(["a"])
 
 
+def test_setting_a_public_attribute_sets_it_on_the_manager():
+    # newcomer finding: `m.enable_events = True` on the wrapper created a wrapper attribute;
+    # the manager kept recording no events, and m.enable_events read back True (silently
+    # wrong). Writes of public names go to the manager, under the lock.
+    m = ThreadSafeManager(OffloadingManager(4, "lru"))
+    m.enable_events = True
+    assert m.manager.enable_events is True and "enable_events" not in vars(m)
+    out = m.prepare_store(["a"])
+    m.complete_store(out.keys_to_store)
+    assert [e.keys for e in m.take_events()] == [("a",)]
+    with pytest.raises(AttributeError, match="private attribute '_pins'"):
+        m._pins = {}
+    assert m.manager._pins == {}
+    # the lock the cached methods took stays the one `with m.lock:` takes: no replacing it
+    lock = m.lock
+    with pytest.raises(AttributeError, match="'lock' is set once"):
+        m.lock = threading.RLock()
+    with pytest.raises(AttributeError, match="'manager' is set once"):
+        m.manager = OffloadingManager(4)
+    assert m.lock is lock and not hasattr(m.manager, "lock")
+
+
 def test_every_call_holds_the_lock():
     """A method blocks while another thread holds the lock."""
     m = ThreadSafeManager(OffloadingManager(4, "lru"))

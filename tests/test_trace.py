@@ -147,6 +147,11 @@ def test_streaming_yields_before_reading_the_rest(tmp_path):
         ('{"hash_ids": 7, "input_length": 3}', "'hash_ids' must be a list of ints"),
         ('{"token_ids": [1, -2]}', "'token_ids' must be a list of ints >= 0"),
         ('{"hash_ids": [1], "input_length": 3, "timestamp": "x"}', "'timestamp'"),
+        # newcomer finding: 1e400 parses as inf and the cost model printed TTFT nan -> nan
+        ('{"hash_ids": [1], "input_length": 3, "timestamp": 1e400}',
+         "'timestamp' must be a finite number >= 0 (ms), got inf"),
+        ('{"hash_ids": [1], "input_length": 3, "timestamp": NaN}',
+         "'timestamp' must be a finite number >= 0 (ms), got nan"),
     ],
 )
 def test_bad_jsonl_line_names_file_line_and_rule(tmp_path, line, rule):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
@@ -262,6 +263,9 @@ class Analyzer:
         self._requests = 0
         self._has_ts: bool | None = None  # decided by the first request
         self._t0 = 0.0
+        self._last_arrival = -math.inf  # latest timestamp so far (ms)
+        self._backwards = 0  # requests stamped before an earlier request
+        self._first_backwards: tuple | None = None  # (request number, its ms, latest ms)
         self._win_start = 0.0
         self._win: set = set()
         self._win_refs = self._win_reqs = self._win_new = 0
@@ -274,6 +278,13 @@ class Analyzer:
             self._has_ts = timestamp is not None
             self._t0 = float(timestamp) if timestamp is not None else 0.0
         ts = timestamp if self._has_ts else None
+        if ts is not None:
+            if ts < self._last_arrival:  # out of arrival order: counted, warned at result()
+                self._backwards += 1
+                if self._first_backwards is None:
+                    self._first_backwards = (self._requests + 1, ts, self._last_arrival)
+            else:
+                self._last_arrival = ts
         self._window_step(ts)
         last_pos = self._last_pos
         fen = self._fenwick
@@ -301,7 +312,7 @@ class Analyzer:
                 self._reused.add(key)
                 if ts is not None:
                     before = self._last_ts.get(key)
-                    if before is not None:
+                    if before is not None and ts >= before:  # a reuse stamped earlier: no time
                         self._times.append((ts - before) / 1000.0)
             fen.add(pos, 1)
             last_pos[key] = pos
@@ -341,7 +352,18 @@ class Analyzer:
         self._win_refs = self._win_reqs = self._win_new = 0
 
     def result(self) -> TraceAnalysis:
-        """The figures so far (closes the current window; call once, at the end)."""
+        """The figures so far (closes the current window; call once, at the end).
+
+        Warns (``UserWarning``) when timestamps go backwards: reuse times and time windows
+        assume arrival order; a re-reference stamped before its previous reference gets no
+        reuse time, and a request stamped before the current window joins it."""
+        if self._backwards:
+            i, ts, latest = self._first_backwards  # type: ignore[misc]
+            warnings.warn(
+                f"timestamps go backwards {self._backwards:,} time(s), first at request {i} "
+                f"(stamped {ts:g} ms, after a request stamped {latest:g} ms); {self._backwards:,} of {self._requests:,} "
+                "requests are out of arrival order, and time between reuses and working-set "
+                "windows assume arrival order (sort the trace by timestamp)", stacklevel=2)
         self._close_window()
         distances = array("q", sorted(self._distances))
         times = array("d", sorted(self._times))

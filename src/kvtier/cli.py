@@ -466,9 +466,10 @@ def replay_cmd(
         "--tiers", help="Simulate a tier stack instead, top down: host:CAP[,disk:CAP]"
                         "[,redis://HOST:PORT] (CAP = blocks or %); hit ratio per tier. "
                         "See docs/tiers.md.")] = None,
-    demotion: Annotated[str, typer.Option(
+    demotion: Annotated[Optional[str], typer.Option(
         "--demotion", help="With --tiers: write-back (host victims go down) or "
-                           "write-through (every host store goes down).")] = "write-back",
+                           "write-through (every host store goes down).  "
+                           "\\[default: write-back]")] = None,
     cost: Annotated[bool, typer.Option(
         "--cost", help="Add the cost model's table (bytes moved, prefill seconds saved, "
                        "TTFT with/without the tier); on when any cost option is given.")] = False,
@@ -519,11 +520,15 @@ def replay_cmd(
             stream=stream,
             cost_model=cost_model,
         )
+        if demotion is not None and tiers is None:  # it would be silently ignored
+            raise _CliError(f"--demotion {demotion} needs --tiers (it chooses how a tier "
+                            "stack's host victims go down)")
         with _warnings_to_stderr():
             if tiers is not None:
                 from kvtier.tiersim import replay_tiers_cli
 
-                replay_tiers_cli(command, tiers, demotion, capacity_given=bool(capacity))
+                replay_tiers_cli(command, tiers, demotion or "write-back",
+                                 capacity_given=bool(capacity))
             else:
                 run_replay(command)
     except (_CliError, TraceFormatError, ValueError, OSError) as exc:

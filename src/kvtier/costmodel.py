@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -205,6 +206,29 @@ def _percentiles(values: list[float]) -> dict:
             "mean": math.fsum(values) / n if n else None}
 
 
+def _warn_out_of_order(timestamps_ms: Sequence[float]) -> None:
+    """Warn when arrivals go backwards: the FIFO queue takes requests in trace order, so a
+    request stamped before an earlier one waits behind it (utilization and auto instances
+    use the arrivals' range)."""
+    latest, latest_i = -math.inf, 0
+    first = None
+    count = 0
+    for i, t in enumerate(timestamps_ms):
+        if t < latest:
+            count += 1
+            if first is None:
+                first = (i + 1, t, latest, latest_i)
+        else:
+            latest, latest_i = t, i + 1
+    if first is not None:
+        i, t, before, j = first
+        warnings.warn(
+            f"cost model: request {i} arrives at {t:g} ms, before request {j} ({before:g} ms); "
+            f"{count:,} of {len(timestamps_ms):,} requests are out of arrival order and the "
+            "FIFO queue serves them in trace order (sort the trace by timestamp)",
+            stacklevel=3)
+
+
 def _ttft(service: Sequence[float], arrivals: Sequence[float] | None, instances: int):
     """Per-request TTFT (s): FIFO in trace order over ``instances`` identical servers, each
     request to the one free earliest (Lindley's recursion for c servers); no queue without
@@ -222,7 +246,7 @@ def _ttft(service: Sequence[float], arrivals: Sequence[float] | None, instances:
         out.append(finish - a)
         if finish > last_finish:
             last_finish = finish
-    span = (arrivals[-1] - first) if arrivals else 0.0
+    span = (max(arrivals) - min(arrivals)) if arrivals else 0.0
     utilization = (math.fsum(service) / (instances * span)) if span > 0 else None
     return out, utilization
 
@@ -284,9 +308,10 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
     arrivals = None
     if timestamps_ms is not None and n and all(t is not None for t in timestamps_ms):
         arrivals = [t / 1000.0 for t in timestamps_ms]  # type: ignore[operator]
+        _warn_out_of_order(timestamps_ms)
     instances = model.instances
     if instances is None:
-        span = (arrivals[-1] - arrivals[0]) if arrivals else 0.0
+        span = (max(arrivals) - min(arrivals)) if arrivals else 0.0
         instances = (max(1, math.ceil(math.fsum(t0) / (AUTO_UTILIZATION * span)))
                      if span > 0 else 1)
     ttft0, util0 = _ttft(t0, arrivals, instances)

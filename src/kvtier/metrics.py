@@ -61,7 +61,8 @@ class TierCollector(Collector):
 
     Raises:
         ValueError: two sources share a tier name, or ``tokens_per_block`` is not an int >= 1.
-        TypeError: a manager is not an OffloadingManager, or a tier has no ``stats()``.
+        TypeError: ``managers`` is not a mapping, a manager is not an OffloadingManager, or
+            a tier has no ``stats()``.
     """
 
     def __init__(
@@ -72,6 +73,10 @@ class TierCollector(Collector):
         tokens_per_block: int | None = None,
         prefix: str = PREFIX,
     ) -> None:
+        if managers is not None and not isinstance(managers, Mapping):
+            raise TypeError(
+                "managers must be a mapping {tier name: manager}, e.g. {'host': manager}, "
+                f"got {type(managers).__name__}")
         managers = dict(managers or {})
         for name, m in managers.items():
             if not isinstance(m, (OffloadingManager, ThreadSafeManager)):

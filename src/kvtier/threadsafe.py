@@ -57,8 +57,11 @@ class ThreadSafeManager:
         manager: the wrapped manager.
 
     Public attributes that are not methods (``num_blocks``, ``policy``, ...) are read through
-    as they are. Names starting with ``_`` are not forwarded (``AttributeError``): internal
-    state read without the lock is what this class exists to prevent.
+    as they are, and setting one (``m.enable_events = True``) sets it on the manager, under
+    the lock. Names starting with ``_`` are not forwarded (``AttributeError``): internal
+    state read without the lock is what this class exists to prevent. ``manager`` and
+    ``lock`` are set once, by the constructor (``AttributeError`` on a later assignment:
+    the forwarded methods keep the lock they were made with).
 
     Raises:
         TypeError: ``lock`` does not have ``__enter__``/``__exit__``, or is a plain
@@ -95,6 +98,23 @@ class ThreadSafeManager:
         # cached on the instance: later calls skip __getattr__ (one dict lookup, as a method)
         self.__dict__[name] = locked
         return locked
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # a public attribute set on the wrapper would shadow the manager's: written to the
+        # manager instead (under the lock), so `m.enable_events = True` does what it says
+        if name in ("manager", "lock"):
+            if name in self.__dict__:  # the cached methods hold the first lock and manager
+                raise AttributeError(
+                    f"{type(self).__name__}.{name!r} is set once, by the constructor; "
+                    "wrap the other manager / lock in a new ThreadSafeManager")
+            object.__setattr__(self, name, value)
+        elif name.startswith("_"):
+            raise AttributeError(
+                f"{type(self).__name__} does not forward private attribute {name!r}")
+        else:
+            self.__dict__.pop(name, None)  # a cached locked method of that name
+            with self.lock:
+                setattr(self.manager, name, value)
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__())

@@ -90,6 +90,7 @@ _ROOT_HASH = b"\x00" * 8
 _STDIN_NAMES = ("-",)
 # block sizes tried when a Mooncake trace's lengths disagree with block_tokens
 _CANDIDATE_BLOCK_TOKENS = tuple(2**k for k in range(17))
+_INF = float("inf")  # a timestamp must be below it (JSON 1e400 parses as inf)
 
 
 class TraceWarning(UserWarning):
@@ -586,9 +587,9 @@ class TraceReader:
                 )
             ts = obj.get("timestamp")
             if ts is not None and (
-                type(ts) not in (int, float) or ts < 0 or ts != ts  # NaN
+                type(ts) not in (int, float) or not 0 <= ts < _INF  # NaN, inf (1e400)
             ):
-                raise _LineError(f"'timestamp' must be a number >= 0 (ms), got {ts!r}")
+                raise _LineError(f"'timestamp' must be a finite number >= 0 (ms), got {ts!r}")
             return Request(keys, input_length, output_length, ts)
 
         def parse_text(line: str) -> Request | None:

@@ -5,6 +5,7 @@ with an ``entry_points.txt`` on ``sys.path``, found by ``importlib.metadata``.""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -109,3 +110,14 @@ def test_cli_help_and_replay_survive_a_broken_plugin(tmp_path):
     res = cli("replay", "-p", "broken-pol", "-c", "500")
     assert res.returncode == 1
     assert "policy plugin 'broken-pol'" in res.stderr and "no_such_module_kvtier_xyz" in res.stderr
+
+
+@pytest.mark.parametrize("name", ["a,b", " lru2", "lru2 ", "\tx"])
+def test_a_name_the_cli_cannot_select_is_refused(name):
+    # newcomer finding: register_policy("a,b", ...) was accepted and listed among the CLI's
+    # choices, but `kvtier replay -p a,b` splits it into 'a' and 'b' (and strips spaces), so
+    # the policy could never be chosen there
+    before = registry.available_policies()
+    with pytest.raises(ValueError, match=re.escape(f"policy name {name!r}") + ".* comma"):
+        registry.register_policy(name, LRUPolicy)
+    assert registry.available_policies() == before

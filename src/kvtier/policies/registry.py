@@ -56,12 +56,16 @@ def register_policy(name: str, cls: type[CachePolicy]) -> type[CachePolicy]:
 
     Raises:
         TypeError: ``cls`` is not a :class:`CachePolicy` subclass.
-        ValueError: ``name`` is empty or already taken by another class.
+        ValueError: ``name`` is empty, has a comma or a space at either end (the CLI's
+            ``-p a,b`` could not select it), or is already taken by another class.
     """
     if not isinstance(cls, type) or not issubclass(cls, CachePolicy):
         raise TypeError(f"policy {name!r}: {cls!r} is not a CachePolicy subclass")
     if not isinstance(name, str) or not name:
         raise ValueError(f"policy name must be a non-empty str, got {name!r}")
+    if "," in name or name != name.strip():  # the CLI splits -p on commas and strips
+        raise ValueError(f"policy name {name!r} cannot be chosen on the command line: no "
+                         "comma, and no space at either end")
     existing = _REGISTRY.get(name)
     if existing is not None and existing is not cls:
         raise ValueError(f"policy name {name!r} is already registered to {existing.__name__}")
