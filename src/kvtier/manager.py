@@ -632,10 +632,10 @@ class OffloadingManager:
                 return None  # fast fail: the policy is not asked
             # only the call's keys that are already stored can be victims, so only they are
             # passed as protected; usually there are none
+            # (a set, not a list: membership by hash, never `==` between keys of different
+            # types, e.g. numpy's int == a tuple returns an array whose truth value raises)
             if num_resident == 0:
                 protected: Collection[Hashable] = ()
-            elif num_resident <= 8:
-                protected = [key for key in keys if key in slot_of]
             else:
                 protected = {key for key in keys if key in slot_of}
             if rec is not None:
