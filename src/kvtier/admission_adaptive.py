@@ -206,6 +206,7 @@ class DuelingAdmission:
         self.stride = max(1, min(MAX_STRIDE, int(inverse)))
         modulus = max(1, int(inverse / self.stride))
         self.modulus = modulus if modulus % 2 or modulus == 1 else modulus - 1
+        self.residue = self.modulus // 2  # not 0: see the module docstring, "The sample"
         self.rate = 1 / (self.stride * self.modulus)
         self.shadow_capacity = max(1, round(self.rate * num_blocks))
         self.sample_window = max(1, round(self.rate * self.window))
@@ -237,7 +238,8 @@ class DuelingAdmission:
         self._filling = True  # until the shadows are full, both store every miss
         self._kept = True  # the tier's doorkeeper was kept up at the last lookup
         self._warm = True  # ... and holds a whole generation (or every sight so far)
-        self.selective = True  # the tier's current choice: True second sight, False admit-all
+        self.selective = False  # the tier's current choice: True second sight, False admit-all
+        # (admit-all first: the fill, see _decide)
         self.switches = 0
         self.sampled_refs = 0
         self.shadow_hits_all = 0
@@ -270,11 +272,12 @@ class DuelingAdmission:
         # the sample: every stride-th key, then hash % modulus == 0 (hashing validates them)
         stride = self.stride
         modulus = self.modulus
+        residue = self.residue
         picked = keys[::stride] if stride > 1 else keys
         if modulus == 1:
             sampled = list(map(hash, picked))
         else:  # (a comprehension: -1,300 instructions a call against filterfalse)
-            sampled = [h for h in map(hash, picked) if not h % modulus]
+            sampled = [h for h in map(hash, picked) if h % modulus == residue]
         # the real tier's doorkeeper: needed by second sight, and by admit-all when the call
         # may not fit (see admit); not kept up while admit-all leads by more than half of
         # PSEL's range, since then it stores every looked-up block and is unlikely to lose
@@ -447,9 +450,11 @@ class DuelingAdmission:
         admit-all during the fill and while the tier's doorkeeper is not warm (see
         :meth:`record`); then the current rule until PSEL shows the other one ahead by more
         than :data:`SWITCH_Z` standard errors."""
-        if self._ha < 1:
+        if self._filling:
+            selective = False
+        elif self._ha < 1:
             selective = True
-        elif self._filling or not self._warm:
+        elif not self._warm:
             selective = False
         else:
             # PSEL's standard error when the rules are equal: sqrt(sum of d^2 w^2), which
