@@ -373,6 +373,54 @@ class DuelingAdmission:
                 if self.selective:
                     self._decide()
                 return
+            if self._lru_minis:
+                # one sampled key, LRU shadows, nothing in flight (about 4 in 5 of the
+                # sampled lookups at LRU 16,000 blocks): the general path's steps below and
+                # _LRUMini.access's for one key, inlined (tested equal); a hit moves the key
+                # to the most recent end, a stored key takes the least recent one's place
+                in_a = h in sa
+                in_b = h in sb
+                self.sampled_refs += 1
+                sseen = self._sseen
+                if len(sseen) >= self.sample_window:
+                    self._sseen_old = sseen
+                    self._sseen = sseen = set()
+                seen = h in sseen or h in self._sseen_old
+                sseen.add(h)
+                cap = self.shadow_capacity
+                if in_a:
+                    self.shadow_hits_all += 1
+                    sa.move_to_end(h)
+                else:
+                    if len(sa) >= cap:
+                        sa.popitem(False)
+                    sa[h] = None
+                if in_b:
+                    self.shadow_hits_second += 1
+                    sb.move_to_end(h)
+                elif seen or self._filling:  # (during the fill every miss is stored)
+                    if len(sb) >= cap:
+                        sb.popitem(False)
+                    sb[h] = None
+                if self._filling and len(sb) >= cap:
+                    self._filling = False
+                keep = 1 - self._decay
+                d = in_b - in_a
+                self.psel = psel = self.psel * keep + d
+                self._s2 = s2 = self._s2 * keep + d * d
+                self._ha = ha = self._ha * keep + in_a
+                if ha >= 1 and not self._filling and self._warm:
+                    bar = self._z * (s2 * 0.5) ** 0.5
+                    if self.selective:
+                        if psel < -bar:
+                            self.selective = False
+                            self.switches += 1
+                    elif psel > bar:
+                        self.selective = True
+                        self.switches += 1
+                else:
+                    self._decide()
+                return
         hits_a = len(list(takewhile(sa.__contains__, sampled)))
         hits_b = len(list(takewhile(sb.__contains__, sampled)))
         depth = self._depth
