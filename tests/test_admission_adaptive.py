@@ -11,6 +11,7 @@ import math
 
 from kvtier.admission_adaptive import HORIZON, SWITCH_Z, DuelingAdmission, make_admission
 from kvtier.policies import available_policies
+from kvtier.policies.lru import LRUPolicy
 from kvtier.replay import replay
 from kvtier.trace import Request
 
@@ -380,3 +381,32 @@ def test_second_sight_waits_for_a_whole_doorkeeper_generation():
         assert a.info()["mode"] == "admit-all" or a._warm
     assert len(a._seen_old) >= a.window  # a whole generation
     assert a.info()["mode"] == "second-sight"  # PSEL (decayed) still > 2 standard errors
+
+
+class _LRUByHooks(LRUPolicy):
+    """LRU, but not the class itself: the duel then runs it through the generic shadow
+    (the policy's hooks) and the general path, not the inlined LRU steps."""
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(4, 40), st.booleans(),
+       st.lists(st.tuples(st.lists(st.integers(0, 60), min_size=1, max_size=4),
+                          st.integers(0, 3)), min_size=1, max_size=150))
+def test_inlined_one_key_lru_duel_equals_the_general_path(blocks, inflight, calls):
+    # the one-sampled-key path with LRU shadows is an inlined copy of the general path and
+    # of _LRUMini.access: same choice, PSEL, counters and shadow contents after every call
+    inline = DuelingAdmission(blocks, shadow_policy=LRUPolicy)
+    generic = DuelingAdmission(blocks, shadow_policy=_LRUByHooks)
+    assert inline._lru_minis and not generic._lru_minis
+    for keys, pending in calls:
+        keys = list(dict.fromkeys(keys))
+        pending = pending if inflight else 0  # stores in flight make the path not apply
+        for a in (inline, generic):
+            a.record(keys, 0, pending)
+        assert inline.admit(keys, blocks) == generic.admit(keys, blocks)
+        for name in ("psel", "_s2", "_ha", "selective", "switches", "sampled_refs",
+                     "shadow_hits_all", "shadow_hits_second", "_filling"):
+            assert getattr(inline, name) == getattr(generic, name), name
+        assert list(inline._mini_a.keys) == list(generic._mini_a.policy.snapshot()["order"])
+        assert list(inline._mini_b.keys) == list(generic._mini_b.policy.snapshot()["order"])
+        assert inline._sseen == generic._sseen and inline._sseen_old == generic._sseen_old
