@@ -25,9 +25,12 @@ earlier phase is forgotten at that pace.
 **The choice** (:meth:`DuelingAdmission._decide`). *Fill:* until the shadows are full both
 store every miss (a free slot costs nothing, so the tier stores every block then too), so
 PSEL does not pile up the lead admit-all always has while a cache fills, which says nothing
-about the steady state (a cold-start bias, as cache simulations drop their warm-up).
-*No hits:* while the admit-all shadow had less than one hit in PSEL's horizon, second sight
-(storing would be only wasted writes, e.g. traffic that is never reused). *Otherwise* the
+about the steady state (a cold-start bias, as cache simulations drop their warm-up). The
+tier starts with admit-all. *No hits:* after the fill, while the admit-all shadow had less
+than one hit in PSEL's horizon, second sight (storing would be only wasted writes, e.g.
+traffic that is never reused; at most one tier size of them is written, during the fill:
+before the fill came first, a trace whose first sampled reuse came late was refused from
+its first request, docs/policies.md "versions tried"). *Otherwise* the
 tier keeps its rule until PSEL shows the other one ahead by more than :data:`SWITCH_Z`
 standard errors of PSEL under equal rules (``sqrt(s2 / 2)``, ``s2`` the decayed sum of
 squared disagreements), a two-sided test at about 95 %: where the two rules are close, a
@@ -38,8 +41,10 @@ clearly, see below).
 
 **The sample.** Keys are prefix block hashes (a key names its whole prefix), so a key always
 sits at the same depth in a request; a key is sampled when its depth is a multiple of
-``stride`` (1 to 4) and ``hash(key) % modulus == 0`` (``modulus`` odd, so keys that step by a
-power of two are still sampled evenly): ``rate = 1 / (stride * modulus)``, about
+``stride`` (1 to 4) and ``hash(key) % modulus == modulus // 2`` (``modulus`` odd, so keys
+that step by a power of two are still sampled evenly; the residue is not 0, since
+``0 % m == 0`` for every ``m`` would put the key 0, in a trace of sequential block ids the
+head every request shares, in every sample): ``rate = 1 / (stride * modulus)``, about
 ``SHADOW_BLOCKS / num_blocks`` and at least :data:`MIN_RATE`. The depth stride lets the
 per-key cost skip most keys (a slice); keys that are not prefix hashes (a key seen at several
 depths) are sampled at some of their references only, which makes the shadows see less reuse.
@@ -269,7 +274,8 @@ class DuelingAdmission:
                 only they are checked (as without admission, the manager checks the others
                 when it needs them).
         """
-        # the sample: every stride-th key, then hash % modulus == 0 (hashing validates them)
+        # the sample: every stride-th key, then hash % modulus == residue (hashing validates
+        # them)
         stride = self.stride
         modulus = self.modulus
         residue = self.residue
@@ -497,11 +503,11 @@ class DuelingAdmission:
             self._decide()
 
     def _decide(self) -> None:
-        """The tier's rule from the duel: second sight while the admit-all shadow had
-        less than one hit in PSEL's horizon (storing first sights would gain nothing);
-        admit-all during the fill and while the tier's doorkeeper is not warm (see
-        :meth:`record`); then the current rule until PSEL shows the other one ahead by more
-        than :data:`SWITCH_Z` standard errors."""
+        """The tier's rule from the duel: admit-all during the fill (a free slot costs
+        nothing); then second sight while the admit-all shadow had less than one hit in
+        PSEL's horizon (storing first sights would gain nothing); admit-all while the
+        tier's doorkeeper is not warm (see :meth:`record`); then the current rule until PSEL
+        shows the other one ahead by more than :data:`SWITCH_Z` standard errors."""
         if self._filling:
             selective = False
         elif self._ha < 1:
