@@ -25,9 +25,12 @@ earlier phase is forgotten at that pace.
 **The choice** (:meth:`DuelingAdmission._decide`). *Fill:* until the shadows are full both
 store every miss (a free slot costs nothing, so the tier stores every block then too), so
 PSEL does not pile up the lead admit-all always has while a cache fills, which says nothing
-about the steady state (a cold-start bias, as cache simulations drop their warm-up).
-*No hits:* while the admit-all shadow had less than one hit in PSEL's horizon, second sight
-(storing would be only wasted writes, e.g. traffic that is never reused). *Otherwise* the
+about the steady state (a cold-start bias, as cache simulations drop their warm-up). The
+tier starts with admit-all. *No hits:* after the fill, while the admit-all shadow had less
+than one hit in PSEL's horizon, second sight (storing would be only wasted writes, e.g.
+traffic that is never reused; at most one tier size of them is written, during the fill:
+before the fill came first, a trace whose first sampled reuse came late was refused from
+its first request, docs/policies.md "versions tried"). *Otherwise* the
 tier keeps its rule until PSEL shows the other one ahead by more than :data:`SWITCH_Z`
 standard errors of PSEL under equal rules (``sqrt(s2 / 2)``, ``s2`` the decayed sum of
 squared disagreements), a two-sided test at about 95 %: where the two rules are close, a
@@ -38,8 +41,10 @@ clearly, see below).
 
 **The sample.** Keys are prefix block hashes (a key names its whole prefix), so a key always
 sits at the same depth in a request; a key is sampled when its depth is a multiple of
-``stride`` (1 to 4) and ``hash(key) % modulus == 0`` (``modulus`` odd, so keys that step by a
-power of two are still sampled evenly): ``rate = 1 / (stride * modulus)``, about
+``stride`` (1 to 4) and ``hash(key) % modulus == modulus // 2`` (``modulus`` odd, so keys
+that step by a power of two are still sampled evenly; the residue is not 0, since
+``0 % m == 0`` for every ``m`` would put the key 0, in a trace of sequential block ids the
+head every request shares, in every sample): ``rate = 1 / (stride * modulus)``, about
 ``SHADOW_BLOCKS / num_blocks`` and at least :data:`MIN_RATE`. The depth stride lets the
 per-key cost skip most keys (a slice); keys that are not prefix hashes (a key seen at several
 depths) are sampled at some of their references only, which makes the shadows see less reuse.
@@ -206,6 +211,7 @@ class DuelingAdmission:
         self.stride = max(1, min(MAX_STRIDE, int(inverse)))
         modulus = max(1, int(inverse / self.stride))
         self.modulus = modulus if modulus % 2 or modulus == 1 else modulus - 1
+        self.residue = self.modulus // 2  # not 0: see the module docstring, "The sample"
         self.rate = 1 / (self.stride * self.modulus)
         self.shadow_capacity = max(1, round(self.rate * num_blocks))
         self.sample_window = max(1, round(self.rate * self.window))
@@ -237,7 +243,8 @@ class DuelingAdmission:
         self._filling = True  # until the shadows are full, both store every miss
         self._kept = True  # the tier's doorkeeper was kept up at the last lookup
         self._warm = True  # ... and holds a whole generation (or every sight so far)
-        self.selective = True  # the tier's current choice: True second sight, False admit-all
+        self.selective = False  # the tier's current choice: True second sight, False admit-all
+        # (admit-all first: the fill, see _decide)
         self.switches = 0
         self.sampled_refs = 0
         self.shadow_hits_all = 0
@@ -267,14 +274,20 @@ class DuelingAdmission:
                 only they are checked (as without admission, the manager checks the others
                 when it needs them).
         """
-        # the sample: every stride-th key, then hash % modulus == 0 (hashing validates them)
+        # the sample: every stride-th key, then hash % modulus == residue (hashing validates
+        # them)
         stride = self.stride
         modulus = self.modulus
+        residue = self.residue
         picked = keys[::stride] if stride > 1 else keys
         if modulus == 1:
             sampled = list(map(hash, picked))
-        else:  # (a comprehension: -1,300 instructions a call against filterfalse)
-            sampled = [h for h in map(hash, picked) if not h % modulus]
+        else:  # a plain loop: -1,700 instructions a call against a comprehension (3.11
+            # makes a function for it), -3,100 against filterfalse (cachegrind, 6 keys)
+            sampled = []
+            for h in map(hash, picked):
+                if h % modulus == residue:
+                    sampled.append(h)
         # the real tier's doorkeeper: needed by second sight, and by admit-all when the call
         # may not fit (see admit); not kept up while admit-all leads by more than half of
         # PSEL's range, since then it stores every looked-up block and is unlikely to lose
@@ -370,6 +383,54 @@ class DuelingAdmission:
                 if self.selective:
                     self._decide()
                 return
+            if self._lru_minis:
+                # one sampled key, LRU shadows, nothing in flight (about 4 in 5 of the
+                # sampled lookups at LRU 16,000 blocks): the general path's steps below and
+                # _LRUMini.access's for one key, inlined (tested equal); a hit moves the key
+                # to the most recent end, a stored key takes the least recent one's place
+                in_a = h in sa
+                in_b = h in sb
+                self.sampled_refs += 1
+                sseen = self._sseen
+                if len(sseen) >= self.sample_window:
+                    self._sseen_old = sseen
+                    self._sseen = sseen = set()
+                seen = h in sseen or h in self._sseen_old
+                sseen.add(h)
+                cap = self.shadow_capacity
+                if in_a:
+                    self.shadow_hits_all += 1
+                    sa.move_to_end(h)
+                else:
+                    if len(sa) >= cap:
+                        sa.popitem(False)
+                    sa[h] = None
+                if in_b:
+                    self.shadow_hits_second += 1
+                    sb.move_to_end(h)
+                elif seen or self._filling:  # (during the fill every miss is stored)
+                    if len(sb) >= cap:
+                        sb.popitem(False)
+                    sb[h] = None
+                if self._filling and len(sb) >= cap:
+                    self._filling = False
+                keep = 1 - self._decay
+                d = in_b - in_a
+                self.psel = psel = self.psel * keep + d
+                self._s2 = s2 = self._s2 * keep + d * d
+                self._ha = ha = self._ha * keep + in_a
+                if ha >= 1 and not self._filling and self._warm:
+                    bar = self._z * (s2 * 0.5) ** 0.5
+                    if self.selective:
+                        if psel < -bar:
+                            self.selective = False
+                            self.switches += 1
+                    elif psel > bar:
+                        self.selective = True
+                        self.switches += 1
+                else:
+                    self._decide()
+                return
         hits_a = len(list(takewhile(sa.__contains__, sampled)))
         hits_b = len(list(takewhile(sb.__contains__, sampled)))
         depth = self._depth
@@ -442,14 +503,16 @@ class DuelingAdmission:
             self._decide()
 
     def _decide(self) -> None:
-        """The tier's rule from the duel: second sight while the admit-all shadow had
-        less than one hit in PSEL's horizon (storing first sights would gain nothing);
-        admit-all during the fill and while the tier's doorkeeper is not warm (see
-        :meth:`record`); then the current rule until PSEL shows the other one ahead by more
-        than :data:`SWITCH_Z` standard errors."""
-        if self._ha < 1:
+        """The tier's rule from the duel: admit-all during the fill (a free slot costs
+        nothing); then second sight while the admit-all shadow had less than one hit in
+        PSEL's horizon (storing first sights would gain nothing); admit-all while the
+        tier's doorkeeper is not warm (see :meth:`record`); then the current rule until PSEL
+        shows the other one ahead by more than :data:`SWITCH_Z` standard errors."""
+        if self._filling:
+            selective = False
+        elif self._ha < 1:
             selective = True
-        elif self._filling or not self._warm:
+        elif not self._warm:
             selective = False
         else:
             # PSEL's standard error when the rules are equal: sqrt(sum of d^2 w^2), which
