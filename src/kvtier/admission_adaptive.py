@@ -458,6 +458,8 @@ class DuelingAdmission:
                 mb.touch(sampled)
             sseen.update(sampled)
             keep = 1 - n * self._decay
+            if keep < 0.0:  # a lookup of more than HORIZON shadow sizes: forget everything
+                keep = 0.0
             self.psel *= keep
             self._s2 *= keep
             self._ha = self._ha * keep + n
@@ -485,6 +487,8 @@ class DuelingAdmission:
         else:
             mb.access(sampled, run, cap, call)
         keep = 1 - n * self._decay
+        if keep < 0.0:  # (as above: PSEL stays a decayed sum, never flips sign)
+            keep = 0.0
         d = hits_b - hits_a
         self.psel = psel = self.psel * keep + d
         self._s2 = s2 = self._s2 * keep + d * d
@@ -758,6 +762,8 @@ class _LRUMini:
             if h in order:
                 order.move_to_end(h)
         new = [h for h in sampled[:upto] if h not in order]
+        if len(new) > 1:  # a key named twice in one lookup is stored (and pending) once
+            new = list(dict.fromkeys(new))
         over = len(order) + len(new) - cap
         if over > 0:
             held = self.held
