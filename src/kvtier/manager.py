@@ -674,8 +674,8 @@ class OffloadingManager:
         if self._insert is not None:
             self._insert(new_keys)
         if rec is not None:
-            rkeys = rec.keys
-            rec.inserted.update(k for k in new_keys if k in rkeys)
+            # C-level filter, no frame per key (see _add_keys)
+            rec.inserted.update(filter(rec.keys.__contains__, new_keys))
         self._stores += num_new
         self._skipped_stores += skipped
         if self._on_store is not None:
@@ -858,6 +858,12 @@ class OffloadingManager:
         at most ``num_blocks`` distinct keys (the head is kept)."""
         rkeys = rec.keys
         room = self.num_blocks - len(rkeys)
+        # the usual case, every new key fits: one C-level update (this and the C-level
+        # filters of request mode's records below: request-mode call log W = 32 15,355 ->
+        # 14,617 instructions per block reference, docs/performance.md, "ARC hot paths")
+        if len(keys) <= room:
+            rkeys.update(dict.fromkeys(keys))
+            return
         for key in keys:
             if key not in rkeys:
                 if room <= 0:
@@ -872,8 +878,9 @@ class OffloadingManager:
         if rec is None:
             return
         self._add_keys(rec, keys)
-        rkeys, inserted = rec.keys, rec.inserted
-        rec.reused.update(k for k in keys if k in rkeys and k not in inserted)
+        # C-level filters, no frame per key (see _add_keys)
+        rec.reused.update(filterfalse(rec.inserted.__contains__,
+                                      filter(rec.keys.__contains__, keys)))
 
     def _record_store(
         self, rec: _Request, keys: Sequence[Hashable], new_keys: Sequence[Hashable]
@@ -882,27 +889,28 @@ class OffloadingManager:
         keys already ready (not pending) are seen, in the call's order; the ready ones are
         reused unless the request inserted them itself. Pending keys are not recorded."""
         slot_of, pending = self._slot_of, self._pending_keys
-        ready = [k for k in keys if k in slot_of and k not in pending]
+        # C-level filters, no frame per key (see _add_keys)
+        ready = list(filterfalse(pending.__contains__, filter(slot_of.__contains__, keys)))
         if new_keys and ready:
             offered = set(new_keys)
             offered.update(ready)
-            self._add_keys(rec, (k for k in keys if k in offered))
+            self._add_keys(rec, list(filter(offered.__contains__, keys)))
         else:
             self._add_keys(rec, ready or new_keys)
         if ready:
-            rkeys, inserted = rec.keys, rec.inserted
-            rec.reused.update(k for k in ready if k in rkeys and k not in inserted)
+            rec.reused.update(filterfalse(rec.inserted.__contains__,
+                                          filter(rec.keys.__contains__, ready)))
 
     def _learn_misses(self, rec: _Request, new_keys: Sequence[Hashable]) -> None:
         """Request mode's ghost learning (vLLM's ``on_store_miss``): one ``touch`` of the keys
         about to be stored that this request has not stored before; called only when the
         store will succeed, before the eviction and the policy's ``insert``."""
         missed = rec.missed
-        misses = [k for k in new_keys if k not in missed] if missed else new_keys
+        # C-level filters, no frame per key (see _add_keys)
+        misses = list(filterfalse(missed.__contains__, new_keys)) if missed else new_keys
         if misses:
             self.policy.touch(misses)
-            rkeys = rec.keys
-            missed.update(k for k in misses if k in rkeys)
+            missed.update(filter(rec.keys.__contains__, misses))
 
     # -- whole-tier operations -----------------------------------------------------------
     def reset_cache(self) -> None:

@@ -35,7 +35,8 @@ class ARCPolicy(CachePolicy):
     until the block is first pinned: a block is pending exactly when its flag is True and it
     is held), ``_t2_keys`` (the resident keys of T2; T1 is the rest), the
     orders ``_t1`` / ``_t2`` (:class:`~kvtier.policies.order.LogicalOrder`, least recent
-    first, held blocks in place), the ghost lists ``_b1`` / ``_b2`` (keys, least recent
+    first, held blocks in place) sharing one held set ``_held`` (the pending and pinned
+    keys of both lists), the ghost lists ``_b1`` / ``_b2`` (keys, least recent
     first), and ``target`` (adaptive target size of T1, in blocks, within
     ``[0, capacity]``). O(1) per key; :meth:`evict` is O(k + protected keys skipped)
     amortized.
@@ -54,8 +55,13 @@ class ARCPolicy(CachePolicy):
         self._t2 = LogicalOrder()
         self._b1: OrderedDict[Key, None] = OrderedDict()
         self._b2: OrderedDict[Key, None] = OrderedDict()
+        # one held set for both lists (keys are in one list only): a completed store or a
+        # released pin leaves it in one C-level call, not one per list (call log W = 32:
+        # 10,306 -> 9,964 instructions per block reference, docs/performance.md, "ARC hot
+        # paths"); so the orders' own __len__ does not count a list's evictable blocks, and
+        # count_eligible is ARC's own
+        self._held = self._t2.held = self._t1.held
         self.target: float = 0.0
-        self._orders = (self._t1, self._t2)
 
     @property
     def t1_size(self) -> int:
@@ -69,32 +75,33 @@ class ARCPolicy(CachePolicy):
 
     # -- state changes -------------------------------------------------------------------
     def insert(self, keys: Sequence[Key]) -> None:
+        if len(keys) == 1 and keys[0] not in self._b1 and keys[0] not in self._b2:
+            # one new key to T1 spelled out (one-key store + complete: 25,811 -> 23,819
+            # instructions, docs/performance.md, "ARC hot paths")
+            key = keys[0]
+            self._resident[key] = True
+            self._t1.live[key] = None
+            self._held.add(key)
+            return
         # one loop for residency, ghost hits and order: cheaper than C-level set operations
         # for the few keys of a store call (docs/performance.md, "Contract refactor")
         resident, b1, b2, t2_keys = self._resident, self._b1, self._b2, self._t2_keys
         t1_live, t2_live = self._t1.live, self._t2.live
-        to_t2 = False
         for key in reversed(keys):  # keys[0] ends most recent
             resident[key] = True  # not pinned since stored (pending while held)
             if key in b1:  # a key stored while in B1 or B2 enters T2
                 del b1[key]
                 t2_keys.add(key)
                 t2_live[key] = None
-                to_t2 = True
             elif key in b2:
                 del b2[key]
                 t2_keys.add(key)
                 t2_live[key] = None
-                to_t2 = True
             else:
                 t1_live[key] = None
-        # held (pending) in their lists: one C-level set update per list (a set.add per key
-        # cost 6x the instructions of the old insert, docs/performance.md)
-        if to_t2:
-            self._t2.held.update(key for key in keys if key in t2_keys)
-            self._t1.held.update(key for key in keys if key not in t2_keys)
-        else:
-            self._t1.held.update(keys)
+        # held (pending): one C-level set update (a set.add per key cost 6x the instructions
+        # of the old insert, docs/performance.md)
+        self._held.update(keys)
 
     def remove(self, keys: Sequence[Key]) -> None:
         resident, t2_keys, t1, t2 = self._resident, self._t2_keys, self._t1, self._t2
@@ -107,32 +114,25 @@ class ARCPolicy(CachePolicy):
                 t1.discard(key)
 
     def mark_evictable(self, keys: Sequence[Key]) -> None:
-        t1, t2 = self._t1, self._t2
-        if t1.aside or t2.aside:  # blocks set aside by a walk go back to their places
-            t1.release(keys)
-            t2.release(keys)
+        if self._t1.aside or self._t2.aside:  # blocks set aside by a walk go back in place
+            self._t1.release(keys)
+            self._t2.release(keys)
             return
-        # no loop: each key leaves the held set of its list, discarded from both in C (a
-        # loop with a set.discard per key: +362 instructions per block reference of a
-        # replay, docs/performance.md, "ARC hot paths")
-        t1.held.difference_update(keys)
-        if t2.held:
-            t2.held.difference_update(keys)
+        # no loop: the keys leave the (shared) held set in C (a loop with a set.discard per
+        # key: +362 instructions per block reference of a replay, docs/performance.md, "ARC
+        # hot paths")
+        self._held.difference_update(keys)
 
     def mark_non_evictable(self, keys: Sequence[Key]) -> None:
-        resident, t2_keys = self._resident, self._t2_keys
-        t1_held, t2_held = self._t1.held, self._t2.held
+        resident = self._resident
         for key in keys:
             resident[key] = False  # pinned, so ready: not pending (see touch)
-            if key in t2_keys:
-                t2_held.add(key)
-            else:
-                t1_held.add(key)
+        self._held.update(keys)
 
     def touch(self, keys: Sequence[Key]) -> None:
         resident, t2_keys = self._resident, self._t2_keys
         t1, t2 = self._t1, self._t2
-        t1_live, t2_live, t1_held = t1.live, t2.live, t1.held
+        t1_live, t2_live, held = t1.live, t2.live, self._held
         b1, b2 = self._b1, self._b2
         for key in reversed(keys):
             # resident first: a missed key then costs three membership tests, not four (and
@@ -147,14 +147,14 @@ class ARCPolicy(CachePolicy):
                 # so completing a store costs no per-key write, -478 instructions per block
                 # reference, docs/performance.md, "ARC hot paths"): refreshed within T1
                 # (not read yet)
-                elif resident[key] and key in t1_held:
+                elif resident[key] and key in held:
                     if key in t1_live:
                         t1_live.move_to_end(key)
                     else:
                         t1.use(key)
                 else:  # seen again: to T2's MRU end, pinned or not
                     t2_keys.add(key)
-                    if key in t1_live and key not in t1_held:  # the usual case, spelled out
+                    if key in t1_live and key not in held:  # the usual case, spelled out
                         del t1_live[key]  # (-109 per block reference, docs/performance.md)
                         t2_live[key] = None
                     else:
@@ -187,7 +187,7 @@ class ARCPolicy(CachePolicy):
         of new keys is where request mode learns from ghost hits). O(len(keys)).
         """
         resident, t2_keys, t1, t2 = self._resident, self._t2_keys, self._t1, self._t2
-        t1_live, t2_live, t1_held = t1.live, t2.live, t1.held
+        t1_live, t2_live, held = t1.live, t2.live, self._held
         # LogicalOrder.use / append / discard spelled out for the usual case (a block in its
         # live order): a Python call less per key (request-mode call log 16,105 -> 15,749
         # instructions per block reference, docs/performance.md, "ARC hot paths")
@@ -201,7 +201,7 @@ class ARCPolicy(CachePolicy):
                     t2.use(key)
             elif key in reused:  # T1 -> T2's MRU end, pinned or not
                 t2_keys.add(key)
-                if key in t1_live and key not in t1_held:
+                if key in t1_live and key not in held:
                     del t1_live[key]
                     t2_live[key] = None
                 else:
@@ -223,35 +223,43 @@ class ARCPolicy(CachePolicy):
         if n == 1 and not protected and not t1.aside and not t2.aside:
             # the usual one-key store: the preferred list's LRU end (its own branch: 32,580 ->
             # ~20,000 instructions per one-key store + complete, docs/performance.md). Nothing
-            # is aside, so no heap entry is current and the evictable counts are live - held
-            # (spelled out: LogicalOrder.__len__ is a Python-level call, +1,400 instructions)
+            # is aside, so no heap entry is current: the list's first evictable block is the
+            # oldest block of live that is not held.
             # quota > 0, i.e. |T1| >= floor(target), is |T1| + 1 > target for an int |T1|
             # (no math.floor call: _evict(1) 7,800 -> 7,645, docs/performance.md)
-            if t1_size + 1 > self.target and len(t1.live) > len(t1.held) \
-                    or len(t2.live) == len(t2.held):
+            if t1_size + 1 > self.target:
                 order, ghost = t1, self._b1
             else:
                 order, ghost = t2, self._b2
-            live, held = order.live, order.held
-            while True:  # the oldest, setting held blocks met aside
+            live, held = order.live, self._held
+            while live:  # the oldest, setting held blocks met aside
                 key = live.popitem(False)[0]
                 if key not in held:
-                    break
+                    if order is t2:
+                        self._t2_keys.remove(key)
+                    del self._resident[key]
+                    ghost[key] = None
+                    if len(ghost) > self.capacity:
+                        ghost.popitem(False)
+                    self.examined += 1
+                    return [key]
                 order._set_aside(key)
                 self.examined += 1
-            if order is t2:
-                self._t2_keys.remove(key)
-            del self._resident[key]
-            ghost[key] = None
-            if len(ghost) > self.capacity:
-                ghost.popitem(False)
-            self.examined += 1
-            return [key]
+            # every block of the preferred list is held, now aside: the phases below take
+            # the victim from the other list
         quota = t1_size - math.floor(self.target) + 1
         first, examined = t1.take(quota if quota < n else n, protected)
-        from_t2, seen = t2.take(n - len(first), protected)
-        late, seen_late = t1.take(n - len(first) - len(from_t2), protected)
-        self.examined += examined + seen + seen_late
+        from_t2: list[Key] = []
+        late: list[Key] = []
+        # a take call only for a phase with victims left to find (call log W = 32: 10,371 ->
+        # 10,306 instructions per block reference, docs/performance.md, "ARC hot paths")
+        if len(first) < n:
+            from_t2, seen = t2.take(n - len(first), protected)
+            examined += seen
+            if len(first) + len(from_t2) < n:
+                late, seen = t1.take(n - len(first) - len(from_t2), protected)
+                examined += seen
+        self.examined += examined
         from_t1 = first + late if late else first
         # commit: victims leave the resident keys for the MRU end of B1 / B2, each ghost list
         # trimmed to the capacity
@@ -273,6 +281,16 @@ class ARCPolicy(CachePolicy):
             return first + from_t2 + late if late else first + from_t2
         return from_t1
 
+    def count_eligible(self, protected: Collection[Key] = ()) -> int:
+        # the orders share one held set, so their own __len__ does not count a list's
+        # evictable blocks: resident minus held, less the evictable protected keys
+        resident, held = self._resident, self._held
+        eligible = len(resident) - len(held)
+        for key in protected:
+            if key in resident and key not in held:
+                eligible -= 1
+        return eligible
+
     def snapshot(self) -> dict:
         t2_keys, resident = self._t2_keys, self._resident
         return {
@@ -280,11 +298,11 @@ class ARCPolicy(CachePolicy):
             "t2_all": set(t2_keys),
             "t1": self._t1.keys(),
             "t2": self._t2.keys(),
-            "held": self._t1.held | self._t2.held,
+            "held": set(self._held),
             "b1": list(self._b1),
             "b2": list(self._b2),
             "pending": {key for key, flag in resident.items()
-                        if flag and (key in self._t1.held or key in self._t2.held)},
+                        if flag and key in self._held},
             "target": self.target,
         }
 
