@@ -140,6 +140,9 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
         proc.terminate()
     for proc in procs:
         proc.join(5)
+        if proc.is_alive():  # SIGTERM not taken within 5 s (a loaded host): SIGKILL
+            proc.kill()
+            proc.join(5)
 
 
 def plot_mrc(
