@@ -214,6 +214,15 @@ def test_sweep_default_grid_in_process(tmp_path):
     assert len(caps) == 12 and caps[0] == 59 and caps[-1] == 11879
 
 
+def test_sweep_says_when_the_range_holds_fewer_sizes_than_points(tmp_path):
+    out = tmp_path / "s.json"
+    res = run("sweep", "-p", "lru", "--points", "5", "--min", "1", "--max", "3",
+              "--workers", "1", "--json", out)
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["capacities"] == [1, 2, 3]
+    assert "--points 5: 1..3 blocks hold only 3 distinct sizes" in res.stderr
+
+
 def test_sweep_bad_range(tmp_path):
     res = run("sweep", "--min", "50%", "--max", "10%", "--plot", tmp_path / "m.png")
     assert res.exit_code == 1 and "is above --max" in res.stderr

@@ -902,6 +902,9 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
                 raise _CliError(f"--min {cap_min} ({lo} blocks) is above --max {cap_max} "
                                 f"({hi} blocks)")
             capacities = log_grid(lo, hi, points)
+            if len(capacities) < points:  # log_grid returns distinct sizes only
+                _warn(f"--points {points}: {lo}..{hi} blocks hold only {len(capacities)} "
+                      f"distinct sizes; sweeping those")
         n_workers = cmd.workers or os.cpu_count() or 1
         n_points = len(cmd.policies) * len(capacities)
         finished: list[ReplayResult] = []
