@@ -414,22 +414,7 @@ class DuelingAdmission:
                     sb[h] = None
                 if self._filling and len(sb) >= cap:
                     self._filling = False
-                keep = 1 - self._decay
-                d = in_b - in_a
-                self.psel = psel = self.psel * keep + d
-                self._s2 = s2 = self._s2 * keep + d * d
-                self._ha = ha = self._ha * keep + in_a
-                if ha >= 1 and not self._filling and self._warm:
-                    bar = self._z * (s2 * 0.5) ** 0.5
-                    if self.selective:
-                        if psel < -bar:
-                            self.selective = False
-                            self.switches += 1
-                    elif psel > bar:
-                        self.selective = True
-                        self.switches += 1
-                else:
-                    self._decide()
+                self._weigh(in_b - in_a, in_a, 1 - self._decay)
                 return
         hits_a = len(list(takewhile(sa.__contains__, sampled)))
         hits_b = len(list(takewhile(sb.__contains__, sampled)))
@@ -489,12 +474,17 @@ class DuelingAdmission:
         keep = 1 - n * self._decay
         if keep < 0.0:  # (as above: PSEL stays a decayed sum, never flips sign)
             keep = 0.0
-        d = hits_b - hits_a
+        self._weigh(hits_b - hits_a, hits_a, keep)
+
+    def _weigh(self, d: int, hits_a: int, keep: float) -> None:
+        """One sampled lookup's evidence: PSEL, its sum of squares and the admit-all shadow's
+        hits decay by ``keep`` and take ``d`` (second-sight hits minus admit-all hits),
+        ``d * d`` and ``hits_a``; then the tier's rule (:meth:`_decide`'s usual last case
+        inlined, the other cases through it)."""
         self.psel = psel = self.psel * keep + d
         self._s2 = s2 = self._s2 * keep + d * d
         self._ha = ha = self._ha * keep + hits_a
         if ha >= 1 and not self._filling and self._warm:
-            # _decide's last case, inlined (the usual one)
             bar = self._z * (s2 * 0.5) ** 0.5
             if self.selective:
                 if psel < -bar:
