@@ -24,7 +24,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
-from kvtier.policies.base import CachePolicy, Key
+from kvtier.policies.base import CachePolicy, Key, count_unheld
 from kvtier.policies.order import LogicalOrder
 
 
@@ -284,12 +284,7 @@ class ARCPolicy(CachePolicy):
     def count_eligible(self, protected: Collection[Key] = ()) -> int:
         # the orders share one held set, so their own __len__ does not count a list's
         # evictable blocks: resident minus held, less the evictable protected keys
-        resident, held = self._resident, self._held
-        eligible = len(resident) - len(held)
-        for key in protected:
-            if key in resident and key not in held:
-                eligible -= 1
-        return eligible
+        return count_unheld(protected, self._resident, self._held)
 
     def snapshot(self) -> dict:
         t2_keys, resident = self._t2_keys, self._resident

@@ -88,6 +88,18 @@ def count_eligible(protected: Collection[Key], *orders: Collection[Key]) -> int:
     return eligible
 
 
+def count_unheld(protected: Collection[Key], members: Collection[Key],
+                 held: Collection[Key]) -> int:
+    """Keys of ``members`` neither ``held`` (a subset of ``members``) nor ``protected``: for a
+    policy that keeps all its blocks in one map and its held ones in one set (ARC, LFU).
+    O(len(protected)). ``protected`` must name each key once (see :func:`protected_set`)."""
+    eligible = len(members) - len(held)
+    for key in protected:
+        if key in members and key not in held:
+            eligible -= 1
+    return eligible
+
+
 def _frozen(value: Any) -> Any:
     """A comparable copy of ``value`` for :meth:`CachePolicy.snapshot` (dict order kept)."""
     snapshot = getattr(value, "snapshot", None)
@@ -235,4 +247,4 @@ class CachePolicy(ABC):
         }
 
 
-__all__ = ["CachePolicy", "Key", "count_eligible", "protected_set"]
+__all__ = ["CachePolicy", "Key", "count_eligible", "count_unheld", "protected_set"]

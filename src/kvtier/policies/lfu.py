@@ -63,7 +63,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from heapq import heapify, heappop, heappush
 
-from kvtier.policies.base import CachePolicy, Key
+from kvtier.policies.base import CachePolicy, Key, count_unheld
 
 #: number of priority buckets (a power of two): K saturates at floor + WINDOW - 1
 WINDOW = 256
@@ -105,12 +105,7 @@ class LFUPolicy(CachePolicy):
 
     def count_eligible(self, protected: Collection[Key] = ()) -> int:
         # evictable = resident and not held: no need to look through 256 buckets
-        prio, held = self._prio, self._held
-        eligible = len(prio) - len(held)
-        for key in protected:
-            if key in prio and key not in held:
-                eligible -= 1
-        return eligible
+        return count_unheld(protected, self._prio, self._held)
 
     def _lowest_from(self, k: int) -> int | None:
         """Lowest priority >= ``k`` whose bucket is non-empty (``k >= floor``), or None."""
