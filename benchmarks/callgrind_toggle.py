@@ -29,6 +29,22 @@ def build_helper(work: Path) -> Path:
     return helper
 
 
+def run_calls(helper: Path | str, calls: list, refs: int) -> None:
+    """Child side (under callgrind): ``f(*args, **kw)`` for each ``(f, args, kw)`` of ``calls``
+    between ``cg_start`` and ``cg_stop`` (after a ``gc.collect``), then ``REFS <refs>`` on
+    stderr for :func:`count`."""
+    import ctypes
+    import gc
+
+    cg = ctypes.CDLL(str(helper))
+    gc.collect()
+    cg.cg_start()
+    for f, args, kw in calls:
+        f(*args, **kw)
+    cg.cg_stop()
+    print("REFS", refs, file=sys.stderr)
+
+
 def count(script: str, args: list[str], env: dict, work: Path, tag: str) -> tuple[int, int]:
     """Run ``python script *args`` under callgrind; return (instructions between cg_start and
     cg_stop, the REFS the child printed). Raises RuntimeError naming ``tag`` on failure."""

@@ -23,15 +23,13 @@ per ``SRC``. Needs valgrind (with its headers) and gcc.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import os
 import pickle
 import sys
 import tempfile
 from pathlib import Path
 
-from callgrind_toggle import build_helper, count  # benchmarks/ (the script's folder)
+from callgrind_toggle import build_helper, count, run_calls  # benchmarks/ (the script's folder)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
@@ -76,14 +74,8 @@ def run_log(path: Path, helper: Path) -> None:
 
     data = pickle.loads(path.read_bytes())
     m = kvtier.OffloadingManager(data["capacity"], data["policy"])
-    calls = [(getattr(m, name), args, kw) for name, args, kw in data["log"]]
-    cg = ctypes.CDLL(str(helper))
-    gc.collect()
-    cg.cg_start()
-    for f, args, kw in calls:
-        f(*args, **kw)
-    cg.cg_stop()
-    print("REFS", data["refs"], file=sys.stderr)
+    run_calls(helper, [(getattr(m, name), args, kw) for name, args, kw in data["log"]],
+              data["refs"])
 
 
 def measure(log: Path, helper: Path, src: str, work: Path) -> float:

@@ -35,7 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from callgrind_toggle import build_helper, count  # benchmarks/ (the script's folder)
+from callgrind_toggle import build_helper, count, run_calls  # benchmarks/ (the script's folder)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
@@ -115,13 +115,7 @@ def run_case(args) -> None:
         log = logs["manager"]
         obj = (_empty(MANAGER_METHODS) if what.endswith("empty")
                else kvtier.OffloadingManager(capacity, policy))
-    calls = [(getattr(obj, name), a, kw) for name, a, kw in log]
-    gc.collect()
-    cg.cg_start()
-    for f, a, kw in calls:
-        f(*a, **kw)
-    cg.cg_stop()
-    print("REFS", logs["refs"], file=sys.stderr)
+    run_calls(args.helper, [(getattr(obj, name), a, kw) for name, a, kw in log], logs["refs"])
 
 
 def record_layers(kpr_path: Path, policy: str, capacity: int, inflight: int, out: Path) -> None:
