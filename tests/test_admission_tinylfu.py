@@ -132,3 +132,19 @@ def test_bad_arguments_and_unhashable_keys_change_nothing():
     assert m.snapshot() == before
     m.reset_cache()
     assert m.snapshot() == OffloadingManager(8, admission="tinylfu").snapshot()
+
+
+def test_sketch_width_is_capped_for_huge_tiers():
+    from kvtier.admission_tinylfu import MAX_WIDTH
+    from kvtier.manager import MAX_BLOCKS
+
+    a = TinyLFUAdmission(4_194_304)  # the size at which the cap is reached
+    assert a.width == MAX_WIDTH == 4 * 4_194_304
+    huge = TinyLFUAdmission(MAX_BLOCKS)  # was 2**33 counters per row: 32 GiB up front
+    assert huge.width == MAX_WIDTH
+    assert sum(len(r) for r in huge._rows) == 4 * MAX_WIDTH  # 64 MiB
+    huge.record([1, 2, 3])
+    huge.record([1, 2, 3])
+    assert huge.estimate(1) >= 1 and huge._shift == 64 - MAX_WIDTH.bit_length() + 1
+    a = TinyLFUAdmission(4_194_305)
+    assert a.width == MAX_WIDTH

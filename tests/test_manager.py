@@ -418,6 +418,19 @@ def test_lookup_of_unhashable_key_names_it():
         m.lookup(["x"])
 
 
+def test_read_only_queries_name_an_unhashable_key():
+    m = OffloadingManager(2)
+    m.prepare_store(["a"])
+    before = m.snapshot()
+    for call, name in ((m.slot_of, "slot_of"), (m.ref_count, "ref_count"),
+                       (m.__contains__, "__contains__")):
+        with pytest.raises(TypeError, match=rf"{name}.*block key \['x'\] is not hashable"):
+            call(["x"])
+    with pytest.raises(TypeError, match=r"block key \{'k': 1\} is not hashable"):
+        {"k": 1} in m  # noqa: B015 (the membership test is the call under test)
+    assert m.snapshot() == before
+
+
 def test_lookup_prefix_with_admission_counts_nothing_on_bad_key():
     m = OffloadingManager(4, store_threshold=2)
     before = m.snapshot()

@@ -8,7 +8,7 @@ victim's. Its parts, as here:
 
 * **Count-min sketch** (Cormode and Muthukrishnan, 2005): ``DEPTH = 4`` rows of ``width``
   saturating 4-bit counters (``width`` the power of two >= ``WIDTH_FACTOR`` times the
-  tier's size, at least 64; one byte per counter);
+  tier's size, at least 64 and at most ``MAX_WIDTH``; one byte per counter);
   a key's estimate is the minimum of its four counters.
 * **Doorkeeper**: a key's first lookup in a sample goes to a set, not to the sketch, so
   one-hit wonders never touch the counters; the estimate adds 1 for a key in the doorkeeper.
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-__all__ = ["DEPTH", "SAMPLE_FACTOR", "WIDTH_FACTOR", "TinyLFUAdmission"]
+__all__ = ["DEPTH", "MAX_WIDTH", "SAMPLE_FACTOR", "WIDTH_FACTOR", "TinyLFUAdmission"]
 
 DEPTH = 4
 """Rows of the count-min sketch (TinyLFU's and Caffeine's four)."""
@@ -51,6 +51,12 @@ WIDTH_FACTOR = 4
 """Counters per row per tier block (rounded up to a power of two): ``4 * 4 = 16`` counters
 per block in all, as Caffeine's sketch (one 64-bit word of sixteen 4-bit counters per
 block); with W = 10 x the tier's size, fewer would inflate every estimate by collisions."""
+
+MAX_WIDTH = 1 << 24
+"""Most counters per row: the sketch takes at most ``4 * 2**24`` bytes (64 MiB), reached at
+4,194,304 tier blocks. Larger tiers share counters (a count-min sketch only over-estimates,
+more so the more keys share a counter); without a cap the sketch was allocated up front at 16
+bytes per block (a tier of ``MAX_BLOCKS`` blocks asked for 32 GiB before storing anything)."""
 
 SAMPLE_FACTOR = 10
 """Sample size W per tier block: the sketch is halved after ``10 * num_blocks`` counted
@@ -88,7 +94,7 @@ class TinyLFUAdmission:
         self.num_blocks = num_blocks
         self.sample = sample_factor * num_blocks
         width = 64
-        while width < WIDTH_FACTOR * num_blocks:
+        while width < WIDTH_FACTOR * num_blocks and width < MAX_WIDTH:
             width *= 2
         self.width = width
         self._shift = 64 - width.bit_length() + 1  # the top log2(width) bits of a product

@@ -962,8 +962,14 @@ class OffloadingManager:
         For data planes that must copy a victim's bytes before its slot is reused: inside the
         policy's eviction (``CachePolicy._evict``) a victim still has its slot here; once
         ``prepare_store`` returns, the slot may belong to a new block.
+
+        Raises:
+            TypeError: ``key`` is not hashable (named in the message).
         """
-        return self._slot_of.get(key)
+        try:
+            return self._slot_of.get(key)
+        except TypeError:
+            raise unhashable_error((key,), "slot_of") from None
 
     def missing(self, keys: Sequence[Hashable]) -> list[Hashable]:
         """The keys of ``keys`` not stored in the tier (neither pending nor ready), in order,
@@ -982,8 +988,15 @@ class OffloadingManager:
             raise unhashable_error(keys, "missing") from None
 
     def ref_count(self, key: Hashable) -> int | None:
-        """Ref count of ``key`` (-1 pending, 0 evictable, >0 pinned), or None if not stored."""
-        slot = self._slot_of.get(key)
+        """Ref count of ``key`` (-1 pending, 0 evictable, >0 pinned), or None if not stored.
+
+        Raises:
+            TypeError: ``key`` is not hashable (named in the message).
+        """
+        try:
+            slot = self._slot_of.get(key)
+        except TypeError:
+            raise unhashable_error((key,), "ref_count") from None
         if slot is None:
             return None
         if key in self._pending_keys:
@@ -995,7 +1008,15 @@ class OffloadingManager:
         return len(self._slot_of)
 
     def __contains__(self, key: Hashable) -> bool:
-        return key in self._slot_of
+        """Whether block ``key`` is stored (pending or ready). O(1).
+
+        Raises:
+            TypeError: ``key`` is not hashable (named in the message).
+        """
+        try:
+            return key in self._slot_of
+        except TypeError:
+            raise unhashable_error((key,), "in (OffloadingManager.__contains__)") from None
 
     def snapshot(self) -> dict:
         """A comparable copy of the whole state (manager and policy), for tests and debugging.
