@@ -150,6 +150,15 @@ def test_more_blocks_than_capacity_keeps_the_head(tmp_path):
         assert t.stats().writes_skipped == 2
 
 
+def test_a_key_repeated_in_one_write_keeps_its_first_block(tmp_path):
+    # the same rule as the Redis tier (test_redis.py): first occurrence written, repeats skipped
+    with DiskTier(tmp_path, 4, BB) as t:
+        assert t.write([7, 8, 7, 7], [blk(1), blk(2), blk(3), blk(3)]) == 2
+        assert t.flush(10)
+        assert t.read([7, 8]) == [blk(1), blk(2)]
+        assert (t.stats().writes, t.stats().writes_skipped) == (2, 2)
+
+
 def test_restart_recovers_blocks_in_write_order(tmp_path):
     with DiskTier(tmp_path, 6, BB, policy="lru") as t:
         for k in range(8):  # 0 and 1 are evicted, their slots rewritten by 6 and 7

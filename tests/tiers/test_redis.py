@@ -85,6 +85,17 @@ def test_round_trip_lookup_and_read(shared_redis_server, lookup_mode):
         assert s.backend_errors == 0 and s.breaker_state == "closed"
 
 
+def test_a_key_repeated_in_one_write_keeps_its_first_block(shared_redis_server):
+    # as the disk tier: the first occurrence is written, the repeats counted as skipped
+    a, b, c = blocks_for(["a", "b", "c"])
+    with make_tier(shared_redis_server.url) as tier:
+        assert tier.write([7, 8, 7, 7], [a, b, c, c]) == 2
+        assert tier.flush(10)
+        assert tier.read([7, 8]) == [a, b]
+        s = tier.stats()
+        assert (s.writes, s.writes_completed, s.writes_skipped) == (2, 2, 2)
+
+
 def test_caller_may_reuse_buffer_after_write(shared_redis_server):
     buf = bytearray(b"a" * BLOCK)
     with make_tier(shared_redis_server.url) as tier:

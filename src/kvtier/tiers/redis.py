@@ -800,7 +800,9 @@ class RedisTier(BlockTier):
         pipelined SET with ``ttl_s`` or in a cluster). A block becomes readable when its
         batch is done.
         Blocks that do not fit in the queue (``max_queue_bytes``) or arrive while the breaker
-        is open are dropped and counted in ``writes_skipped``.
+        is open are dropped and counted in ``writes_skipped``; so are the repeats of a key
+        named more than once in the call (its first occurrence is written, as on the disk
+        tier).
 
         Raises:
             ValueError: lengths differ, or a block is not ``block_bytes`` long (names it).
@@ -821,9 +823,20 @@ class RedisTier(BlockTier):
                 )
         if not rkeys:
             return 0
+        repeats = 0
+        if len(set(rkeys)) != len(rkeys):
+            # a key named twice in one write: its first occurrence is written and the repeats
+            # counted in writes_skipped, as the disk tier does (SET of each would let the last
+            # occurrence win, so the two tiers could hold different bytes for one key)
+            first: dict[str, int] = {}
+            for i, rkey in enumerate(rkeys):
+                first.setdefault(rkey, i)
+            repeats = len(rkeys) - len(first)
+            rkeys = list(first)
+            blocks = [blocks[i] for i in first.values()]
         if self._breaker.state == CircuitBreaker.OPEN:
             with self._lock:
-                self._stats.writes_skipped += len(rkeys)
+                self._stats.writes_skipped += len(rkeys) + repeats
                 self._stats.calls_refused += 1
             return 0
         size = HEADER_BYTES + self.block_bytes
@@ -833,7 +846,7 @@ class RedisTier(BlockTier):
             self._queued_blocks += take
             self._queued_bytes += take * size
             self._stats.writes += take
-            self._stats.writes_skipped += len(rkeys) - take
+            self._stats.writes_skipped += len(rkeys) - take + repeats
         for i in range(take):
             b = blocks[i]
             # bytes are immutable: kept as they are (0 copies, the raw MSET's cost); a
