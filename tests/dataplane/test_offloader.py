@@ -103,6 +103,31 @@ def test_restore_prefix_stops_at_first_miss_and_at_block_budget():
     off.close()
 
 
+def test_block_ids_may_be_numpy_arrays_or_tensors():
+    np = pytest.importorskip("numpy")
+    off, kv = make()
+    data = fill_blocks(kv, [0, 1, 2], seed=4)
+    off.offload(["h0", "h1"], np.array([0, 1], dtype=np.int64))  # was refused: not a Sequence
+    off.offload(["h2"], torch.tensor([2]))
+    off.wait(10)
+    n, _ = off.restore_prefix(["h0", "h1", "h2"], torch.tensor([10, 11, 12]))
+    assert n == 3
+    off.wait(10)
+    n, _ = off.restore_prefix(["h2"], np.array([13], dtype=np.uint32))
+    assert n == 1
+    off.wait(10)
+    assert [torch.equal(block(kv, b), data[s]) for b, s in ((10, 0), (11, 1), (12, 2), (13, 2))] \
+        == [True] * 4
+    before = off.manager.snapshot()
+    for bad, what in ((np.array([1.0]), "1-D integer array"), (np.array([[1]]), "1-D integer"),
+                      (torch.tensor([1.0]), "1-D integer tensor"), ("ab", "sequence of ints")):
+        with pytest.raises(TypeError, match=what):
+            off.restore_prefix(["h0"], bad)
+    assert off.manager.snapshot() == before  # refused before the lookup counted anything
+    assert_clean(off, used=3)
+    off.close()
+
+
 def test_already_stored_keys_are_not_copied_again():
     off, kv = make()
     off.offload(["x", "y"], [0, 1])

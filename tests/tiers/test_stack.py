@@ -55,7 +55,7 @@ def test_write_back_copies_victims_before_reuse_and_promotes_them_back(tmp_path)
     assert disk.read(["a3", "a2"]) == [as_bytes(data[3]), as_bytes(data[2])]
     for t in kv:
         t.zero_()
-    n, job, found = tiered.restore_prefix(["a3", "a2", "a0"], [10, 11, 12])
+    n, job, found = tiered.restore_prefix(["a3", "a2", "a0"], torch.tensor([10, 11, 12]))  # ids as a tensor
     assert (n, found.runs) == (3, [("disk", 2), ("host", 1)])
     assert job is not None
     tiered.wait(10)

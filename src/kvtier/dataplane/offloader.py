@@ -26,7 +26,14 @@ from typing import Any, NamedTuple
 import torch
 
 from kvtier.dataplane.pool import HostBlockPool
-from kvtier.dataplane.transfer import LOAD, STORE, TransferEngine, TransferResult, _as_id_list
+from kvtier.dataplane.transfer import (
+    LOAD,
+    STORE,
+    TransferEngine,
+    TransferResult,
+    _as_id_list,
+    block_id_sequence,
+)
 from kvtier.manager import OffloadingManager
 
 __all__ = ["KVOffloader", "OffloadResult"]
@@ -242,7 +249,8 @@ class KVOffloader:
         Args:
             keys: the request's block keys, in order (any iterable; a generator is read
                 once, before the lookup).
-            block_ids: device blocks to fill; at most ``len(block_ids)`` blocks are restored.
+            block_ids: device blocks to fill (ints, or a 1-D integer tensor or numpy array);
+                at most ``len(block_ids)`` blocks are restored.
 
         Returns:
             ``(n, job_id)``: ``n`` blocks (``keys[:n]`` into ``block_ids[:n]``) are being
@@ -252,8 +260,7 @@ class KVOffloader:
             as :meth:`restore`.
         """
         self._check_open()  # before the lookup, which counts in the manager's stats
-        if isinstance(block_ids, (str, bytes)) or not isinstance(block_ids, Sequence):
-            raise TypeError(f"block_ids must be a sequence of ints, got {type(block_ids).__name__}")
+        block_ids = block_id_sequence("block_ids", block_ids)
         if isinstance(keys, (str, bytes)):
             raise TypeError(f"keys must be an iterable of block keys, got {type(keys).__name__}")
         if not isinstance(keys, Sequence):  # a generator: read it once, before the lookup

@@ -25,8 +25,9 @@ from typing import Any
 import torch
 
 from kvtier.dataplane.offloader import KVOffloader, OffloadResult
+from kvtier.dataplane.transfer import block_id_sequence
 from kvtier.tiers.base import BlockTier, TierStats
-from kvtier.tiers.stack import TierEvent, TierStack, TieredLookup
+from kvtier.tiers.stack import TieredLookup, TierEvent, TierStack
 
 __all__ = ["TieredOffloader"]
 
@@ -111,8 +112,7 @@ class TieredOffloader:
             as ``KVOffloader.restore`` (nothing is pinned then; promoted blocks stay in the
             host).
         """
-        if isinstance(block_ids, (str, bytes)) or not isinstance(block_ids, Sequence):
-            raise TypeError(f"block_ids must be a sequence of ints, got {type(block_ids).__name__}")
+        block_ids = block_id_sequence("block_ids", block_ids)  # ints, a tensor or an array
         keys = list(keys)[: len(block_ids)]
         found = self.stack.lookup(keys)
         try:

@@ -86,13 +86,31 @@ class _Job:
     keep: list = field(default_factory=list)  # tensors to keep alive until the event
 
 
-def _as_id_list(name: str, values: Any, limit: int, what: str) -> list[int]:
+def block_id_sequence(name: str, values: Any) -> Sequence:
+    """``values`` as a sequence of block ids: a 1-D integer ``torch.Tensor`` or numpy array
+    becomes a list of ints; any other sequence is returned as it is (its items are checked
+    by the caller).
+
+    Raises:
+        TypeError: ``values`` is a str / bytes, not a sequence, or a tensor / array that is
+            not 1-D or not of an integer dtype (``name`` in the message).
+    """
     if isinstance(values, torch.Tensor):
         if values.dim() != 1 or values.dtype.is_floating_point or values.dtype == torch.bool:
             raise TypeError(f"{name} must be a 1-D integer tensor or a sequence of ints")
-        values = values.tolist()
-    elif isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        return values.tolist()
+    if type(values).__module__ == "numpy" and hasattr(values, "ndim"):  # no numpy import
+        if values.ndim != 1 or values.dtype.kind not in "iu":
+            raise TypeError(f"{name} must be a 1-D integer array or a sequence of ints, got "
+                            f"a {values.ndim}-D array of {values.dtype}")
+        return values.tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}")
+    return values
+
+
+def _as_id_list(name: str, values: Any, limit: int, what: str) -> list[int]:
+    values = block_id_sequence(name, values)
     out: list[int] = []
     for v in values:
         if isinstance(v, bool):
