@@ -108,12 +108,18 @@ class TieredOffloader:
             below, a host without room for the promotion, or fewer ``block_ids``).
 
         Raises:
-            as ``KVOffloader.restore`` (nothing is pinned then; promoted blocks stay in the
-            host).
+            ValueError / TypeError: the offloader is closed, or a block id that a restore of
+                ``keys`` may use is out of range, repeated or not an int: before anything
+                changed (no lookup counted, nothing promoted).
+            as ``KVOffloader.restore`` otherwise (nothing is pinned then; promoted blocks
+            stay in the host).
         """
         if isinstance(block_ids, (str, bytes)) or not isinstance(block_ids, Sequence):
             raise TypeError(f"block_ids must be a sequence of ints, got {type(block_ids).__name__}")
         keys = list(keys)[: len(block_ids)]
+        # before the lookup and the promotion, which evict host blocks and demote them
+        self.offloader._check_open()
+        self.offloader._check_restore_ids(block_ids, len(keys))
         found = self.stack.lookup(keys)
         try:
             n = self.stack.promote(keys, found)
