@@ -128,6 +128,21 @@ def test_block_ids_may_be_numpy_arrays_or_tensors():
     off.close()
 
 
+@pytest.mark.parametrize("bad, error", [([10, 10], ValueError), ([10, 99], ValueError),
+                                         ([10, 1.5], TypeError), ([10, -1], ValueError)])
+def test_restore_prefix_checks_block_ids_before_the_lookup_counts(bad, error):
+    """A repeated, out-of-range or non-int block id is refused before the lookup (found by
+    a newcomer session: the lookup counted its hits first, then restore raised)."""
+    off, kv = make()
+    off.offload(["h0", "h1"], [0, 1])
+    off.wait(10)
+    before = off.manager.stats()
+    with pytest.raises(error, match="block_ids"):
+        off.restore_prefix(["h0", "h1"], bad)
+    assert off.manager.stats() == before
+    off.close()
+
+
 def test_already_stored_keys_are_not_copied_again():
     off, kv = make()
     off.offload(["x", "y"], [0, 1])

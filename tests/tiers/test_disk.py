@@ -393,3 +393,50 @@ def test_a_lone_str_is_not_a_key_list(tmp_path):
             with pytest.raises(TypeError, match="wrap it in a list"):
                 call()
         assert t.stats().writes == 0
+
+
+def test_stats_from_a_scrape_thread_never_runs_the_manager_beside_the_engine(tmp_path):
+    """TierCollector calls stats() on the scraping thread (docs/metrics.md: tiers' stats()
+    are thread-safe). Found by a newcomer session: stats() collected finished writes into
+    the tier's manager (complete_store) while the engine thread was inside write()'s
+    prepare_store; with ARC a scrape loop beside a write loop raised
+    "PolicyError: ARCPolicy.evict(5) returned 4 victims" within seconds. The engine's call
+    now waits for the scrape's collection (and the other way round)."""
+    t = DiskTier(tmp_path / "d", 8, 8, workers=1)
+    m = t.manager
+    in_complete = threading.Event()
+    overlaps: list[str] = []
+    real_complete, real_prepare = m.complete_store, m.prepare_store
+
+    def complete_store(keys, *args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            in_complete.set()
+            threading.Event().wait(0.3)  # the engine thread calls write meanwhile
+            try:
+                return real_complete(keys, *args, **kwargs)
+            finally:
+                in_complete.clear()
+        return real_complete(keys, *args, **kwargs)
+
+    def prepare_store(keys, *args, **kwargs):
+        if in_complete.is_set():
+            overlaps.append(f"prepare_store({keys}) during the scrape's complete_store")
+        return real_prepare(keys, *args, **kwargs)
+
+    m.complete_store, m.prepare_store = complete_store, prepare_store
+    t.write([1], [b"a" * 8])
+
+    def scrape():
+        for _ in range(10_000):  # until the write above has finished and is collected
+            t.stats()
+            if m.stats().completed_stores:
+                return
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    assert in_complete.wait(10)
+    t.write([2], [b"b" * 8])
+    scraper.join(10)
+    assert overlaps == []
+    assert t.flush(10) and t.read([1, 2]) == [b"a" * 8, b"b" * 8]
+    t.close()

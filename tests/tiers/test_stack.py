@@ -96,6 +96,32 @@ def test_offload_refuses_a_key_no_lower_tier_can_store_before_anything_changes(
     tiered.close()
 
 
+@pytest.mark.parametrize("bad, error", [([10, 10, 12], ValueError), ([10, 99, 12], ValueError),
+                                         ([10, 1.5, 12], TypeError)])
+def test_restore_prefix_refuses_bad_block_ids_before_promoting(tmp_path, bad, error):
+    """Found by a newcomer session: restore_prefix with a repeated / out-of-range block id
+    promoted a3, a2 from the disk (evicting a1, b1 from the host and demoting them), and only
+    then did the offloader's restore refuse the ids."""
+    tiered, kv, disk = make(tmp_path)
+    tiered.offload(["a0", "a1", "a2", "a3"], [0, 1, 2, 3])
+    tiered.wait(10)
+    tiered.offload(["b0", "b1"], [4, 5])
+    tiered.wait(10)
+    assert tiered.flush(10)
+    host = tiered.offloader.manager
+    before = (host.stats(), disk.stats().lookups, dict(tiered.stack.promoted),
+              tiered.stack.demoted)
+    with pytest.raises(error, match="block_ids"):
+        tiered.restore_prefix(["a3", "a2", "a0"], bad)
+    assert tiered.flush(10)
+    assert (host.stats(), disk.stats().lookups, dict(tiered.stack.promoted),
+            tiered.stack.demoted) == before
+    assert "a3" not in host and "a1" in host
+    tiered.close()
+    with pytest.raises(ValueError, match="closed"):
+        tiered.restore_prefix(["a3"], [1])
+
+
 def test_offload_refuses_a_closed_lower_tier_before_anything_changes(tmp_path):
     """A lower tier closed by its owner: the host store is refused up front, naming the
     tier. Before, the host took the blocks and the write-back of their victims raised from

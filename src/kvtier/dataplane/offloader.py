@@ -270,6 +270,7 @@ class KVOffloader:
                 raise TypeError(
                     f"keys must be an iterable of block keys, got {type(keys).__name__}"
                 ) from None
+        self._check_restore_ids(block_ids, len(keys))  # before the lookup counts
         n = min(self.lookup(keys, req_context), len(block_ids))
         return n, self.restore(list(keys[:n]), list(block_ids[:n]), req_context)
 
@@ -339,6 +340,14 @@ class KVOffloader:
     def _check_open(self) -> None:
         if self.engine.closed:
             raise ValueError("the offloader's transfer engine is closed: no job is accepted")
+
+    def _check_restore_ids(self, block_ids: Sequence[int], count: int) -> None:
+        """The ``block_ids`` a restore of ``count`` keys may use are ints in range and
+        distinct (checked before a lookup or a promotion changes anything)."""
+        ids = _as_id_list("block_ids", list(block_ids[:count]), self.engine.num_device_blocks,
+                          "engine block id")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"block_ids {ids} repeat a block: destinations must be distinct")
 
     def _check_pairs(self, keys: Sequence[Hashable], block_ids: Sequence[int]) -> list[int]:
         self._check_open()  # before the manager is asked: a store might evict

@@ -109,11 +109,17 @@ class TieredOffloader:
             below, a host without room for the promotion, or fewer ``block_ids``).
 
         Raises:
-            as ``KVOffloader.restore`` (nothing is pinned then; promoted blocks stay in the
-            host).
+            ValueError / TypeError: the offloader is closed, or a block id that a restore of
+                ``keys`` may use is out of range, repeated or not an int: before anything
+                changed (no lookup counted, nothing promoted).
+            as ``KVOffloader.restore`` otherwise (nothing is pinned then; promoted blocks
+            stay in the host).
         """
         block_ids = block_id_sequence("block_ids", block_ids)  # ints, a tensor or an array
         keys = list(keys)[: len(block_ids)]
+        # before the lookup and the promotion, which evict host blocks and demote them
+        self.offloader._check_open()
+        self.offloader._check_restore_ids(block_ids, len(keys))
         found = self.stack.lookup(keys)
         try:
             n = self.stack.promote(keys, found)

@@ -35,6 +35,7 @@ slots, so blocks recovered at open keep the file slots they are in.
 from __future__ import annotations
 
 import fcntl
+import functools
 import itertools
 import json
 import os
@@ -127,6 +128,19 @@ def _pwrite_all(fd: int, data: Any, offset: int) -> None:
         offset += n
 
 
+def _serialized(method: Any) -> Any:
+    """Run ``method`` under the tier's ``_call_lock``: a metrics scrape calls :meth:`stats`
+    on its own thread, and stats collects finished writes into the manager, which must not
+    run beside the engine thread's call (not thread-safe)."""
+
+    @functools.wraps(method)
+    def call(self: DiskTier, *args: Any, **kwargs: Any) -> Any:
+        with self._call_lock:
+            return method(self, *args, **kwargs)
+
+    return call
+
+
 class DiskTier(BlockTier):
     """A tier of ``num_blocks`` fixed-size slots of ``block_bytes`` in directory ``path``.
 
@@ -158,8 +172,9 @@ class DiskTier(BlockTier):
         OSError: the files cannot be created or read.
 
     Thread safety: the public methods are meant for one thread (the engine's); writes run on
-    the tier's own worker threads, which never touch the manager. Not safe to call from
-    several threads at once.
+    the tier's own worker threads, which never touch the manager. :meth:`stats` (and
+    ``in`` / ``len``) may also be called from another thread, e.g. a metrics scrape: the
+    public methods that use the manager run under one lock.
     """
 
     def __init__(
@@ -214,6 +229,8 @@ class DiskTier(BlockTier):
         self._call_ids = itertools.count()
         self._cv = threading.Condition()
         self._in_flight = 0
+        # taken by every public method that reads or changes the manager (see _serialized)
+        self._call_lock = threading.RLock()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"kvtier-{name}")
         self._read_pool = ThreadPoolExecutor(max_workers=workers,
                                              thread_name_prefix=f"kvtier-{name}-read")
@@ -317,6 +334,7 @@ class DiskTier(BlockTier):
         self._stats.used_blocks = len(self.manager)
 
     # -- BlockTier -------------------------------------------------------------------------
+    @_serialized
     def lookup_prefix(self, keys: Sequence[Key]) -> int:
         """Leading ``keys`` readable here (completed writes, not known corrupt). No I/O.
 
@@ -340,6 +358,7 @@ class DiskTier(BlockTier):
         st.lookup_hits += n
         return n
 
+    @_serialized
     def read(self, keys: Sequence[Key]) -> list[bytes | None]:
         """Verified bytes of each key, ``None`` where absent, pending or failing its checksum
         (then counted in ``read_errors`` and dropped from lookups until rewritten or evicted).
@@ -409,6 +428,7 @@ class DiskTier(BlockTier):
         except OSError:
             pass
 
+    @_serialized
     def write(self, keys: Sequence[Key], blocks: Sequence[bytes | bytearray | memoryview]) -> int:
         """Queue ``blocks[i]`` for writing under ``keys[i]``; returns the blocks accepted.
 
@@ -586,9 +606,12 @@ class DiskTier(BlockTier):
             return True
         with self._cv:
             done = self._cv.wait_for(lambda: self._in_flight == 0, timeout)
-        self._drain()
+        with self._call_lock:
+            if not self._closed:
+                self._drain()
         return done
 
+    @_serialized
     def stats(self) -> TierStats:
         """A fresh copy of the counters (collects finished writes first)."""
         if not self._closed:
@@ -599,6 +622,7 @@ class DiskTier(BlockTier):
         out.write_latency = st.write_latency.copy()
         return out
 
+    @_serialized
     def take_events(self) -> list[OffloadingEvent]:
         """Stored (``removed=False``) and evicted (``removed=True``) events of the disk slots
         since the last call, oldest first (empty unless ``enable_events``)."""
@@ -613,7 +637,8 @@ class DiskTier(BlockTier):
         self.flush()
         self._pool.shutdown(wait=True)
         self._read_pool.shutdown(wait=True)
-        self._closed = True
+        with self._call_lock:  # a scrape's stats() either ran before or sees it closed
+            self._closed = True
         if self.fsync == "batch":
             for fd in (self._data_fd, self._index_fd):
                 try:
