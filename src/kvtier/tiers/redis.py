@@ -446,12 +446,15 @@ class RedisTier(BlockTier):
                 ) from None
             self._script = self._client_map["lookup"].register_script(_PREFIX_SCRIPT)
 
-        self._zstd_c = self._zstd_d = None
+        self._zstd_c = None  # used by the writer thread only
+        # one decompressor per reading thread: a ZstdDecompressor is not safe for concurrent
+        # use, and read() may be called from any thread (4 threads sharing one: 7 of 9,600
+        # good blocks read back as corrupt)
+        self._zstd_local = threading.local()
         if compression == "zstd":
             import zstandard
 
             self._zstd_c = zstandard.ZstdCompressor(level=1)
-            self._zstd_d = zstandard.ZstdDecompressor()
 
         self._stats = RedisTierStats(name=name)
         self._lock = threading.Lock()  # counters, queue accounting
@@ -765,12 +768,13 @@ class RedisTier(BlockTier):
                 return None
             block = value[HEADER_BYTES:]
         elif codec == CODEC_ZSTD:
-            if self._zstd_d is None:
+            decompressor = getattr(self._zstd_local, "d", None)
+            if decompressor is None:
                 import zstandard
 
-                self._zstd_d = zstandard.ZstdDecompressor()
+                decompressor = self._zstd_local.d = zstandard.ZstdDecompressor()
             try:
-                block = self._zstd_d.decompress(
+                block = decompressor.decompress(
                     memoryview(value)[HEADER_BYTES:], max_output_size=length
                 )
             except Exception:
