@@ -487,6 +487,33 @@ def test_circuit_breaker_states():
     assert b.state == "closed" and b.allow()
 
 
+def test_a_probe_interrupted_by_ctrl_c_does_not_stick_the_breaker(tmp_path, monkeypatch):
+    """Found by a newcomer session: a KeyboardInterrupt inside the half-open probe's server
+    call left the breaker half-open with the probe 'in flight' forever: every later call
+    was refused at once (all misses, dropped writes) with no error anywhere."""
+    tier = RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP,
+                     breaker_failures=1, breaker_cooldown_s=0.05)
+    try:
+        assert tier.lookup_prefix([1]) == 0  # refused connection: the breaker opens
+        assert tier.breaker.state == "open"
+        time.sleep(0.06)
+
+        def interrupted(rkeys):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(tier, "_lookup", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            tier.lookup_prefix([1])  # the probe
+        monkeypatch.undo()
+        refused = tier.stats().calls_refused
+        assert tier.breaker.state == "half_open"
+        assert tier.lookup_prefix([1]) == 0  # a new probe reaches the (dead) server
+        assert tier.stats().calls_refused == refused
+        assert tier.breaker.state == "open"
+    finally:
+        tier.close()
+
+
 # -- sharing between processes ----------------------------------------------------------------
 CHILD = textwrap.dedent("""
     import sys, random

@@ -223,6 +223,14 @@ class CircuitBreaker:
             self._state = self.CLOSED
             self._failures = 0
 
+    def abandon(self) -> None:
+        """A call :meth:`allow` let through ended without an answer (e.g. KeyboardInterrupt
+        inside it): a half-open probe is given back, so the next call probes again (before,
+        the breaker stayed half-open with its probe in flight and refused every call)."""
+        with self._lock:
+            if self._state == self.HALF_OPEN:
+                self._state = self.OPEN  # _open_until has passed: the next allow() probes
+
     def failure(self) -> bool:
         """Record a failed call; ``True`` when this failure opened the breaker."""
         with self._lock:
@@ -645,6 +653,9 @@ class RedisTier(BlockTier):
                 self._stats.backend_errors += 1
             self._log_failure(what, exc, opened)
             return _FAILED
+        except BaseException:  # KeyboardInterrupt, SystemExit: no answer, not a failure
+            self._breaker.abandon()
+            raise
         self._breaker.success()
         return result
 
