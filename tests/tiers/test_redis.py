@@ -258,6 +258,14 @@ def test_bad_input_raises_and_leaves_state(shared_redis_server):
         ({"cluster": True, "lookup_mode": "script"}, "lookup_mode"),
         ({"max_queue_bytes": 0}, "max_queue_bytes"),
         ({"breaker_failures": 0}, "breaker_failures"),
+        # found by a newcomer session: accepted, then every lookup failed silently (inf) or
+        # the breaker never closed again (inf cooldown); a str cooldown raised a bare
+        # "'>' not supported" TypeError
+        ({"timeout_s": float("inf")}, "timeout_s"),
+        ({"read_timeout_s": float("nan")}, "read_timeout_s"),
+        ({"write_timeout_s": True}, "write_timeout_s"),
+        ({"breaker_cooldown_s": float("inf")}, "breaker_cooldown_s"),
+        ({"breaker_cooldown_s": "1"}, "breaker_cooldown_s"),
     ],
 )
 def test_bad_options_name_the_option(kwargs, match):

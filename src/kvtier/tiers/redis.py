@@ -37,6 +37,7 @@ one lock. One background thread per tier performs the writes.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import struct
@@ -174,6 +175,14 @@ def layout_fingerprint(
     return "|".join(f"{k}={items[k]}" for k in sorted(items))
 
 
+def _positive_seconds(value: object) -> bool:
+    """``value`` is a finite int/float > 0 (not a bool): a timeout or cooldown in seconds
+    (an infinite socket timeout made every call fail, an infinite cooldown never closed the
+    breaker again)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
+
+
 class CircuitBreaker:
     """Closed / open / half-open breaker over server calls (Nygard, *Release It!*).
 
@@ -190,8 +199,9 @@ class CircuitBreaker:
     def __init__(self, failure_threshold: int = 3, cooldown_s: float = 1.0) -> None:
         if type(failure_threshold) is not int or failure_threshold < 1:
             raise ValueError(f"breaker_failures must be an int >= 1, got {failure_threshold!r}")
-        if not cooldown_s > 0:
-            raise ValueError(f"breaker_cooldown_s must be > 0 seconds, got {cooldown_s!r}")
+        if not _positive_seconds(cooldown_s):
+            raise ValueError(
+                f"breaker_cooldown_s must be a finite number > 0 seconds, got {cooldown_s!r}")
         self.failure_threshold = failure_threshold
         self.cooldown_s = float(cooldown_s)
         self._lock = threading.Lock()
@@ -347,8 +357,8 @@ class RedisTier(BlockTier):
             )
         for opt, val in (("timeout_s", timeout_s), ("read_timeout_s", read_timeout_s),
                          ("write_timeout_s", write_timeout_s)):
-            if not isinstance(val, (int, float)) or not val > 0:
-                raise ValueError(f"{opt} must be > 0 seconds, got {val!r}")
+            if not _positive_seconds(val):
+                raise ValueError(f"{opt} must be a finite number > 0 seconds, got {val!r}")
         if compression not in ("none", "zstd"):
             raise ValueError(f"compression must be 'none' or 'zstd', got {compression!r}")
         if ttl_s is not None and (type(ttl_s) is not int or ttl_s <= 0):
