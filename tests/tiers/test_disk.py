@@ -179,6 +179,25 @@ def test_layout_mismatch_and_second_opener_are_refused(tmp_path):
     DiskTier(tmp_path, 4, BB).close()  # the refusals left the lock free
 
 
+@pytest.mark.parametrize("meta", ["[1, 2]", '"kvtier-disk"', "null"])
+def test_a_meta_json_that_is_not_an_object_is_named(tmp_path, meta):
+    """Found by a newcomer session: valid JSON that is not an object raised
+    "AttributeError: 'list' object has no attribute 'get'"."""
+    DiskTier(tmp_path, 4, BB).close()
+    (tmp_path / "meta.json").write_text(meta)
+    with pytest.raises(DiskTierError, match="meta.json"):
+        DiskTier(tmp_path, 4, BB)
+
+
+def test_an_empty_path_is_refused(tmp_path, monkeypatch):
+    """Found by a newcomer session: DiskTier("", ...) made its files in the current
+    directory (Path("") is "."), e.g. from an unset setting."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="path"):
+        DiskTier("", 4, BB)
+    assert list(tmp_path.iterdir()) == []
+
+
 def _file_slot(t: DiskTier, key) -> int:
     (logical,) = t.manager.prepare_load([key])
     t.manager.complete_load([key])
