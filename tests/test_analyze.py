@@ -193,3 +193,11 @@ def test_a_trace_whose_first_request_has_no_timestamp_says_so():
     with pytest.warns(UserWarning, match=r"1 of 3 requests have no timestamp"):
         r = analyze(_reqs([[1, 2], [1, 2, 3], [1, 2, 3]], [0, None, 70_000]))
     assert r.has_timestamps
+
+
+def test_a_bare_key_list_is_named_as_replay_names_it():
+    """Found by a newcomer session: analyze([[1, 2], [2, 3]]) raised "AttributeError: 'list'
+    object has no attribute 'keys'" where replay() says what it takes."""
+    with pytest.raises(TypeError, match=r"request 0 \(\[1, 2\]\) has no .keys: analyze\(\) "
+                                        "takes Request objects"):
+        analyze([[1, 2], [2, 3]])

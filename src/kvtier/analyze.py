@@ -415,15 +415,25 @@ def analyze(
 
     Raises:
         ValueError: a bad window. kvtier.trace.TraceFormatError: from a trace reader.
+        TypeError: a request has no ``.keys`` / ``.timestamp`` (e.g. a bare list of keys).
     """
     an = Analyzer(window_s=window_s, window_requests=window_requests)
     add = an.add
     n = 0
-    for req in requests:
-        add(req.keys, req.timestamp)
-        n += 1
-        if progress is not None and not n % _PROGRESS_EVERY:
-            progress(_PROGRESS_EVERY)
+    req = None
+    try:  # free when nothing raises (3.11+); a bare key list gets replay()'s clear TypeError
+        for req in requests:
+            add(req.keys, req.timestamp)
+            n += 1
+            if progress is not None and not n % _PROGRESS_EVERY:
+                progress(_PROGRESS_EVERY)
+    except AttributeError as exc:
+        if exc.name not in ("keys", "timestamp") or getattr(exc, "obj", req) is not req:
+            raise
+        raise TypeError(
+            f"request {n} ({req!r:.60}) has no .{exc.name}: analyze() takes Request objects "
+            "(kvtier.trace.Request(keys, input_length, None, timestamp)), not bare key lists"
+        ) from None
     if progress is not None and n % _PROGRESS_EVERY:
         progress(n % _PROGRESS_EVERY)
     return an.result()
