@@ -450,3 +450,14 @@ def test_stats_from_a_scrape_thread_never_runs_the_manager_beside_the_engine(tmp
     assert overlaps == []
     assert t.flush(10) and t.read([1, 2]) == [b"a" * 8, b"b" * 8]
     t.close()
+
+
+def test_numpy_sizes_are_taken_as_the_manager_takes_them(tmp_path):
+    """Found by a newcomer session: OffloadingManager(np.int64(4)) works, DiskTier refused
+    the same np.int64 ("num_blocks must be a positive int, got np.int64(4)")."""
+    np = pytest.importorskip("numpy")
+    with DiskTier(tmp_path, np.int64(4), np.int32(BB), workers=np.int64(2)) as t:
+        assert (type(t.num_blocks), type(t.block_bytes)) == (int, int)
+        assert t.write([1], [blk(1)]) == 1 and t.flush(5) and t.read([1]) == [blk(1)]
+    with pytest.raises(ValueError, match="num_blocks must be a positive int"):
+        DiskTier(tmp_path / "b", np.bool_(True), BB)

@@ -50,7 +50,7 @@ from typing import Any
 
 import xxhash
 
-from kvtier.checks import key_list, unhashable_error
+from kvtier.checks import check_positive_int, key_list, unhashable_error
 from kvtier.manager import OffloadingManager
 from kvtier.policies import CachePolicy
 from kvtier.tiers.base import BlockTier, Key, TierStats, encode_key
@@ -191,10 +191,10 @@ class DiskTier(BlockTier):
         name: str = "disk",
         enable_events: bool = False,
     ) -> None:
-        for arg, value in (("num_blocks", num_blocks), ("block_bytes", block_bytes),
-                           ("workers", workers)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{arg} must be a positive int, got {value!r}")
+        # numpy integers accepted (as by OffloadingManager), kept as plain ints
+        num_blocks = check_positive_int("num_blocks", num_blocks, "slots")
+        block_bytes = check_positive_int("block_bytes", block_bytes, "bytes")
+        workers = check_positive_int("workers", workers, "threads")
         if fsync not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
         if not isinstance(name, str) or not name:
