@@ -133,6 +133,9 @@ class TraceFormatError(ValueError):
         where = self.path if line is None else f"{self.path}, line {line}"
         super().__init__(f"{where}: {reason}")
 
+    def __reduce__(self):  # pickled by sweep's worker processes: rebuilt from its fields
+        return (type(self), (self.path, self.line, self.reason))
+
 
 def embedded_sample_path() -> Path:
     """Path of the trace shipped inside the package.
