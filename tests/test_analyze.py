@@ -178,3 +178,26 @@ def test_timestamps_out_of_order_are_reported_not_turned_into_negative_times():
                                          r"after a request stamped 5 ms\).*1 of 2 requests"):
         r = analyze(_reqs([[1, 2], [1, 2]], [5, 1]))
     assert list(r.reuse_times_s) == []  # a reuse stamped before its use: no time between
+
+
+def test_a_trace_whose_first_request_has_no_timestamp_says_so():
+    """Found by a newcomer session: the first request decides whether the analysis uses
+    timestamps; a trace whose first request had none and every later one a timestamp was
+    reported as "no timestamps in this trace" (TraceAnalysis.has_timestamps said "whether
+    any request had a timestamp") with no word. Now a warning counts the requests whose
+    timestamp is ignored, or missing."""
+    with pytest.warns(UserWarning, match=r"2 of 3 requests have a timestamp.*first request "
+                                         r"has none.*ignored"):
+        r = analyze(_reqs([[1, 2], [1, 2, 3], [1, 2, 3]], [None, 0, 70_000]))
+    assert not r.has_timestamps and list(r.reuse_times_s) == []
+    with pytest.warns(UserWarning, match=r"1 of 3 requests have no timestamp"):
+        r = analyze(_reqs([[1, 2], [1, 2, 3], [1, 2, 3]], [0, None, 70_000]))
+    assert r.has_timestamps
+
+
+def test_a_bare_key_list_is_named_as_replay_names_it():
+    """Found by a newcomer session: analyze([[1, 2], [2, 3]]) raised "AttributeError: 'list'
+    object has no attribute 'keys'" where replay() says what it takes."""
+    with pytest.raises(TypeError, match=r"request 0 \(\[1, 2\]\) has no .keys: analyze\(\) "
+                                        "takes Request objects"):
+        analyze([[1, 2], [2, 3]])

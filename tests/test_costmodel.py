@@ -81,6 +81,20 @@ def test_bad_parameters():
     assert built.to_dict()["source"].endswith("Llama-3.1-8B/blob/main/config.json")
 
 
+@pytest.mark.parametrize("lengths, hits, stamps, stored, match", [
+    ([1000, 1000], [-5, 2], None, 3, r"hit_blocks\[0\] is -5"),
+    ([-1000, 1000], [1, 2], None, 3, r"input_lengths\[0\] is -1000"),
+    ([1000, 1000], [1, 2], None, -3, "stored_blocks"),
+    ([1000, 1000], [1, 2], [float("nan"), 1000], 3, r"timestamps_ms\[0\] is nan"),
+])
+def test_evaluate_refuses_negative_or_nonfinite_inputs(lengths, hits, stamps, stored, match):
+    """Found by a newcomer session: evaluate() took negative hit counts, lengths and stored
+    blocks and a NaN arrival, and answered with negative seconds saved (-0.148 s for a hit
+    count of -5), a zero-input trace or a queue over NaN."""
+    with pytest.raises(ValueError, match=match):
+        evaluate(M, lengths, hits, stamps, stored)
+
+
 # -- kvtier replay --cost ------------------------------------------------------------------
 def test_replay_cost_table_and_json():
     import json

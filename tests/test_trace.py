@@ -92,6 +92,22 @@ def test_chain_block_hashes_definition():
     assert chain_block_hashes(tokens + [11, 12], block_tokens=4)[:2] == keys
 
 
+@pytest.mark.parametrize("block_tokens", [0, -2, True, 2.0])
+def test_chain_block_hashes_refuses_a_bad_block_size(block_tokens):
+    """Found by a newcomer session: 0 raised ZeroDivisionError, -2 returned [] and True was
+    read as 1 block token, with no word."""
+    with pytest.raises(ValueError, match="block_tokens"):
+        chain_block_hashes(list(range(8)), block_tokens)
+
+
+def test_chain_block_hashes_refuses_a_negative_token_id():
+    """The docstring says token ids are ints in [0, 2**63); a negative one was hashed."""
+    with pytest.raises(ValueError, match="-1"):
+        chain_block_hashes([1, -1, 2, 3], 2)
+    # a trailing partial block is not hashed, so not checked
+    assert chain_block_hashes([1, 2, -1], 2) == chain_block_hashes([1, 2], 2)
+
+
 def test_token_ids_jsonl(tmp_path):
     path = write_jsonl(
         tmp_path / "tok.jsonl",

@@ -191,3 +191,15 @@ def test_report_lengths_warns_for_a_pass_stopped_early_and_only_once_per_pass():
         assert len(caught) == 1 and reader.length_mismatches == 500
         list(reader)  # a new pass warns again, for the whole file
         assert len(caught) == 2 and "500 of 500 requests" in str(caught[1].message)
+
+
+def test_trace_format_error_survives_pickling():
+    """A sweep worker process sends its errors to the parent pickled; TraceFormatError's
+    three-argument constructor made unpickling fail (newcomer finding)."""
+    import pickle
+
+    from kvtier.trace import TraceFormatError
+
+    err = pickle.loads(pickle.dumps(TraceFormatError("t.jsonl", 3, "bad line")))
+    assert (err.path, err.line, err.reason, str(err)) == (
+        "t.jsonl", 3, "bad line", "t.jsonl, line 3: bad line")

@@ -143,7 +143,8 @@ class TraceAnalysis:
             start (s since the first timestamp, or the first request's index), blocks
             referenced, distinct blocks in the window, blocks never seen before, distinct
             blocks so far.
-        has_timestamps: whether any request had a timestamp.
+        has_timestamps: whether the analysis used timestamps: the first request had one
+            (:meth:`Analyzer.result` warns about requests that differ from it).
     """
 
     requests: int
@@ -265,6 +266,7 @@ class Analyzer:
         self._t0 = 0.0
         self._last_arrival = -math.inf  # latest timestamp so far (ms)
         self._backwards = 0  # requests stamped before an earlier request
+        self._odd_stamps = 0  # requests whose timestamp presence differs from the first's
         self._first_backwards: tuple | None = None  # (request number, its ms, latest ms)
         self._win_start = 0.0
         self._win: set = set()
@@ -278,6 +280,8 @@ class Analyzer:
             self._has_ts = timestamp is not None
             self._t0 = float(timestamp) if timestamp is not None else 0.0
         ts = timestamp if self._has_ts else None
+        if (timestamp is not None) != self._has_ts:  # warned at result()
+            self._odd_stamps += 1
         if ts is not None:
             if ts < self._last_arrival:  # out of arrival order: counted, warned at result()
                 self._backwards += 1
@@ -356,7 +360,9 @@ class Analyzer:
 
         Warns (``UserWarning``) when timestamps go backwards: reuse times and time windows
         assume arrival order; a re-reference stamped before its previous reference gets no
-        reuse time, and a request stamped before the current window joins it."""
+        reuse time, and a request stamped before the current window joins it. Warns too when
+        some requests have a timestamp and others not (the first request decides whether
+        timestamps are used)."""
         if self._backwards:
             i, ts, latest = self._first_backwards  # type: ignore[misc]
             warnings.warn(
@@ -364,6 +370,15 @@ class Analyzer:
                 f"(stamped {ts:g} ms, after a request stamped {latest:g} ms); {self._backwards:,} of {self._requests:,} "
                 "requests are out of arrival order, and time between reuses and working-set "
                 "windows assume arrival order (sort the trace by timestamp)", stacklevel=2)
+        if self._odd_stamps:
+            n, total = self._odd_stamps, self._requests
+            warnings.warn(
+                f"{n:,} of {total:,} requests have no timestamp: their references get no "
+                "time between reuses and they join the current working-set window"
+                if self._has_ts else
+                f"{n:,} of {total:,} requests have a timestamp but the first request has "
+                "none: the timestamps are ignored (no time between reuses; working-set "
+                "windows in requests)", stacklevel=2)
         self._close_window()
         distances = array("q", sorted(self._distances))
         times = array("d", sorted(self._times))
@@ -400,15 +415,25 @@ def analyze(
 
     Raises:
         ValueError: a bad window. kvtier.trace.TraceFormatError: from a trace reader.
+        TypeError: a request has no ``.keys`` / ``.timestamp`` (e.g. a bare list of keys).
     """
     an = Analyzer(window_s=window_s, window_requests=window_requests)
     add = an.add
     n = 0
-    for req in requests:
-        add(req.keys, req.timestamp)
-        n += 1
-        if progress is not None and not n % _PROGRESS_EVERY:
-            progress(_PROGRESS_EVERY)
+    req = None
+    try:  # free when nothing raises (3.11+); a bare key list gets replay()'s clear TypeError
+        for req in requests:
+            add(req.keys, req.timestamp)
+            n += 1
+            if progress is not None and not n % _PROGRESS_EVERY:
+                progress(_PROGRESS_EVERY)
+    except AttributeError as exc:
+        if exc.name not in ("keys", "timestamp") or getattr(exc, "obj", req) is not req:
+            raise
+        raise TypeError(
+            f"request {n} ({req!r:.60}) has no .{exc.name}: analyze() takes Request objects "
+            "(kvtier.trace.Request(keys, input_length, None, timestamp)), not bare key lists"
+        ) from None
     if progress is not None and n % _PROGRESS_EVERY:
         progress(n % _PROGRESS_EVERY)
     return an.result()

@@ -279,7 +279,9 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
 
     Raises:
         ValueError: ``input_lengths``, ``hit_blocks`` (and ``timestamps_ms``) differ in
-            length, or an input length is ``None``.
+            length, an input length is ``None``, an input length, hit count or
+            ``stored_blocks`` is negative, or a timestamp is not finite (the message names
+            the list and the position).
     """
     n = len(hit_blocks)
     if len(input_lengths) != n or (timestamps_ms is not None and len(timestamps_ms) != n):
@@ -287,6 +289,8 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
                          f"lengths, {n} hit counts"
                          + (f", {len(timestamps_ms)} timestamps" if timestamps_ms is not None
                             else ""))
+    if stored_blocks < 0:
+        raise ValueError(f"stored_blocks must be >= 0 (blocks), got {stored_blocks!r}")
     b = model.kv_bytes_per_token
     per_tok = model.prefill_s_per_token
     load_tok = model.load_s_per_token
@@ -298,6 +302,11 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
         if length is None:
             raise ValueError("input_lengths has None: pass blocks * block_tokens for requests "
                              "without a length")
+        if length < 0 or hits < 0:
+            i = len(t0)
+            name, value = ("input_lengths", length) if length < 0 else ("hit_blocks", hits)
+            raise ValueError(f"{name}[{i}] is {value}: lengths (tokens) and hit counts "
+                             "(blocks) are >= 0")
         h = hits * bt
         if h > length:
             h = length
@@ -308,6 +317,9 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
     arrivals = None
     if timestamps_ms is not None and n and all(t is not None for t in timestamps_ms):
         arrivals = [t / 1000.0 for t in timestamps_ms]  # type: ignore[operator]
+        for i, t in enumerate(timestamps_ms):
+            if not math.isfinite(t):  # type: ignore[arg-type]
+                raise ValueError(f"timestamps_ms[{i}] is {t}: arrival times are finite ms")
         _warn_out_of_order(timestamps_ms)
     instances = model.instances
     if instances is None:

@@ -24,6 +24,9 @@ class BlockStateError(KVTierError, ValueError):
         self.rule = rule
         super().__init__(f"block {key!r}: {rule}")
 
+    def __reduce__(self):  # rebuilt from its fields (e.g. sent by a sweep worker)
+        return (type(self), (self.key, self.rule))
+
 
 class PolicyError(KVTierError, RuntimeError):
     """A policy broke its contract (e.g. :meth:`~kvtier.policies.CachePolicy.evict` returned
@@ -43,6 +46,9 @@ class PolicyError(KVTierError, RuntimeError):
         self.rule = rule
         super().__init__(f"policy {policy!r}: {rule}")
 
+    def __reduce__(self):  # rebuilt from its fields (e.g. sent by a sweep worker)
+        return (type(self), (self.policy, self.rule))
+
 
 class RequestStateError(KVTierError, ValueError):
     """A request-mode call named a request context whose state does not allow it: finishing
@@ -60,3 +66,6 @@ class RequestStateError(KVTierError, ValueError):
         self.req_context = req_context
         self.rule = rule
         super().__init__(f"request {req_context!r}: {rule}")
+
+    def __reduce__(self):  # rebuilt from its fields (e.g. sent by a sweep worker)
+        return (type(self), (self.req_context, self.rule))

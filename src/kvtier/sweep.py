@@ -23,6 +23,7 @@ DEFAULT_POINTS = 12
 """Capacities in the default grid."""
 
 _worker_trace: list | None = None
+_worker_error: Exception | None = None  # why _init_worker could not read the trace
 
 
 def default_grid(unique_blocks: int, points: int = DEFAULT_POINTS,
@@ -45,13 +46,18 @@ def _read(path: str, trace: TraceOptions, limit: int | None) -> list:
 
 
 def _init_worker(path: str, trace: TraceOptions, limit: int | None = None) -> None:
-    global _worker_trace
-    with warnings.catch_warnings():  # the parent read the trace first and warned once
-        warnings.simplefilter("ignore", TraceWarning)
-        _worker_trace = _read(path, trace, limit)
+    global _worker_trace, _worker_error
+    try:
+        with warnings.catch_warnings():  # the parent read the trace first and warned once
+            warnings.simplefilter("ignore", TraceWarning)
+            _worker_trace = _read(path, trace, limit)
+    except Exception as exc:  # raised by each point: an initializer's error only breaks the
+        _worker_error = exc  # pool ("BrokenProcessPool"), which names no cause
 
 
 def _run_point(policy: str, capacity: int, options: ReplayOptions) -> ReplayResult:
+    if _worker_error is not None:
+        raise _worker_error
     if _worker_trace is None:  # _init_worker did not run: a bug, not bad input
         raise RuntimeError("sweep worker has no trace loaded")
     return replay(_worker_trace, policy, capacity, options)

@@ -65,8 +65,29 @@ def _shown(spec: str) -> str:
     except ImportError:  # redis-py missing: show no URL at all
         def redact_url(url: str) -> str:
             return "<redis URL>"
-    return ",".join(redact_url(item.strip()) if item.strip().startswith(_REDIS_SCHEMES)
-                    else item for item in spec.split(","))
+    return ",".join(redact_url(item) if item.startswith(_REDIS_SCHEMES) else item
+                    for item in _split_items(spec))
+
+
+def _split_items(spec: str) -> list[str]:
+    """The items of a ``--tiers`` spec, stripped: split at commas, except that a piece after
+    a Redis URL that does not start a tier item (``host:``, ``disk:``, a Redis URL) is part
+    of that URL (a password or query may hold commas; split there, an error message showed
+    the password's tail)."""
+    items: list[str] = []
+    for raw in spec.split(","):
+        item = raw.strip()
+        if items and items[-1].startswith(_REDIS_SCHEMES) and not _starts_item(item):
+            items[-1] += "," + raw
+        else:
+            items.append(item)
+    return items
+
+
+def _starts_item(item: str) -> bool:
+    kind, sep, _ = item.partition(":")
+    return item.startswith(_REDIS_SCHEMES) or (
+        bool(sep) and kind.strip().lower() in ("host", "disk"))
 
 
 def parse_tiers(spec: str) -> list[TierSpec]:
@@ -82,8 +103,7 @@ def parse_tiers(spec: str) -> list[TierSpec]:
         raise ValueError("--tiers must name the tiers, e.g. host:4000,disk:64000; got "
                          f"{_shown(spec) if isinstance(spec, str) else spec!r}")
     out: list[TierSpec] = []
-    for raw in spec.split(","):
-        item = raw.strip()
+    for item in _split_items(spec):
         if not item:
             raise ValueError(f"--tiers {_shown(spec)!r}: empty item")
         if item.startswith(_REDIS_SCHEMES):

@@ -57,12 +57,12 @@ _ids = itertools.count()
 
 
 def make_spec(secondary: list[dict], *, model: str = "test/tiny", cpu_chunks: int = N_CHUNKS,
-              ) -> TieringOffloadingSpec:
+              kv_events: bool = False) -> TieringOffloadingSpec:
     cfg = OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0", "l1"),
                                       group_id=0),),
         worker_kv_bytes_per_block=WORKER_BLOCK_BYTES,
-        enable_kv_cache_events=False,
+        enable_kv_cache_events=kv_events,
         extra_config={"cpu_bytes_to_use": cpu_chunks * WORKER_BLOCK_BYTES,
                       "secondary_tiers": [dict(t) for t in secondary]},
         engine_id=f"kvtier-test-{os.getpid()}-{next(_ids)}-{uuid.uuid4().hex[:6]}",
@@ -621,3 +621,20 @@ def test_second_engine_on_an_open_disk_directory_is_refused(tmp_path):
         assert m1.secondary_tiers[0].tier.stats().writes_completed == 2
     finally:
         m1.shutdown()
+
+
+def test_disk_store_events_name_only_the_chunks_the_disk_holds(tmp_path):
+    """Found by a newcomer session: a cascade of 5 chunks into a 2-slot disk tier stored 2
+    (the head; the disk makes room for no more) and reported a stored event of all 5, so a
+    KV-event consumer believed 3 chunks were on the disk that never were."""
+    entry = disk_entry(tmp_path, capacity_blocks=2, enable_kv_events=True)
+    m = make_spec([entry], kv_events=True).get_manager()
+    sec = m.secondary_tiers[0]
+    keys, blocks = keys_and_blocks(5, "events", sec.block_size_bytes)
+    try:
+        offload(m, keys, blocks, "a")
+        stored = [k for e in sec.take_events() if not e.removed for k in e.keys]
+        assert len(sec.tier) == 2
+        assert sorted(stored) == sorted(k for k in keys if k in sec.tier)
+    finally:
+        m.shutdown()

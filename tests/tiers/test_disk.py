@@ -188,6 +188,25 @@ def test_layout_mismatch_and_second_opener_are_refused(tmp_path):
     DiskTier(tmp_path, 4, BB).close()  # the refusals left the lock free
 
 
+@pytest.mark.parametrize("meta", ["[1, 2]", '"kvtier-disk"', "null"])
+def test_a_meta_json_that_is_not_an_object_is_named(tmp_path, meta):
+    """Found by a newcomer session: valid JSON that is not an object raised
+    "AttributeError: 'list' object has no attribute 'get'"."""
+    DiskTier(tmp_path, 4, BB).close()
+    (tmp_path / "meta.json").write_text(meta)
+    with pytest.raises(DiskTierError, match="meta.json"):
+        DiskTier(tmp_path, 4, BB)
+
+
+def test_an_empty_path_is_refused(tmp_path, monkeypatch):
+    """Found by a newcomer session: DiskTier("", ...) made its files in the current
+    directory (Path("") is "."), e.g. from an unset setting."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="path"):
+        DiskTier("", 4, BB)
+    assert list(tmp_path.iterdir()) == []
+
+
 def _file_slot(t: DiskTier, key) -> int:
     (logical,) = t.manager.prepare_load([key])
     t.manager.complete_load([key])
@@ -440,3 +459,14 @@ def test_stats_from_a_scrape_thread_never_runs_the_manager_beside_the_engine(tmp
     assert overlaps == []
     assert t.flush(10) and t.read([1, 2]) == [b"a" * 8, b"b" * 8]
     t.close()
+
+
+def test_numpy_sizes_are_taken_as_the_manager_takes_them(tmp_path):
+    """Found by a newcomer session: OffloadingManager(np.int64(4)) works, DiskTier refused
+    the same np.int64 ("num_blocks must be a positive int, got np.int64(4)")."""
+    np = pytest.importorskip("numpy")
+    with DiskTier(tmp_path, np.int64(4), np.int32(BB), workers=np.int64(2)) as t:
+        assert (type(t.num_blocks), type(t.block_bytes)) == (int, int)
+        assert t.write([1], [blk(1)]) == 1 and t.flush(5) and t.read([1]) == [blk(1)]
+    with pytest.raises(ValueError, match="num_blocks must be a positive int"):
+        DiskTier(tmp_path / "b", np.bool_(True), BB)

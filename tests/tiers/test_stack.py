@@ -377,6 +377,22 @@ def test_parse_tiers_errors():
             parse_tiers(spec)
 
 
+def test_parse_tiers_keeps_a_redis_url_with_a_comma_whole():
+    """Found by a newcomer session: --tiers was split at every comma, so a Redis password
+    (or URL query) with a comma was cut in two, and the error echoed the password's tail:
+    "--tiers item 'ret@127.0.0.1:6397/0': expected host:CAP, ...". A piece that follows a
+    Redis URL and is not a tier item belongs to the URL."""
+    tiers = parse_tiers("host:10,redis://:sec,ret@127.0.0.1:6397/0,disk:5")
+    assert [(t.kind, t.url) for t in tiers] == [
+        ("host", None), ("redis", "redis://:sec,ret@127.0.0.1:6397/0"), ("disk", None)]
+    assert parse_tiers("host:1, redis://h:1/0?a=1,2")[1].url == "redis://h:1/0?a=1,2"
+    for spec in ("host:1,redis://:sec,ret@h:1/0,host:2",
+                 "host:1,redis://:sec,ret@h:1/0,redis://:sec,ret@h:2/0"):
+        with pytest.raises(ValueError) as err:
+            parse_tiers(spec)
+        assert "sec" not in str(err.value) and "ret@" not in str(err.value), str(err.value)
+
+
 def test_tiny_trace_with_a_real_redis_tier_below(tmp_path):
     """host:2 over Redis (unbounded) serves what host:2 over a never-full disk serves."""
     import shutil

@@ -503,10 +503,15 @@ class KvtierSecondaryTier(SecondaryTierManager):
             self._tier.flush()
             after = self._tier.stats()
             self._snapshot = after
+            failed = self._store_failed(before, after)
+            stored = list(item.keys)
+            if self._events is not None and not failed and hasattr(type(self._tier),
+                                                                     "__contains__"):
+                # the disk keeps a job's head when it cannot make room for all of it
+                stored = [k for k in stored if k in self._tier]
         elapsed = time.perf_counter() - t0
-        failed = self._store_failed(before, after)
-        if self._events is not None and not failed:
-            self._events.append(OffloadingEvent(keys=list(item.keys), medium=self.medium,
+        if self._events is not None and not failed and stored:
+            self._events.append(OffloadingEvent(keys=stored, medium=self.medium,
                                                 removed=False, locality=self.locality))
         written = after.bytes_written - before.bytes_written
         return JobResult(job_id=item.job.job_id, success=failed == 0, transfer_time=elapsed,

@@ -50,7 +50,7 @@ from typing import Any
 
 import xxhash
 
-from kvtier.checks import key_list, unhashable_error
+from kvtier.checks import check_positive_int, key_list, unhashable_error
 from kvtier.manager import OffloadingManager
 from kvtier.policies import CachePolicy
 from kvtier.tiers.base import BlockTier, Key, TierStats, encode_key
@@ -166,9 +166,11 @@ class DiskTier(BlockTier):
             :meth:`take_events`.
 
     Raises:
-        ValueError: a bad argument (named), e.g. an unknown fsync mode or policy.
+        ValueError: a bad argument (named), e.g. an empty path, an unknown fsync mode or
+            policy.
         DiskTierError: the directory is already open (another process or DiskTier:
-            ``flock``), or holds a tier of another format, block size or slot count.
+            ``flock``), holds a tier of another format, block size or slot count, or an
+            unreadable ``meta.json``.
         OSError: the files cannot be created or read.
 
     Thread safety: the public methods are meant for one thread (the engine's); writes run on
@@ -189,14 +191,17 @@ class DiskTier(BlockTier):
         name: str = "disk",
         enable_events: bool = False,
     ) -> None:
-        for arg, value in (("num_blocks", num_blocks), ("block_bytes", block_bytes),
-                           ("workers", workers)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{arg} must be a positive int, got {value!r}")
+        # numpy integers accepted (as by OffloadingManager), kept as plain ints
+        num_blocks = check_positive_int("num_blocks", num_blocks, "slots")
+        block_bytes = check_positive_int("block_bytes", block_bytes, "bytes")
+        workers = check_positive_int("workers", workers, "threads")
         if fsync not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty str, got {name!r}")
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            # Path("") is the current directory: an unset setting would fill it with files
+            raise ValueError(f"path must be a non-empty directory path, got {path!r}")
         self.name = name
         self.block_bytes = block_bytes
         self.num_blocks = num_blocks
@@ -248,6 +253,9 @@ class DiskTier(BlockTier):
                 meta = json.loads(meta_path.read_text())
             except (OSError, ValueError) as exc:
                 raise DiskTierError(f"disk tier {self.path}: unreadable meta.json ({exc})") from None
+            if not isinstance(meta, dict):
+                raise DiskTierError(f"disk tier {self.path}: meta.json holds a JSON "
+                                    f"{type(meta).__name__}, not the tier's layout object")
             diff = {k: (meta.get(k), v) for k, v in want.items() if meta.get(k) != v}
             if diff:
                 text = ", ".join(f"{k} is {a!r} there, {b!r} asked" for k, (a, b) in diff.items())

@@ -37,6 +37,7 @@ one lock. One background thread per tier performs the writes.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import struct
@@ -174,6 +175,14 @@ def layout_fingerprint(
     return "|".join(f"{k}={items[k]}" for k in sorted(items))
 
 
+def _positive_seconds(value: object) -> bool:
+    """``value`` is a finite int/float > 0 (not a bool): a timeout or cooldown in seconds
+    (an infinite socket timeout made every call fail, an infinite cooldown never closed the
+    breaker again)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
+
+
 class CircuitBreaker:
     """Closed / open / half-open breaker over server calls (Nygard, *Release It!*).
 
@@ -190,8 +199,9 @@ class CircuitBreaker:
     def __init__(self, failure_threshold: int = 3, cooldown_s: float = 1.0) -> None:
         if type(failure_threshold) is not int or failure_threshold < 1:
             raise ValueError(f"breaker_failures must be an int >= 1, got {failure_threshold!r}")
-        if not cooldown_s > 0:
-            raise ValueError(f"breaker_cooldown_s must be > 0 seconds, got {cooldown_s!r}")
+        if not _positive_seconds(cooldown_s):
+            raise ValueError(
+                f"breaker_cooldown_s must be a finite number > 0 seconds, got {cooldown_s!r}")
         self.failure_threshold = failure_threshold
         self.cooldown_s = float(cooldown_s)
         self._lock = threading.Lock()
@@ -222,6 +232,14 @@ class CircuitBreaker:
         with self._lock:
             self._state = self.CLOSED
             self._failures = 0
+
+    def abandon(self) -> None:
+        """A call :meth:`allow` let through ended without an answer (e.g. KeyboardInterrupt
+        inside it): a half-open probe is given back, so the next call probes again (before,
+        the breaker stayed half-open with its probe in flight and refused every call)."""
+        with self._lock:
+            if self._state == self.HALF_OPEN:
+                self._state = self.OPEN  # _open_until has passed: the next allow() probes
 
     def failure(self) -> bool:
         """Record a failed call; ``True`` when this failure opened the breaker."""
@@ -339,8 +357,8 @@ class RedisTier(BlockTier):
             )
         for opt, val in (("timeout_s", timeout_s), ("read_timeout_s", read_timeout_s),
                          ("write_timeout_s", write_timeout_s)):
-            if not isinstance(val, (int, float)) or not val > 0:
-                raise ValueError(f"{opt} must be > 0 seconds, got {val!r}")
+            if not _positive_seconds(val):
+                raise ValueError(f"{opt} must be a finite number > 0 seconds, got {val!r}")
         if compression not in ("none", "zstd"):
             raise ValueError(f"compression must be 'none' or 'zstd', got {compression!r}")
         if ttl_s is not None and (type(ttl_s) is not int or ttl_s <= 0):
@@ -446,12 +464,15 @@ class RedisTier(BlockTier):
                 ) from None
             self._script = self._client_map["lookup"].register_script(_PREFIX_SCRIPT)
 
-        self._zstd_c = self._zstd_d = None
+        self._zstd_c = None  # used by the writer thread only
+        # one decompressor per reading thread: a ZstdDecompressor is not safe for concurrent
+        # use, and read() may be called from any thread (4 threads sharing one: 7 of 9,600
+        # good blocks read back as corrupt)
+        self._zstd_local = threading.local()
         if compression == "zstd":
             import zstandard
 
             self._zstd_c = zstandard.ZstdCompressor(level=1)
-            self._zstd_d = zstandard.ZstdDecompressor()
 
         self._stats = RedisTierStats(name=name)
         self._lock = threading.Lock()  # counters, queue accounting
@@ -642,6 +663,9 @@ class RedisTier(BlockTier):
                 self._stats.backend_errors += 1
             self._log_failure(what, exc, opened)
             return _FAILED
+        except BaseException:  # KeyboardInterrupt, SystemExit: no answer, not a failure
+            self._breaker.abandon()
+            raise
         self._breaker.success()
         return result
 
@@ -765,12 +789,13 @@ class RedisTier(BlockTier):
                 return None
             block = value[HEADER_BYTES:]
         elif codec == CODEC_ZSTD:
-            if self._zstd_d is None:
+            decompressor = getattr(self._zstd_local, "d", None)
+            if decompressor is None:
                 import zstandard
 
-                self._zstd_d = zstandard.ZstdDecompressor()
+                decompressor = self._zstd_local.d = zstandard.ZstdDecompressor()
             try:
-                block = self._zstd_d.decompress(
+                block = decompressor.decompress(
                     memoryview(value)[HEADER_BYTES:], max_output_size=length
                 )
             except Exception:

@@ -1,0 +1,23 @@
+"""kvtier.sweep.run_grid called as a library (the CLI's sweep is tested in test_cli.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtier.sweep import run_grid
+from kvtier.trace import TraceFormatError
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_bad_trace_raises_its_trace_error_from_worker_processes_too(tmp_path, workers):
+    """Found by a newcomer session: with worker processes, a missing or malformed trace made
+    every worker's initializer fail, and run_grid raised "BrokenProcessPool: A process in
+    the process pool was terminated abruptly" (plus a traceback per worker on stderr), where
+    the docstring promises TraceFormatError (as with workers=1)."""
+    with pytest.raises(TraceFormatError, match="no such file"):
+        run_grid(tmp_path / "missing.jsonl", ["lru"], [10, 20], workers=workers)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input_length": 512, "hash_ids": [1]}\n{"hash_ids": "x"}\n')
+    with pytest.raises(TraceFormatError, match="line 2") as err:
+        run_grid(bad, ["lru"], [10, 20], workers=workers)
+    assert (err.value.line, err.value.path) == (2, str(bad))
