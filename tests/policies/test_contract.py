@@ -202,12 +202,6 @@ def test_refused_eviction_changes_nothing(policy):
     assert m.snapshot() == before
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "newcomer finding, left to the lead: CachePolicy.evict(n) does not check n (docstring: "
-    ">= 1). n=2.5 evicts 3 blocks in LFU/S3-FIFO/SIEVE and raises islice's ValueError in "
-    "LRU/ARC; n=0 or -1 returns []; n=True evicts 1. A check in CachePolicy.evict costs "
-    "instructions on adaptive admission's shadow evictions (admission_adaptive.py calls it "
-    "per lookup), a measured hot path being edited elsewhere: the trade-off is the lead's"))
 @pytest.mark.parametrize("policy", POLICIES, ids=_name)
 @pytest.mark.parametrize("n", [2.5, 0, -1, True])
 def test_evict_refuses_a_count_that_is_not_a_positive_int(policy, n):
@@ -216,6 +210,13 @@ def test_evict_refuses_a_count_that_is_not_a_positive_int(policy, n):
     with pytest.raises((TypeError, ValueError), match=r"\bn\b"):  # names the argument
         m.policy.evict(n)
     assert m.snapshot() == before
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=_name)
+def test_evict_takes_a_numpy_integer_count(policy):
+    np = pytest.importorskip("numpy")
+    m = full(policy, 10)
+    assert len(m.policy.evict(np.int64(2))) == 2
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=_name)

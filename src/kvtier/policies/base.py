@@ -206,7 +206,18 @@ class CachePolicy(ABC):
         Returns:
             The ``n`` victims' keys in eviction order, or ``None`` (and no state changed)
             when fewer than ``n`` eligible blocks exist.
+
+        Raises:
+            TypeError: ``n`` is not an int (a bool is not a count).
+            ValueError: ``n`` < 1. Nothing changed in either case.
         """
+        if n.__class__ is not int:  # also refuses bool (a subclass); ~40 instructions a call
+            if isinstance(n, bool) or not hasattr(n, "__index__"):
+                raise TypeError(f"{type(self).__name__}.evict: n must be an int count of "
+                                f"victims, got {n!r}")
+            n = n.__index__()  # a numpy integer
+        if n < 1:
+            raise ValueError(f"{type(self).__name__}.evict: n must be >= 1, got {n}")
         if protected:
             protected = protected_set(protected)
         if self.count_eligible(protected) < n:
