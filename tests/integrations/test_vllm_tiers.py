@@ -249,6 +249,9 @@ def test_fingerprint_separates_models_and_layouts():
     assert fa != vllm_layout_fingerprint(b, 4096)
     assert fa != vllm_layout_fingerprint(a, 8192)
     assert fa != vllm_layout_fingerprint(a, 4096, {"revision": "v2"})
+    # a separator in an extra value cannot spell out another field (newcomer finding)
+    assert vllm_layout_fingerprint(a, 4096, {"a": "1|extra.b=2"}) != \
+        vllm_layout_fingerprint(a, 4096, {"a": "1", "b": "2"})
     assert "model=org/a" in fa and "dtype=bfloat16" in fa
 
 

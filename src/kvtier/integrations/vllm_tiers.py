@@ -110,7 +110,7 @@ from vllm.v1.kv_offload.tiering.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.policies import CachePolicy, get_policy
-from kvtier.tiers.base import BlockTier, TierStats
+from kvtier.tiers.base import BlockTier, TierStats, join_fingerprint_fields
 from kvtier.tiers.disk import FSYNC_MODES, DiskTier
 from kvtier.tiers.redis import RedisTier
 
@@ -165,7 +165,7 @@ def vllm_layout_fingerprint(offloading_spec: OffloadingSpec, block_bytes: int,
     """
     fields = _fingerprint_fields(offloading_spec, block_bytes)
     fields.update(_check_extra(extra))
-    return "|".join(f"{k}={fields[k]}" for k in sorted(fields))
+    return join_fingerprint_fields(fields)  # separators in values escaped: injective
 
 
 def _fingerprint_fields(offloading_spec: OffloadingSpec, block_bytes: int) -> dict[str, Any]:
