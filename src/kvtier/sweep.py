@@ -51,8 +51,8 @@ def _init_worker(path: str, trace: TraceOptions, limit: int | None = None) -> No
         with warnings.catch_warnings():  # the parent read the trace first and warned once
             warnings.simplefilter("ignore", TraceWarning)
             _worker_trace = _read(path, trace, limit)
-    except Exception as exc:  # raised by each point: an initializer's error only breaks the
-        _worker_error = exc  # pool ("BrokenProcessPool"), which names no cause
+    except Exception as exc:  # noqa: BLE001 - raised again by each point: an initializer's
+        _worker_error = exc  # error only breaks the pool ("BrokenProcessPool": no cause named)
 
 
 def _run_point(policy: str, capacity: int, options: ReplayOptions) -> ReplayResult:

@@ -108,7 +108,7 @@ def test_restore_prefix_stops_at_first_miss_and_at_block_budget():
 def test_restore_prefix_checks_block_ids_before_the_lookup_counts(bad, error):
     """A repeated, out-of-range or non-int block id is refused before the lookup (found by
     a newcomer session: the lookup counted its hits first, then restore raised)."""
-    off, kv = make()
+    off, _kv = make()
     off.offload(["h0", "h1"], [0, 1])
     off.wait(10)
     before = off.manager.stats()
