@@ -202,6 +202,7 @@ def test_spec_builds_disk_tier_from_config_dict(tmp_path):
     ({"capacity_blocks": 0}, "capacity_blocks must be a positive int"),
     ({"fsync": "always"}, "fsync must be one of none, batch"),
     ({"policy": "nope"}, "policy: unknown policy 'nope'; known policies: "),
+    ({"policy": "belady"}, "policy 'belady' is offline"),  # newcomer finding: was taken
     ({"directory": ""}, "directory"),
     ({"capcity_blocks": 8}, "unknown option(s) capcity_blocks"),
     ({"workers": 0}, "workers must be a positive int"),

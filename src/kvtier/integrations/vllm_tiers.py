@@ -612,9 +612,12 @@ class KvtierDiskTier(KvtierSecondaryTier):
                              f"got {fsync!r}")
         if isinstance(policy, str) and policy:
             try:
-                get_policy(policy)
+                offline = getattr(get_policy(policy), "needs_future", False)
             except ValueError as exc:
                 raise ValueError(f"{name}: policy: {exc}") from None
+            if offline:
+                raise ValueError(f"{name}: policy {policy!r} is offline (it needs each "
+                                 "block's next use): use it in 'kvtier replay'")
         elif not (isinstance(policy, type) and issubclass(policy, CachePolicy)):
             raise ValueError(f"{name}: policy must be a kvtier policy name, got {policy!r}")
         if locality is not None and locality not in Locality.__members__:
