@@ -91,6 +91,11 @@ def test_percentile_is_nearest_rank():
 def test_bad_windows_are_refused():
     with pytest.raises(ValueError, match="window_s"):
         Analyzer(window_s=0)
+    # newcomer finding: inf was taken (kvtier analyze --window-s inf printed "working set per
+    # infs", one window), and True as a 1 s window
+    for bad in (float("inf"), float("nan"), True):
+        with pytest.raises(ValueError, match="window_s must be a finite number"):
+            Analyzer(window_s=bad)
     with pytest.raises(ValueError, match="window_requests"):
         Analyzer(window_requests=0)
 

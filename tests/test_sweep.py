@@ -21,3 +21,13 @@ def test_a_bad_trace_raises_its_trace_error_from_worker_processes_too(tmp_path, 
     with pytest.raises(TraceFormatError, match="line 2") as err:
         run_grid(bad, ["lru"], [10, 20], workers=workers)
     assert (err.value.line, err.value.path) == (2, str(bad))
+
+
+@pytest.mark.parametrize("workers", [0, -3, 2.5, True])
+def test_a_bad_worker_count_is_refused(workers):
+    """Found by a newcomer session: workers=0 or -3 ran in this process and 2.5 started 2
+    workers, with no word."""
+    from kvtier.trace import embedded_sample_path
+
+    with pytest.raises(ValueError, match="workers must be an int >= 1"):
+        run_grid(embedded_sample_path(), ["lru"], [10], workers=workers)

@@ -241,12 +241,14 @@ class Analyzer:
         window_requests: working-set window in requests (traces without timestamps).
 
     Raises:
-        ValueError: a window is not positive.
+        ValueError: a window is not positive (``window_s``: a finite number of seconds, not a
+            bool).
     """
 
     def __init__(self, window_s: float = 60.0, window_requests: int = 1000) -> None:
-        if not (isinstance(window_s, (int, float)) and window_s > 0):
-            raise ValueError(f"window_s must be > 0 (seconds), got {window_s!r}")
+        if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) \
+                or not 0 < window_s < math.inf:  # inf printed "working set per infs"
+            raise ValueError(f"window_s must be a finite number > 0 (seconds), got {window_s!r}")
         if isinstance(window_requests, bool) or not isinstance(window_requests, int) \
                 or window_requests < 1:
             raise ValueError(f"window_requests must be an int >= 1, got {window_requests!r}")

@@ -51,8 +51,8 @@ def _init_worker(path: str, trace: TraceOptions, limit: int | None = None) -> No
         with warnings.catch_warnings():  # the parent read the trace first and warned once
             warnings.simplefilter("ignore", TraceWarning)
             _worker_trace = _read(path, trace, limit)
-    except Exception as exc:  # raised by each point: an initializer's error only breaks the
-        _worker_error = exc  # pool ("BrokenProcessPool"), which names no cause
+    except Exception as exc:  # noqa: BLE001 - raised again by each point: an initializer's
+        _worker_error = exc  # error only breaks the pool ("BrokenProcessPool": no cause named)
 
 
 def _run_point(policy: str, capacity: int, options: ReplayOptions) -> ReplayResult:
@@ -93,11 +93,15 @@ def run_grid(
         the given order.
 
     Raises:
-        kvtier.trace.TraceFormatError: bad trace. ValueError: bad policy or argument.
+        kvtier.trace.TraceFormatError: bad trace. ValueError: bad policy or argument (e.g.
+            ``workers`` or ``limit`` not an int >= 1).
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                               or limit < 1):
         raise ValueError(f"limit must be an int >= 1 (requests), got {limit!r}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 1):  # 0 or -3 ran in-process, 2.5 as 2 workers
+        raise ValueError(f"workers must be an int >= 1 (processes) or None, got {workers!r}")
     trace = TraceOptions() if trace is None else trace
     options = ReplayOptions() if options is None else options
     points = [(p, c) for p in policies for c in capacities]

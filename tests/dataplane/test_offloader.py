@@ -133,7 +133,7 @@ def test_block_ids_may_be_numpy_arrays_or_tensors():
 def test_restore_prefix_checks_block_ids_before_the_lookup_counts(bad, error):
     """A repeated, out-of-range or non-int block id is refused before the lookup (found by
     a newcomer session: the lookup counted its hits first, then restore raised)."""
-    off, kv = make()
+    off, _kv = make()
     off.offload(["h0", "h1"], [0, 1])
     off.wait(10)
     before = off.manager.stats()

@@ -202,6 +202,7 @@ def test_spec_builds_disk_tier_from_config_dict(tmp_path):
     ({"capacity_blocks": 0}, "capacity_blocks must be a positive int"),
     ({"fsync": "always"}, "fsync must be one of none, batch"),
     ({"policy": "nope"}, "policy: unknown policy 'nope'; known policies: "),
+    ({"policy": "belady"}, "policy 'belady' is offline"),  # newcomer finding: was taken
     ({"directory": ""}, "directory"),
     ({"capcity_blocks": 8}, "unknown option(s) capcity_blocks"),
     ({"workers": 0}, "workers must be a positive int"),
@@ -249,6 +250,9 @@ def test_fingerprint_separates_models_and_layouts():
     assert fa != vllm_layout_fingerprint(b, 4096)
     assert fa != vllm_layout_fingerprint(a, 8192)
     assert fa != vllm_layout_fingerprint(a, 4096, {"revision": "v2"})
+    # a separator in an extra value cannot spell out another field (newcomer finding)
+    assert vllm_layout_fingerprint(a, 4096, {"a": "1|extra.b=2"}) != \
+        vllm_layout_fingerprint(a, 4096, {"a": "1", "b": "2"})
     assert "model=org/a" in fa and "dtype=bfloat16" in fa
 
 

@@ -121,3 +121,16 @@ def test_a_name_the_cli_cannot_select_is_refused(name):
     with pytest.raises(ValueError, match=re.escape(f"policy name {name!r}") + ".* comma"):
         registry.register_policy(name, LRUPolicy)
     assert registry.available_policies() == before
+
+
+def test_plugin_error_survives_pickling():
+    """As kvtier.errors' errors (tests/test_errors.py): a sweep worker sends its error to the
+    parent pickled; the four-field constructor made unpickling fail (newcomer finding)."""
+    import pickle
+
+    from kvtier.policies.registry import PolicyPluginError
+
+    err = PolicyPluginError("mine", "pkg.mod:Cls", "pkg", ImportError("no module pkg.mod"))
+    back = pickle.loads(pickle.dumps(err))
+    assert str(back) == str(err) and (back.name, back.target, back.dist) == ("mine",
+                                                                          "pkg.mod:Cls", "pkg")

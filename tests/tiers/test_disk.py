@@ -470,3 +470,12 @@ def test_numpy_sizes_are_taken_as_the_manager_takes_them(tmp_path):
         assert t.write([1], [blk(1)]) == 1 and t.flush(5) and t.read([1]) == [blk(1)]
     with pytest.raises(ValueError, match="num_blocks must be a positive int"):
         DiskTier(tmp_path / "b", np.bool_(True), BB)
+
+
+def test_an_offline_policy_is_refused(tmp_path):
+    """Found by a newcomer session: DiskTier(policy="belady") opened, and at the first
+    eviction warned that with no oracle it evicts exactly as LRU (KVTierOffloadingSpec
+    refuses offline policies up front)."""
+    with pytest.raises(ValueError, match="offline"):
+        DiskTier(tmp_path, 4, BB, policy="belady")
+    assert not (tmp_path / "meta.json").exists()

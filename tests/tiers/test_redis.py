@@ -132,6 +132,22 @@ def test_two_models_never_share(shared_redis_server):
         assert b.stats().read_errors == 0  # different keys: plain misses
 
 
+def test_layout_fingerprint_is_injective_for_values_with_separators():
+    """Found by a newcomer session: fields were joined as "k=v|k=v", so a value holding "|"
+    or "=" could spell out other fields: two different layouts had one fingerprint, and
+    their tiers would read each other's blocks as verified. Separators in values are now
+    escaped; a fingerprint without them is unchanged (blocks already in Redis still match)."""
+    base = {"dtype": "bfloat16", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64,
+            "block_tokens": 16}
+    a = layout_fingerprint("m", **base, revision="r1|tp_rank=1")
+    b = layout_fingerprint("m", **base, revision="r1", tp_rank=1)
+    assert a != b
+    assert layout_fingerprint("m|x", **base) != layout_fingerprint("m", **base, x="")
+    assert "r1\\|tp_rank\\=1" in a  # escaped
+    assert FP == ("block_tokens=16|dtype=bfloat16|head_dim=64|model=tiny-llama|"
+                  "num_kv_heads=2|num_layers=2")
+
+
 # -- nothing unverified reaches the caller ----------------------------------------------------
 def _tamper_cases(tier, foreign, r):
     """(name, corrupt(value) -> new value) pairs; each makes read answer None + an error."""

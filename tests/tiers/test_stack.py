@@ -102,7 +102,7 @@ def test_restore_prefix_refuses_bad_block_ids_before_promoting(tmp_path, bad, er
     """Found by a newcomer session: restore_prefix with a repeated / out-of-range block id
     promoted a3, a2 from the disk (evicting a1, b1 from the host and demoting them), and only
     then did the offloader's restore refuse the ids."""
-    tiered, kv, disk = make(tmp_path)
+    tiered, _kv, disk = make(tmp_path)
     tiered.offload(["a0", "a1", "a2", "a3"], [0, 1, 2, 3])
     tiered.wait(10)
     tiered.offload(["b0", "b1"], [4, 5])

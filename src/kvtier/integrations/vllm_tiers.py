@@ -110,7 +110,7 @@ from vllm.v1.kv_offload.tiering.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.policies import CachePolicy, get_policy
-from kvtier.tiers.base import BlockTier, TierStats
+from kvtier.tiers.base import BlockTier, TierStats, join_fingerprint_fields
 from kvtier.tiers.disk import FSYNC_MODES, DiskTier
 from kvtier.tiers.redis import RedisTier
 
@@ -165,7 +165,7 @@ def vllm_layout_fingerprint(offloading_spec: OffloadingSpec, block_bytes: int,
     """
     fields = _fingerprint_fields(offloading_spec, block_bytes)
     fields.update(_check_extra(extra))
-    return "|".join(f"{k}={fields[k]}" for k in sorted(fields))
+    return join_fingerprint_fields(fields)  # separators in values escaped: injective
 
 
 def _fingerprint_fields(offloading_spec: OffloadingSpec, block_bytes: int) -> dict[str, Any]:
@@ -612,9 +612,12 @@ class KvtierDiskTier(KvtierSecondaryTier):
                              f"got {fsync!r}")
         if isinstance(policy, str) and policy:
             try:
-                get_policy(policy)
+                offline = getattr(get_policy(policy), "needs_future", False)
             except ValueError as exc:
                 raise ValueError(f"{name}: policy: {exc}") from None
+            if offline:
+                raise ValueError(f"{name}: policy {policy!r} is offline (it needs each "
+                                 "block's next use): use it in 'kvtier replay'")
         elif not (isinstance(policy, type) and issubclass(policy, CachePolicy)):
             raise ValueError(f"{name}: policy must be a kvtier policy name, got {policy!r}")
         if locality is not None and locality not in Locality.__members__:

@@ -50,6 +50,9 @@ class PolicyPluginError(ValueError):
             f"{type(error).__name__}: {error}"
         )
 
+    def __reduce__(self):  # rebuilt from its fields (e.g. sent by a sweep worker process)
+        return (type(self), (self.name, self.target, self.dist, self.error))
+
 
 def register_policy(name: str, cls: type[CachePolicy]) -> type[CachePolicy]:
     """Register ``cls`` under ``name`` and return it.

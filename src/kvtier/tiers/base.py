@@ -27,6 +27,7 @@ from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 Key = Hashable
 
@@ -106,6 +107,19 @@ def encode_key(key: Key) -> bytes:
         f"block key {key!r} of type {type(key).__name__} has no stable byte encoding "
         "(tiers below host memory take int, bytes or str keys)"
     )
+
+
+def join_fingerprint_fields(items: dict[str, Any]) -> str:
+    """``k=v|k=v...`` sorted by name, with ``\\``, ``|`` and ``=`` in names and values
+    escaped by ``\\`` (unescaped, a value holding ``|x=1`` spelled out another field: two
+    layouts, one fingerprint, each other's blocks read as verified)."""
+    def esc(text: object) -> str:
+        text = str(text)
+        if "\\" in text or "|" in text or "=" in text:
+            text = text.replace("\\", "\\\\").replace("|", "\\|").replace("=", "\\=")
+        return text
+
+    return "|".join(f"{esc(k)}={esc(items[k])}" for k in sorted(items))
 
 
 class BlockTier(ABC):

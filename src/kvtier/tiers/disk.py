@@ -52,7 +52,7 @@ import xxhash
 
 from kvtier.checks import check_positive_int, key_list, unhashable_error
 from kvtier.manager import OffloadingManager
-from kvtier.policies import CachePolicy
+from kvtier.policies import CachePolicy, get_policy
 from kvtier.tiers.base import BlockTier, Key, TierStats, encode_key
 from kvtier.types import OffloadingEvent
 
@@ -167,7 +167,7 @@ class DiskTier(BlockTier):
 
     Raises:
         ValueError: a bad argument (named), e.g. an empty path, an unknown fsync mode or
-            policy.
+            policy, or an offline policy (``belady``).
         DiskTierError: the directory is already open (another process or DiskTier:
             ``flock``), holds a tier of another format, block size or slot count, or an
             unreadable ``meta.json``.
@@ -206,6 +206,11 @@ class DiskTier(BlockTier):
         self.block_bytes = block_bytes
         self.num_blocks = num_blocks
         self.fsync = fsync
+        policy_cls = get_policy(policy) if isinstance(policy, str) else policy
+        if getattr(policy_cls, "needs_future", False):  # an offline reference (belady)
+            raise ValueError(
+                f"policy {policy!r} is offline (it needs each block's next use, known only "
+                "to a trace replay): a disk tier cannot use it; choose lru, arc, s3fifo, ...")
         self.path = Path(path)
         self.manager = OffloadingManager(num_blocks, policy, enable_events=enable_events)
         self._closed = True  # until fully open

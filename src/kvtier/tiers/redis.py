@@ -54,7 +54,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from kvtier.checks import key_list
-from kvtier.tiers.base import BlockTier, Key, TierStats, encode_key
+from kvtier.tiers.base import (
+    BlockTier,
+    Key,
+    TierStats,
+    encode_key,
+    join_fingerprint_fields,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +167,8 @@ def layout_fingerprint(
     Everything that changes the meaning of a block's bytes belongs in it: the model (name and
     revision), KV dtype, layer count, KV heads (per tensor-parallel rank), head dim, tokens per
     block, and anything else in ``extra`` (e.g. ``tp_rank=0``, ``kv_layout="NHD"``), sorted by
-    name.
+    name. ``\\``, ``|`` and ``=`` inside a value are escaped with ``\\``, so two different
+    layouts never give one fingerprint (a value without them is written as it is).
     """
     items = {
         "model": model,
@@ -172,7 +179,7 @@ def layout_fingerprint(
         "block_tokens": block_tokens,
         **extra,
     }
-    return "|".join(f"{k}={items[k]}" for k in sorted(items))
+    return join_fingerprint_fields(items)
 
 
 def _positive_seconds(value: object) -> bool:
