@@ -11,6 +11,7 @@ import math
 
 from kvtier.admission_adaptive import HORIZON, SWITCH_Z, DuelingAdmission, make_admission
 from kvtier.policies import available_policies
+from kvtier.policies.arc import ARCPolicy
 from kvtier.policies.lru import LRUPolicy
 from kvtier.replay import replay
 from kvtier.trace import Request
@@ -452,3 +453,57 @@ def test_psel_stays_bounded_when_one_lookup_names_more_than_the_horizon(capacity
     info = m.admission.info()
     assert isinstance(info["psel_stderr"], float)
     assert abs(info["psel"]) <= HORIZON * info["shadow_capacity"]
+
+
+class _ARCByHooks(ARCPolicy):
+    """ARC, but not the class itself: the duel then runs it through the generic shadow
+    (the policy's hooks) and the general path, not _ARCMini's spelled-out steps."""
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 16), st.booleans(),
+       st.lists(st.tuples(st.lists(st.integers(0, 30), min_size=1, max_size=4),
+                          st.integers(0, 3)), min_size=1, max_size=150))
+def test_spelled_out_arc_shadow_duel_equals_the_general_path(blocks, inflight, calls):
+    # _ARCMini (ARCPolicy's steps on its fields while nothing is held or aside, and the
+    # duel's one-key path for it) against the general path over ARCPolicy's hooks: the same
+    # whole state (shadow policies' lists, ghosts, target, pending keys, PSEL, counters)
+    # after every call; with stores in flight the shadows hold keys and set blocks aside,
+    # so the fallbacks to the hooks are exercised too
+    fast = DuelingAdmission(blocks, shadow_policy=ARCPolicy)
+    generic = DuelingAdmission(blocks, shadow_policy=_ARCByHooks)
+    assert fast._arc_minis and not generic._arc_minis
+    for keys, pending in calls:
+        pending = pending if inflight else 0
+        for a in (fast, generic):
+            a.record(keys, 0, pending)
+        assert fast.admit(keys, blocks) == generic.admit(keys, blocks)
+        assert fast.snapshot() == generic.snapshot()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 15), max_size=6), st.integers(0, 6),
+                          st.integers(0, 3), st.booleans()), max_size=100))
+def test_spelled_out_arc_shadow_equals_the_arc_policy_shadow(calls):
+    from kvtier.admission_adaptive import _ARCMini, _Mini
+
+    fast, generic = _ARCMini(ARCPolicy, 4), _Mini(ARCPolicy, 4)
+    call = 0
+    for sampled, upto, delay, hit_or_miss in calls:
+        call += 1
+        in_flight = call if delay else 0  # some stores stay pending for `delay` calls
+        if hit_or_miss and len(sampled) == 1:  # the duel's one-key steps
+            h = sampled[0]
+            if h in fast.keys:
+                fast.hit1(h)
+                generic.touch(sampled)
+            else:
+                fast.miss1(h, 4, upto > 0)
+                generic.access(sampled, 1 if upto else 0, 4)
+        else:
+            got = fast.access(sampled, upto, 4, in_flight)
+            assert got == generic.access(sampled, upto, 4, in_flight)
+        fast.complete(call - delay)
+        generic.complete(call - delay)
+        assert fast.policy.snapshot() == generic.policy.snapshot()
+        assert fast.keys == generic.keys and fast.held == generic.held

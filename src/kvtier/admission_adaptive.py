@@ -233,7 +233,8 @@ class DuelingAdmission:
         self._sseen: set[int] = set()  # the same for sampled keys (by hash)
         self._sseen_old: set[int] = set()
         self._lru_minis = self.shadow_policy is _lru_class()
-        mini = _LRUMini if self._lru_minis else _Mini
+        self._arc_minis = self.shadow_policy is _arc_class()
+        mini = _LRUMini if self._lru_minis else _ARCMini if self._arc_minis else _Mini
         self._mini_a = mini(self.shadow_policy, self.shadow_capacity)  # admit-all
         self._mini_b = mini(self.shadow_policy, self.shadow_capacity)  # second sight
         # PSEL: the duel's evidence for second sight (see _decide for how it picks the rule)
@@ -369,6 +370,9 @@ class DuelingAdmission:
                 if self._lru_minis:
                     sa.move_to_end(h)
                     sb.move_to_end(h)
+                elif self._arc_minis:
+                    ma.hit1(h)
+                    mb.hit1(h)
                 elif ma.touch is not None:
                     ma.touch(sampled)
                     mb.touch(sampled)
@@ -412,6 +416,34 @@ class DuelingAdmission:
                     if len(sb) >= cap:
                         sb.popitem(False)
                     sb[h] = None
+                if self._filling and len(sb) >= cap:
+                    self._filling = False
+                self._weigh(in_b - in_a, in_a, 1 - self._decay)
+                return
+            if self._arc_minis:
+                # the same one-key path with ARC shadows (_ARCMini's one-key steps, tested
+                # equal to the general path over ARCPolicy's hooks): ARC 16,000 blocks, most
+                # sampled lookups (docs/performance.md, "Adaptive admission")
+                in_a = h in sa
+                in_b = h in sb
+                self.sampled_refs += 1
+                sseen = self._sseen
+                if len(sseen) >= self.sample_window:
+                    self._sseen_old = sseen
+                    self._sseen = sseen = set()
+                seen = h in sseen or h in self._sseen_old
+                sseen.add(h)
+                cap = self.shadow_capacity
+                if in_a:
+                    self.shadow_hits_all += 1
+                    ma.hit1(h)
+                else:
+                    ma.miss1(h, cap, True)
+                if in_b:
+                    self.shadow_hits_second += 1
+                    mb.hit1(h)
+                else:  # (during the fill every miss is stored)
+                    mb.miss1(h, cap, seen or self._filling)
                 if self._filling and len(sb) >= cap:
                     self._filling = False
                 self._weigh(in_b - in_a, in_a, 1 - self._decay)
@@ -716,6 +748,129 @@ def _until_pending(sampled: list[int], hits: int, held: dict) -> int:
         if sampled[i] in held:
             return i
     return hits
+
+
+class _ARCMini(_Mini):
+    """:class:`_Mini` of :class:`~kvtier.policies.arc.ARCPolicy`: while the shadow holds
+    nothing (no store in flight, no block set aside by an eviction walk), the policy's steps
+    for a lookup spelled out on its fields, without its hooks' checks for held blocks and
+    without the ``evict`` recount (every resident block is evictable then); otherwise the
+    hooks, as :class:`_Mini` (tested equal). Speed trick on the duel's hot path: ARC 16,000
+    blocks, docs/performance.md "Adaptive admission"."""
+
+    __slots__ = ()
+
+    def access(self, sampled: list[int], upto: int, cap: int, call: int = 0) -> int:
+        pol = self.policy
+        if call or pol._held or pol._t1.aside or pol._t2.aside:
+            return _Mini.access(self, sampled, upto, cap, call)
+        pol.touch(sampled)
+        keys = self.keys
+        new = []
+        for h in sampled[:upto]:  # a plain loop: no function object (see record)
+            if h not in keys:
+                new.append(h)
+        if len(new) > 1 and len(set(new)) < len(new):
+            new = list(dict.fromkeys(new))
+        over = len(keys) + len(new) - cap
+        if over > 0:
+            over = min(over, len(keys))
+            if over:  # nothing held: every resident block is eligible, no recount
+                keys.difference_update(pol._evict(over, ()))
+            if len(keys) + len(new) > cap:
+                new = new[: max(0, cap - len(keys))]
+        if new:
+            # ARCPolicy.insert then mark_evictable: held gains the keys and loses them again
+            resident, b1, b2, t2_keys = pol._resident, pol._b1, pol._b2, pol._t2_keys
+            t1_live, t2_live = pol._t1.live, pol._t2.live
+            for key in reversed(new):
+                resident[key] = True
+                if key in b1:
+                    del b1[key]
+                    t2_keys.add(key)
+                    t2_live[key] = None
+                elif key in b2:
+                    del b2[key]
+                    t2_keys.add(key)
+                    t2_live[key] = None
+                else:
+                    t1_live[key] = None
+            keys.update(new)
+        return len(new)
+
+    def hit1(self, h: int) -> None:
+        """``touch([h])`` of a resident key ``h``."""
+        pol = self.policy
+        if pol._held or pol._t1.aside or pol._t2.aside:
+            pol.touch((h,))
+            return
+        t2_keys = pol._t2_keys
+        if h in t2_keys:
+            pol._t2.live.move_to_end(h)
+        else:  # seen again: T1 -> T2's most recent end
+            t2_keys.add(h)
+            del pol._t1.live[h]
+            pol._t2.live[h] = None
+
+    def miss1(self, h: int, cap: int, store: bool) -> None:
+        """``access([h], 1 if store else 0, cap)`` of a key ``h`` not resident, nothing in
+        flight (``call`` 0)."""
+        pol = self.policy
+        if pol._held or pol._t1.aside or pol._t2.aside:
+            _Mini.access(self, [h], 1 if store else 0, cap)
+            return
+        # ARCPolicy.touch of a missed key: a ghost hit adapts the target
+        b1, b2 = pol._b1, pol._b2
+        if h in b1:
+            step = len(b2) / len(b1)
+            target = pol.target + (step if step > 1.0 else 1.0)
+            pol.target = target if target < pol.capacity else float(pol.capacity)
+            b1.move_to_end(h)
+        elif h in b2:
+            step = len(b1) / len(b2)
+            target = pol.target - (step if step > 1.0 else 1.0)
+            pol.target = target if target > 0.0 else 0.0
+            b2.move_to_end(h)
+        if not store:
+            return
+        keys = self.keys
+        resident, t2_keys = pol._resident, pol._t2_keys
+        if len(keys) >= cap:  # full: ARCPolicy._evict(1) with nothing held or aside
+            if len(resident) - len(t2_keys) + 1 > pol.target:
+                live, ghost, from_t2 = pol._t1.live, b1, False
+            else:
+                live, ghost, from_t2 = pol._t2.live, b2, True
+            if live:
+                victim = live.popitem(False)[0]
+                if from_t2:
+                    t2_keys.remove(victim)
+                del resident[victim]
+                ghost[victim] = None
+                if len(ghost) > pol.capacity:
+                    ghost.popitem(False)
+                pol.examined += 1
+                keys.discard(victim)
+            else:  # the preferred list is empty: the policy's phases
+                keys.difference_update(pol._evict(1, ()))
+        # ARCPolicy.insert then mark_evictable of one key
+        resident[h] = True
+        if h in b1:
+            del b1[h]
+            t2_keys.add(h)
+            pol._t2.live[h] = None
+        elif h in b2:
+            del b2[h]
+            t2_keys.add(h)
+            pol._t2.live[h] = None
+        else:
+            pol._t1.live[h] = None
+        keys.add(h)
+
+
+def _arc_class() -> type:
+    from kvtier.policies.arc import ARCPolicy  # noqa: PLC0415 (import cycle)
+
+    return ARCPolicy
 
 
 def _lru_class() -> type:
