@@ -448,8 +448,17 @@ class DuelingAdmission:
                     self._filling = False
                 self._weigh(in_b - in_a, in_a, 1 - self._decay)
                 return
-        hits_a = len(list(takewhile(sa.__contains__, sampled)))
-        hits_b = len(list(takewhile(sb.__contains__, sampled)))
+        # the leading hits: plain loops (takewhile and a list cost more for these few keys)
+        hits_a = 0
+        for h in sampled:
+            if h not in sa:
+                break
+            hits_a += 1
+        hits_b = 0
+        for h in sampled:
+            if h not in sb:
+                break
+            hits_b += 1
         depth = self._depth
         if self._inflight and not (depth >= 1 or ma.held or mb.held):
             self._inflight = False
@@ -767,11 +776,9 @@ class _ARCMini(_Mini):
         pol.touch(sampled)
         keys = self.keys
         new = []
-        for h in sampled[:upto]:  # a plain loop: no function object (see record)
-            if h not in keys:
+        for h in sampled[:upto] if upto < len(sampled) else sampled:
+            if h not in keys and h not in new:  # each key once (see _LRUMini.access)
                 new.append(h)
-        if len(new) > 1 and len(set(new)) < len(new):
-            new = list(dict.fromkeys(new))
         over = len(keys) + len(new) - cap
         if over > 0:
             over = min(over, len(keys))
@@ -906,9 +913,12 @@ class _LRUMini:
         for h in reversed(sampled):
             if h in order:
                 order.move_to_end(h)
-        new = [h for h in sampled[:upto] if h not in order]
-        if len(new) > 1:  # a key named twice in one lookup is stored (and pending) once
-            new = list(dict.fromkeys(new))
+        new = []
+        for h in sampled[:upto] if upto < len(sampled) else sampled:
+            # a key named twice in one lookup is stored (and pending) once (a plain loop:
+            # no comprehension's function object, no dict.fromkeys for these few keys)
+            if h not in order and h not in new:
+                new.append(h)
         over = len(order) + len(new) - cap
         if over > 0:
             held = self.held
