@@ -285,10 +285,13 @@ class DuelingAdmission:
             sampled = list(map(hash, picked))
         else:  # a plain loop: -1,700 instructions a call against a comprehension (3.11
             # makes a function for it), -3,100 against filterfalse (cachegrind, 6 keys)
-            sampled = []
+            sampled = None  # a list only once a key is sampled (half the lookups: none)
             for h in map(hash, picked):
                 if h % modulus == residue:
-                    sampled.append(h)
+                    if sampled is None:
+                        sampled = [h]
+                    else:
+                        sampled.append(h)
         # the real tier's doorkeeper: needed by second sight, and by admit-all when the call
         # may not fit (see admit); not kept up while admit-all leads by more than half of
         # PSEL's range, since then it stores every looked-up block and is unlikely to lose
