@@ -507,3 +507,27 @@ def test_spelled_out_arc_shadow_equals_the_arc_policy_shadow(calls):
         generic.complete(call - delay)
         assert fast.policy.snapshot() == generic.policy.snapshot()
         assert fast.keys == generic.keys and fast.held == generic.held
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(["lru", "arc"]), st.integers(1, 12),
+       st.lists(st.tuples(st.integers(0, 25), st.booleans(), st.booleans()), max_size=120))
+def test_one_key_store_with_adaptive_admission_equals_the_general_path(policy, blocks, calls):
+    # the manager's one-key prepare_store path asks the admission too (a refused key is a
+    # skipped store): the same outputs and whole state as the general path, reached here by
+    # naming the key twice (stored once)
+    fast = OffloadingManager(blocks, policy, admission="adaptive")
+    general = OffloadingManager(blocks, policy, admission="adaptive")
+    for key, complete, lookup in calls:
+        if lookup:
+            assert fast.lookup_prefix([key]) == general.lookup_prefix([key])
+        a, b = fast.prepare_store([key]), general.prepare_store([key, key])
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert (a.keys_to_store, a.block_ids, a.evicted_keys) == (
+                b.keys_to_store, b.block_ids, b.evicted_keys)
+            if complete:
+                fast.complete_store(a.keys_to_store)
+                general.complete_store(b.keys_to_store)
+        assert fast.snapshot() == general.snapshot()
+    assert fast.stats().skipped_stores == general.stats().skipped_stores
