@@ -488,9 +488,7 @@ def test_spelled_out_arc_shadow_equals_the_arc_policy_shadow(calls):
     from kvtier.admission_adaptive import _ARCMini, _Mini
 
     fast, generic = _ARCMini(ARCPolicy, 4), _Mini(ARCPolicy, 4)
-    call = 0
-    for sampled, upto, delay, hit_or_miss in calls:
-        call += 1
+    for call, (sampled, upto, delay, hit_or_miss) in enumerate(calls, 1):
         in_flight = call if delay else 0  # some stores stay pending for `delay` calls
         if hit_or_miss and len(sampled) == 1:  # the duel's one-key steps
             h = sampled[0]

@@ -75,7 +75,8 @@ second-sight answer for that call.
 The shadows run the tier's policy class through its public hooks (touch the looked-up
 keys, evict for room, insert and mark evictable the admitted ones, on_store), so the module
 composes with every registered policy; an offline policy (``needs_future``) is shadowed by
-LRU. They count hits per key (a sampled key hits when it and the sampled keys before it in
+LRU. LRU and ARC shadows take the same steps spelled out (``_LRUMini``, ``_ARCMini``; tested
+equal to the hooks), a speed trick (docs/performance.md). They count hits per key (a sampled key hits when it and the sampled keys before it in
 the call are in the shadow and not pending), not the tier's exact prefix hits.
 
 State (independent of the trace's length): the doorkeepers hold at most ``2 * (G + L)`` keys
