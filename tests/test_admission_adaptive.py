@@ -11,6 +11,7 @@ import math
 
 from kvtier.admission_adaptive import HORIZON, SWITCH_Z, DuelingAdmission, make_admission
 from kvtier.policies import available_policies
+from kvtier.policies.arc import ARCPolicy
 from kvtier.policies.lru import LRUPolicy
 from kvtier.replay import replay
 from kvtier.trace import Request
@@ -452,3 +453,79 @@ def test_psel_stays_bounded_when_one_lookup_names_more_than_the_horizon(capacity
     info = m.admission.info()
     assert isinstance(info["psel_stderr"], float)
     assert abs(info["psel"]) <= HORIZON * info["shadow_capacity"]
+
+
+class _ARCByHooks(ARCPolicy):
+    """ARC, but not the class itself: the duel then runs it through the generic shadow
+    (the policy's hooks) and the general path, not _ARCMini's spelled-out steps."""
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 16), st.booleans(),
+       st.lists(st.tuples(st.lists(st.integers(0, 30), min_size=1, max_size=4),
+                          st.integers(0, 3)), min_size=1, max_size=150))
+def test_spelled_out_arc_shadow_duel_equals_the_general_path(blocks, inflight, calls):
+    # _ARCMini (ARCPolicy's steps on its fields while nothing is held or aside, and the
+    # duel's one-key path for it) against the general path over ARCPolicy's hooks: the same
+    # whole state (shadow policies' lists, ghosts, target, pending keys, PSEL, counters)
+    # after every call; with stores in flight the shadows hold keys and set blocks aside,
+    # so the fallbacks to the hooks are exercised too
+    fast = DuelingAdmission(blocks, shadow_policy=ARCPolicy)
+    generic = DuelingAdmission(blocks, shadow_policy=_ARCByHooks)
+    assert fast._arc_minis and not generic._arc_minis
+    for keys, pending in calls:
+        pending = pending if inflight else 0
+        for a in (fast, generic):
+            a.record(keys, 0, pending)
+        assert fast.admit(keys, blocks) == generic.admit(keys, blocks)
+        assert fast.snapshot() == generic.snapshot()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 15), max_size=6), st.integers(0, 6),
+                          st.integers(0, 3), st.booleans()), max_size=100))
+def test_spelled_out_arc_shadow_equals_the_arc_policy_shadow(calls):
+    from kvtier.admission_adaptive import _ARCMini, _Mini
+
+    fast, generic = _ARCMini(ARCPolicy, 4), _Mini(ARCPolicy, 4)
+    for call, (sampled, upto, delay, hit_or_miss) in enumerate(calls, 1):
+        in_flight = call if delay else 0  # some stores stay pending for `delay` calls
+        if hit_or_miss and len(sampled) == 1:  # the duel's one-key steps
+            h = sampled[0]
+            if h in fast.keys:
+                fast.hit1(h)
+                generic.touch(sampled)
+            else:
+                fast.miss1(h, 4, upto > 0)
+                generic.access(sampled, 1 if upto else 0, 4)
+        else:
+            got = fast.access(sampled, upto, 4, in_flight)
+            assert got == generic.access(sampled, upto, 4, in_flight)
+        fast.complete(call - delay)
+        generic.complete(call - delay)
+        assert fast.policy.snapshot() == generic.policy.snapshot()
+        assert fast.keys == generic.keys and fast.held == generic.held
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(["lru", "arc"]), st.integers(1, 12),
+       st.lists(st.tuples(st.integers(0, 25), st.booleans(), st.booleans()), max_size=120))
+def test_one_key_store_with_adaptive_admission_equals_the_general_path(policy, blocks, calls):
+    # the manager's one-key prepare_store path asks the admission too (a refused key is a
+    # skipped store): the same outputs and whole state as the general path, reached here by
+    # naming the key twice (stored once)
+    fast = OffloadingManager(blocks, policy, admission="adaptive")
+    general = OffloadingManager(blocks, policy, admission="adaptive")
+    for key, complete, lookup in calls:
+        if lookup:
+            assert fast.lookup_prefix([key]) == general.lookup_prefix([key])
+        a, b = fast.prepare_store([key]), general.prepare_store([key, key])
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert (a.keys_to_store, a.block_ids, a.evicted_keys) == (
+                b.keys_to_store, b.block_ids, b.evicted_keys)
+            if complete:
+                fast.complete_store(a.keys_to_store)
+                general.complete_store(b.keys_to_store)
+        assert fast.snapshot() == general.snapshot()
+    assert fast.stats().skipped_stores == general.stats().skipped_stores

@@ -75,7 +75,8 @@ second-sight answer for that call.
 The shadows run the tier's policy class through its public hooks (touch the looked-up
 keys, evict for room, insert and mark evictable the admitted ones, on_store), so the module
 composes with every registered policy; an offline policy (``needs_future``) is shadowed by
-LRU. They count hits per key (a sampled key hits when it and the sampled keys before it in
+LRU. LRU and ARC shadows take the same steps spelled out (``_LRUMini``, ``_ARCMini``; tested
+equal to the hooks), a speed trick (docs/performance.md). They count hits per key (a sampled key hits when it and the sampled keys before it in
 the call are in the shadow and not pending), not the tier's exact prefix hits.
 
 State (independent of the trace's length): the doorkeepers hold at most ``2 * (G + L)`` keys
@@ -233,7 +234,8 @@ class DuelingAdmission:
         self._sseen: set[int] = set()  # the same for sampled keys (by hash)
         self._sseen_old: set[int] = set()
         self._lru_minis = self.shadow_policy is _lru_class()
-        mini = _LRUMini if self._lru_minis else _Mini
+        self._arc_minis = self.shadow_policy is _arc_class()
+        mini = _LRUMini if self._lru_minis else _ARCMini if self._arc_minis else _Mini
         self._mini_a = mini(self.shadow_policy, self.shadow_capacity)  # admit-all
         self._mini_b = mini(self.shadow_policy, self.shadow_capacity)  # second sight
         # PSEL: the duel's evidence for second sight (see _decide for how it picks the rule)
@@ -284,10 +286,13 @@ class DuelingAdmission:
             sampled = list(map(hash, picked))
         else:  # a plain loop: -1,700 instructions a call against a comprehension (3.11
             # makes a function for it), -3,100 against filterfalse (cachegrind, 6 keys)
-            sampled = []
+            sampled = None  # a list only once a key is sampled (half the lookups: none)
             for h in map(hash, picked):
                 if h % modulus == residue:
-                    sampled.append(h)
+                    if sampled is None:
+                        sampled = [h]
+                    else:
+                        sampled.append(h)
         # the real tier's doorkeeper: needed by second sight, and by admit-all when the call
         # may not fit (see admit); not kept up while admit-all leads by more than half of
         # PSEL's range, since then it stores every looked-up block and is unlikely to lose
@@ -369,6 +374,9 @@ class DuelingAdmission:
                 if self._lru_minis:
                     sa.move_to_end(h)
                     sb.move_to_end(h)
+                elif self._arc_minis:
+                    ma.hit1(h)
+                    mb.hit1(h)
                 elif ma.touch is not None:
                     ma.touch(sampled)
                     mb.touch(sampled)
@@ -416,8 +424,45 @@ class DuelingAdmission:
                     self._filling = False
                 self._weigh(in_b - in_a, in_a, 1 - self._decay)
                 return
-        hits_a = len(list(takewhile(sa.__contains__, sampled)))
-        hits_b = len(list(takewhile(sb.__contains__, sampled)))
+            if self._arc_minis:
+                # the same one-key path with ARC shadows (_ARCMini's one-key steps, tested
+                # equal to the general path over ARCPolicy's hooks): ARC 16,000 blocks, most
+                # sampled lookups (docs/performance.md, "Adaptive admission")
+                in_a = h in sa
+                in_b = h in sb
+                self.sampled_refs += 1
+                sseen = self._sseen
+                if len(sseen) >= self.sample_window:
+                    self._sseen_old = sseen
+                    self._sseen = sseen = set()
+                seen = h in sseen or h in self._sseen_old
+                sseen.add(h)
+                cap = self.shadow_capacity
+                if in_a:
+                    self.shadow_hits_all += 1
+                    ma.hit1(h)
+                else:
+                    ma.miss1(h, cap, True)
+                if in_b:
+                    self.shadow_hits_second += 1
+                    mb.hit1(h)
+                else:  # (during the fill every miss is stored)
+                    mb.miss1(h, cap, seen or self._filling)
+                if self._filling and len(sb) >= cap:
+                    self._filling = False
+                self._weigh(in_b - in_a, in_a, 1 - self._decay)
+                return
+        # the leading hits: plain loops (takewhile and a list cost more for these few keys)
+        hits_a = 0
+        for h in sampled:
+            if h not in sa:
+                break
+            hits_a += 1
+        hits_b = 0
+        for h in sampled:
+            if h not in sb:
+                break
+            hits_b += 1
         depth = self._depth
         if self._inflight and not (depth >= 1 or ma.held or mb.held):
             self._inflight = False
@@ -718,6 +763,127 @@ def _until_pending(sampled: list[int], hits: int, held: dict) -> int:
     return hits
 
 
+class _ARCMini(_Mini):
+    """:class:`_Mini` of :class:`~kvtier.policies.arc.ARCPolicy`: while the shadow holds
+    nothing (no store in flight, no block set aside by an eviction walk), the policy's steps
+    for a lookup spelled out on its fields, without its hooks' checks for held blocks and
+    without the ``evict`` recount (every resident block is evictable then); otherwise the
+    hooks, as :class:`_Mini` (tested equal). Speed trick on the duel's hot path: ARC 16,000
+    blocks, docs/performance.md "Adaptive admission"."""
+
+    __slots__ = ()
+
+    def access(self, sampled: list[int], upto: int, cap: int, call: int = 0) -> int:
+        pol = self.policy
+        if call or pol._held or pol._t1.aside or pol._t2.aside:
+            return _Mini.access(self, sampled, upto, cap, call)
+        pol.touch(sampled)
+        keys = self.keys
+        new = []
+        for h in sampled[:upto] if upto < len(sampled) else sampled:
+            if h not in keys and h not in new:  # each key once (see _LRUMini.access)
+                new.append(h)
+        over = len(keys) + len(new) - cap
+        if over > 0:
+            over = min(over, len(keys))
+            if over:  # nothing held: every resident block is eligible, no recount
+                keys.difference_update(pol._evict(over, ()))
+            if len(keys) + len(new) > cap:
+                new = new[: max(0, cap - len(keys))]
+        if new:
+            # ARCPolicy.insert then mark_evictable: held gains the keys and loses them again
+            resident, b1, b2, t2_keys = pol._resident, pol._b1, pol._b2, pol._t2_keys
+            t1_live, t2_live = pol._t1.live, pol._t2.live
+            for key in reversed(new):
+                resident[key] = True
+                if key in b1:
+                    del b1[key]
+                    t2_keys.add(key)
+                    t2_live[key] = None
+                elif key in b2:
+                    del b2[key]
+                    t2_keys.add(key)
+                    t2_live[key] = None
+                else:
+                    t1_live[key] = None
+            keys.update(new)
+        return len(new)
+
+    def hit1(self, h: int) -> None:
+        """``touch([h])`` of a resident key ``h``."""
+        pol = self.policy
+        if pol._held or pol._t1.aside or pol._t2.aside:
+            pol.touch((h,))
+            return
+        t2_keys = pol._t2_keys
+        if h in t2_keys:
+            pol._t2.live.move_to_end(h)
+        else:  # seen again: T1 -> T2's most recent end
+            t2_keys.add(h)
+            del pol._t1.live[h]
+            pol._t2.live[h] = None
+
+    def miss1(self, h: int, cap: int, store: bool) -> None:
+        """``access([h], 1 if store else 0, cap)`` of a key ``h`` not resident, nothing in
+        flight (``call`` 0)."""
+        pol = self.policy
+        if pol._held or pol._t1.aside or pol._t2.aside:
+            _Mini.access(self, [h], 1 if store else 0, cap)
+            return
+        # ARCPolicy.touch of a missed key: a ghost hit adapts the target
+        b1, b2 = pol._b1, pol._b2
+        if h in b1:
+            step = len(b2) / len(b1)
+            target = pol.target + (step if step > 1.0 else 1.0)
+            pol.target = target if target < pol.capacity else float(pol.capacity)
+            b1.move_to_end(h)
+        elif h in b2:
+            step = len(b1) / len(b2)
+            target = pol.target - (step if step > 1.0 else 1.0)
+            pol.target = target if target > 0.0 else 0.0
+            b2.move_to_end(h)
+        if not store:
+            return
+        keys = self.keys
+        resident, t2_keys = pol._resident, pol._t2_keys
+        if len(keys) >= cap:  # full: ARCPolicy._evict(1) with nothing held or aside
+            if len(resident) - len(t2_keys) + 1 > pol.target:
+                live, ghost, from_t2 = pol._t1.live, b1, False
+            else:
+                live, ghost, from_t2 = pol._t2.live, b2, True
+            if live:
+                victim = live.popitem(False)[0]
+                if from_t2:
+                    t2_keys.remove(victim)
+                del resident[victim]
+                ghost[victim] = None
+                if len(ghost) > pol.capacity:
+                    ghost.popitem(False)
+                pol.examined += 1
+                keys.discard(victim)
+            else:  # the preferred list is empty: the policy's phases
+                keys.difference_update(pol._evict(1, ()))
+        # ARCPolicy.insert then mark_evictable of one key
+        resident[h] = True
+        if h in b1:
+            del b1[h]
+            t2_keys.add(h)
+            pol._t2.live[h] = None
+        elif h in b2:
+            del b2[h]
+            t2_keys.add(h)
+            pol._t2.live[h] = None
+        else:
+            pol._t1.live[h] = None
+        keys.add(h)
+
+
+def _arc_class() -> type:
+    from kvtier.policies.arc import ARCPolicy  # noqa: PLC0415 (import cycle)
+
+    return ARCPolicy
+
+
 def _lru_class() -> type:
     from kvtier.policies.lru import LRUPolicy  # noqa: PLC0415 (import cycle)
 
@@ -751,9 +917,12 @@ class _LRUMini:
         for h in reversed(sampled):
             if h in order:
                 order.move_to_end(h)
-        new = [h for h in sampled[:upto] if h not in order]
-        if len(new) > 1:  # a key named twice in one lookup is stored (and pending) once
-            new = list(dict.fromkeys(new))
+        new = []
+        for h in sampled[:upto] if upto < len(sampled) else sampled:
+            # a key named twice in one lookup is stored (and pending) once (a plain loop:
+            # no comprehension's function object, no dict.fromkeys for these few keys)
+            if h not in order and h not in new:
+                new.append(h)
         over = len(order) + len(new) - cap
         if over > 0:
             held = self.held

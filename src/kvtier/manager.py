@@ -543,19 +543,27 @@ class OffloadingManager:
         if (
             len(keys) == 1
             and self._tracker is None
-            and self.admission is None
+            and self._on_evict is None
             and (req_context is None or not self._requests)  # explicit mode: one cheap test
         ):
-            # one key, no admission: the same steps with fewer checks. In a full tier every
-            # slot is used (the free list is empty) and the victim's slot is the new block's,
-            # as the general path's free list would give it; a tier with a free slot evicts
-            # nothing.
+            # one key, no tracker, no admission that learns from victims: the same steps
+            # with fewer checks. In a full tier every slot is used (the free list is empty)
+            # and the victim's slot is the new block's, as the general path's free list
+            # would give it; a tier with a free slot evicts nothing.
             key = keys[0]
             try:
                 stored = key in slot_of
             except TypeError:
                 raise unhashable_error(keys, "prepare_store") from None
             if stored:
+                if self._on_store is not None:
+                    self._on_store(keys)
+                return _output(([], [], []))
+            admission = self.admission
+            if admission is not None and not admission.admit(
+                keys, self.num_blocks - len(slot_of) + self._evictable
+            ):  # (adaptive admission; one-key stores take this path: docs/performance.md)
+                self._skipped_stores += 1
                 if self._on_store is not None:
                     self._on_store(keys)
                 return _output(([], [], []))
