@@ -59,6 +59,12 @@ _PLAIN_KEY_TYPES = frozenset({int, str, bytes})
 # NamedTuple's Python-level ``__new__`` (and without a Python frame)
 _output = partial(tuple.__new__, PrepareStoreOutput)
 
+# _CELLS: the hot methods use no comprehension or generator expression over their locals,
+# even on their error paths: on Python 3.11 a local that a nested scope reads becomes a cell,
+# allocated and freed at every call of the method (one-key ARC store + complete 22,785 ->
+# 21,994 instructions, docs/performance.md, "ARC hot paths", third round); C-level
+# filter / map over a bound method instead.
+
 
 MAX_BLOCKS = 2**31 - 1
 """Largest ``num_blocks``: slot ids and ref counts are stored as 32-bit ints."""
@@ -244,13 +250,14 @@ class OffloadingManager:
         pending, pins, slot_of = self._pending_keys, self._pins, self._slot_of
         try:
             if pending and not pending.isdisjoint(victims):
-                key = next(k for k in victims if k in pending)
+                # filters, no generator expressions: see _CELLS
+                key = next(filter(pending.__contains__, victims))
                 raise self._policy_error(f"evict({n}) chose block {key!r}, whose store is pending")
             if pins and not pins.keys().isdisjoint(victims):
-                key = next(k for k in victims if k in pins)
+                key = next(filter(pins.__contains__, victims))
                 raise self._policy_error(f"evict({n}) chose block {key!r}, which is pinned")
             if protected and any(map(protected.__contains__, victims)):
-                key = next(k for k in victims if k in protected)
+                key = next(filter(protected.__contains__, victims))
                 raise self._policy_error(f"evict({n}) chose block {key!r}, which is protected")
             before = len(slot_of)
             slots = list(map(slot_of.pop, victims, repeat(None)))  # C-level, no KeyError
@@ -346,7 +353,7 @@ class OffloadingManager:
         try:
             return list(map(slot_of.__getitem__, keys))  # C-level loop: no comprehension frame
         except KeyError:
-            key = next(k for k in keys if k not in slot_of)
+            key = next(filterfalse(slot_of.__contains__, keys))  # not a genexp: see _CELLS
             raise BlockStateError(key, f"{method}: block is not stored in the tier") from None
         except TypeError:
             raise unhashable_error(keys, method) from None
@@ -384,7 +391,7 @@ class OffloadingManager:
         slots = self._slots_of(keys, "prepare_load")
         pending = self._pending_keys
         if pending and not pending.isdisjoint(keys):
-            key = next(k for k in keys if k in pending)
+            key = next(filter(pending.__contains__, keys))  # not a genexp: see _CELLS
             raise BlockStateError(
                 key, "prepare_load: block's store is still in flight (HIT_PENDING)"
             )
@@ -447,7 +454,7 @@ class OffloadingManager:
         # everything back and is checked key by key
         before = len(pins)
         pop = pins.pop
-        counts = [pop(key, 0) for key in keys]
+        counts = list(map(pop, keys, repeat(0)))  # not a comprehension: see _CELLS
         if before - len(pins) == len(keys):
             if counts.count(1) == len(keys):  # every pin released was its block's last
                 freed_keys = keys
@@ -637,7 +644,7 @@ class OffloadingManager:
             if num_resident == 0:
                 protected: Collection[Hashable] = ()
             else:
-                protected = {key for key in keys if key in slot_of}
+                protected = set(filter(slot_of.__contains__, keys))  # see _CELLS
             if rec is not None:
                 # request mode: ghost learning (a touch of the new keys) must come before the
                 # eviction, as vLLM's on_store_miss, and only when the store will succeed
@@ -740,7 +747,7 @@ class OffloadingManager:
             else:  # a key named several times counts at its first occurrence
                 done = list(dict.fromkeys(keys))
         else:
-            done = [key for key in dict.fromkeys(keys) if key in pending]
+            done = list(filter(pending.__contains__, dict.fromkeys(keys)))  # see _CELLS
             pending.difference_update(done)
         if not done:
             return
@@ -753,7 +760,7 @@ class OffloadingManager:
         else:
             self.policy.remove(done)
             slot_of = self._slot_of
-            self._slots.release([slot_of.pop(key) for key in done])
+            self._slots.release(list(map(slot_of.pop, done)))  # see _CELLS
             self._failed_stores += len(done)
 
     # -- request mode ----------------------------------------------------------------------
