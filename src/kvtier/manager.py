@@ -59,6 +59,12 @@ _PLAIN_KEY_TYPES = frozenset({int, str, bytes})
 # NamedTuple's Python-level ``__new__`` (and without a Python frame)
 _output = partial(tuple.__new__, PrepareStoreOutput)
 
+# _CELLS: the hot methods use no comprehension or generator expression over their locals,
+# even on their error paths: on Python 3.11 a local that a nested scope reads becomes a cell,
+# allocated and freed at every call of the method (one-key ARC store + complete 22,785 ->
+# 21,994 instructions, docs/performance.md, "ARC hot paths", third round); C-level
+# filter / map over a bound method instead.
+
 
 MAX_BLOCKS = 2**31 - 1
 """Largest ``num_blocks``: slot ids and ref counts are stored as 32-bit ints."""
@@ -210,7 +216,9 @@ class OffloadingManager:
         self._hits = 0
         self._pending_hits = 0
         self._misses = 0
-        self._stores = 0
+        # no counter of stores: every block prepare_store allocated is pending, completed or
+        # failed, so stats() sums those (one counter update less per store: one-key ARC
+        # store + complete 20,760 -> 20,458, docs/performance.md, "ARC hot paths", third round)
         self._completed_stores = 0
         self._failed_stores = 0
         self._skipped_stores = 0
@@ -244,13 +252,14 @@ class OffloadingManager:
         pending, pins, slot_of = self._pending_keys, self._pins, self._slot_of
         try:
             if pending and not pending.isdisjoint(victims):
-                key = next(k for k in victims if k in pending)
+                # filters, no generator expressions: see _CELLS
+                key = next(filter(pending.__contains__, victims))
                 raise self._policy_error(f"evict({n}) chose block {key!r}, whose store is pending")
             if pins and not pins.keys().isdisjoint(victims):
-                key = next(k for k in victims if k in pins)
+                key = next(filter(pins.__contains__, victims))
                 raise self._policy_error(f"evict({n}) chose block {key!r}, which is pinned")
             if protected and any(map(protected.__contains__, victims)):
-                key = next(k for k in victims if k in protected)
+                key = next(filter(protected.__contains__, victims))
                 raise self._policy_error(f"evict({n}) chose block {key!r}, which is protected")
             before = len(slot_of)
             slots = list(map(slot_of.pop, victims, repeat(None)))  # C-level, no KeyError
@@ -268,6 +277,11 @@ class OffloadingManager:
                 if key not in slot_of:
                     raise self._policy_error(f"evict({n}) chose block {key!r}, not stored")
         return slots
+
+    def _stores(self) -> int:
+        """Blocks allocated by prepare_store since the last reset: pending, completed or
+        failed (see _init_state)."""
+        return self._completed_stores + self._failed_stores + len(self._pending_keys)
 
     def _policy_error(self, rule: str) -> PolicyError:
         return PolicyError(
@@ -346,7 +360,7 @@ class OffloadingManager:
         try:
             return list(map(slot_of.__getitem__, keys))  # C-level loop: no comprehension frame
         except KeyError:
-            key = next(k for k in keys if k not in slot_of)
+            key = next(filterfalse(slot_of.__contains__, keys))  # not a genexp: see _CELLS
             raise BlockStateError(key, f"{method}: block is not stored in the tier") from None
         except TypeError:
             raise unhashable_error(keys, method) from None
@@ -384,7 +398,7 @@ class OffloadingManager:
         slots = self._slots_of(keys, "prepare_load")
         pending = self._pending_keys
         if pending and not pending.isdisjoint(keys):
-            key = next(k for k in keys if k in pending)
+            key = next(filter(pending.__contains__, keys))  # not a genexp: see _CELLS
             raise BlockStateError(
                 key, "prepare_load: block's store is still in flight (HIT_PENDING)"
             )
@@ -447,7 +461,7 @@ class OffloadingManager:
         # everything back and is checked key by key
         before = len(pins)
         pop = pins.pop
-        counts = [pop(key, 0) for key in keys]
+        counts = list(map(pop, keys, repeat(0)))  # not a comprehension: see _CELLS
         if before - len(pins) == len(keys):
             if counts.count(1) == len(keys):  # every pin released was its block's last
                 freed_keys = keys
@@ -567,9 +581,10 @@ class OffloadingManager:
                 if self._on_store is not None:
                     self._on_store(keys)
                 return _output(([], [], []))
-            evicted_keys: list[Hashable] = []
+            evicted_keys: list[Hashable]
             if len(slot_of) < self.num_blocks:
                 slot = self._slots.take_one()
+                evicted_keys = []
             else:
                 if not self._evictable:
                     return None  # fast fail: the policy is not asked
@@ -597,7 +612,6 @@ class OffloadingManager:
             self._pending_keys.add(key)
             if self._insert is not None:
                 self._insert(keys)
-            self._stores += 1
             if self._on_store is not None:
                 self._on_store(keys)
             return _output(([key], [slot], evicted_keys))
@@ -645,7 +659,7 @@ class OffloadingManager:
             if num_resident == 0:
                 protected: Collection[Hashable] = ()
             else:
-                protected = {key for key in keys if key in slot_of}
+                protected = set(filter(slot_of.__contains__, keys))  # see _CELLS
             if rec is not None:
                 # request mode: ghost learning (a touch of the new keys) must come before the
                 # eviction, as vLLM's on_store_miss, and only when the store will succeed
@@ -684,7 +698,6 @@ class OffloadingManager:
         if rec is not None:
             # C-level filter, no frame per key (see _add_keys)
             rec.inserted.update(filter(rec.keys.__contains__, new_keys))
-        self._stores += num_new
         self._skipped_stores += skipped
         if self._on_store is not None:
             self._on_store(keys)
@@ -721,8 +734,7 @@ class OffloadingManager:
         pending = self._pending_keys
         # fast path for one key of a type whose hashing cannot fail (a set's membership test
         # would quietly take a mutable set key for the equal frozenset)
-        if len(keys) == 1 and success is True and type(keys[0]) in _PLAIN_KEY_TYPES:
-            key = keys[0]
+        if len(keys) == 1 and success is True and type(key := keys[0]) in _PLAIN_KEY_TYPES:
             if key in pending:
                 pending.remove(key)
                 self.policy.mark_evictable(keys)
@@ -748,7 +760,7 @@ class OffloadingManager:
             else:  # a key named several times counts at its first occurrence
                 done = list(dict.fromkeys(keys))
         else:
-            done = [key for key in dict.fromkeys(keys) if key in pending]
+            done = list(filter(pending.__contains__, dict.fromkeys(keys)))  # see _CELLS
             pending.difference_update(done)
         if not done:
             return
@@ -761,7 +773,7 @@ class OffloadingManager:
         else:
             self.policy.remove(done)
             slot_of = self._slot_of
-            self._slots.release([slot_of.pop(key) for key in done])
+            self._slots.release(list(map(slot_of.pop, done)))  # see _CELLS
             self._failed_stores += len(done)
 
     # -- request mode ----------------------------------------------------------------------
@@ -947,7 +959,7 @@ class OffloadingManager:
             hits=self._hits,
             pending_hits=self._pending_hits,
             misses=self._misses,
-            stores=self._stores,
+            stores=self._stores(),
             completed_stores=self._completed_stores,
             failed_stores=self._failed_stores,
             skipped_stores=self._skipped_stores,
@@ -1045,7 +1057,7 @@ class OffloadingManager:
             "next_fresh": slots.next_fresh,
             "counts": (self._evictable, len(self._pending_keys), len(self._pins)),
             "counters": (
-                self._hits, self._pending_hits, self._misses, self._stores,
+                self._hits, self._pending_hits, self._misses, self._stores(),
                 self._completed_stores, self._failed_stores, self._skipped_stores,
                 self._evictions, self._loads,
             ),
