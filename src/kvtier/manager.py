@@ -600,14 +600,17 @@ class OffloadingManager:
         except TypeError:
             raise unhashable_error(keys, "prepare_store") from None
         num_resident = len(keys) - len(new_keys)  # occurrences of keys already stored
-        # the new keys as an ordered set: a key named twice is stored once, and request mode
-        # records this dict as is (one hash-table build per key, not two: docs/performance.md,
-        # "Request mode, round 3")
+        # a key named twice is stored once; request mode builds the new keys as an ordered
+        # set and records this dict as is (one hash-table build per key, not two:
+        # docs/performance.md, "Request mode, round 3")
         fresh = None
         if len(new_keys) > 1:
-            fresh = dict.fromkeys(new_keys)
-            if len(fresh) != len(new_keys):
-                new_keys = list(fresh)
+            if rec is not None:
+                fresh = dict.fromkeys(new_keys)
+                if len(fresh) != len(new_keys):
+                    new_keys = list(fresh)
+            elif len(set(new_keys)) != len(new_keys):  # explicit mode: a set is cheaper
+                new_keys = list(dict.fromkeys(new_keys))
         skipped = 0
         tracker = self._tracker
         if tracker is not None and new_keys:

@@ -145,7 +145,9 @@ class ARCPolicy(CachePolicy):
         self._held.update(keys)
 
     def touch(self, keys: Sequence[Key]) -> None:
-        if len(keys) >= 8 and self._resident.keys().isdisjoint(keys):
+        resident = self._resident
+        # (keys[0] first: a touch of resident keys pays one test, not a C call)
+        if len(keys) >= 8 and keys[0] not in resident and resident.keys().isdisjoint(keys):
             # no key resident (request mode's ghost learning of a store's new keys): only
             # ghost hits do anything, so they are found in C and the loop walks them alone
             # (vLLM spec policy log: touch 924 -> 710 instructions per block reference,
@@ -158,7 +160,7 @@ class ARCPolicy(CachePolicy):
                 self._no_ghosts = list(keys)  # for the insert that usually follows
                 return
             keys = list(filter(hits.__contains__, keys))  # the loop below, on them alone
-        resident, t2_keys = self._resident, self._t2_keys
+        t2_keys = self._t2_keys
         t1, t2 = self._t1, self._t2
         t1_live, t2_live, held = t1.live, t2.live, self._held
         b1, b2 = self._b1, self._b2
