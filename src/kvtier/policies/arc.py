@@ -90,8 +90,9 @@ class ARCPolicy(CachePolicy):
         no_ghosts, self._no_ghosts = self._no_ghosts, None
         if no_ghosts is not None and keys == no_ghosts:
             # request mode: the store's new keys were just touched (ghost learning) and are in
-            # no ghost list: straight to T1, no ghost test per key (vLLM spec policy log,
-            # docs/performance.md, "Request mode, round 3")
+            # no ghost list: straight to T1, no ghost test per key (vLLM spec policy log:
+            # insert 1,775 -> 1,474 per block reference, docs/performance.md, "Request mode,
+            # round 3")
             resident, t1_live = self._resident, self._t1.live
             for key in reversed(keys):  # keys[0] ends most recent
                 resident[key] = True
@@ -150,7 +151,7 @@ class ARCPolicy(CachePolicy):
         if len(keys) >= 8 and keys[0] not in resident and resident.keys().isdisjoint(keys):
             # no key resident (request mode's ghost learning of a store's new keys): only
             # ghost hits do anything, so they are found in C and the loop walks them alone
-            # (vLLM spec policy log: touch 924 -> 710 instructions per block reference,
+            # (vLLM spec policy log: touch 924 -> 732 instructions per block reference,
             # docs/performance.md, "Request mode, round 3")
             b1, b2 = self._b1, self._b2
             hits = b1.keys() & keys if b1 else set()
@@ -222,7 +223,8 @@ class ARCPolicy(CachePolicy):
         # live order): a Python call less per key (request-mode call log 16,105 -> 15,749
         # instructions per block reference), and the live orders asked first: a key in one
         # is resident and in that list, so the usual key costs 3 membership tests, not 6
-        # (docs/performance.md, "Request mode, round 3")
+        # (vLLM spec policy log: 1,980 -> 1,424 per block reference, docs/performance.md,
+        # "Request mode, round 3")
         for key in reversed(keys):
             if key in t1_live:
                 if key in reused:  # T1 -> T2's MRU end, pinned or not (one held set for
