@@ -147,7 +147,7 @@ def test_failed_store_records_ready_keys_but_not_inserted_and_learns_nothing():
     before = m.policy.snapshot()
     assert m.prepare_store(["y", "z"], "r") is None  # no evictable block for z
     assert m.policy.snapshot() == before  # no ghost learning, nothing inserted
-    assert m.snapshot()["requests"] == [("r", ("y", "z"), set(), {"y"}, set())]
+    assert m.snapshot()["requests"] == [("r", ("y", "z"), set(), {"y"})]  # keys, inserted, reused
 
 
 def test_failed_store_with_protected_keys_learns_nothing():

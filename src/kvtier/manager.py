@@ -92,17 +92,17 @@ class _Request:
 
     ``keys`` the distinct keys it loaded or named in ``prepare_store`` (stored or found
     ready), first occurrence first (a dict used as an ordered set, at most ``num_blocks``);
-    ``inserted`` / ``reused`` / ``missed`` subsets of them: newly stored, loaded or found
-    ready (not after storing it itself), and already used once for ghost learning.
+    ``inserted`` / ``reused`` subsets of them: newly stored, loaded or found ready (not after
+    storing it itself). ``inserted`` is also the set of keys already used once for ghost
+    learning (a store's new keys are touched, then all of them inserted).
     """
 
-    __slots__ = ("keys", "inserted", "reused", "missed")
+    __slots__ = ("keys", "inserted", "reused")
 
     def __init__(self) -> None:
         self.keys: dict[Hashable, None] = {}
         self.inserted: set[Hashable] = set()
         self.reused: set[Hashable] = set()
-        self.missed: set[Hashable] = set()
 
 
 def _overrides(policy: CachePolicy, hook: str) -> bool:
@@ -622,24 +622,37 @@ class OffloadingManager:
         except TypeError:
             raise unhashable_error(keys, "prepare_store") from None
         num_resident = len(keys) - len(new_keys)  # occurrences of keys already stored
-        if len(new_keys) > 1 and len(set(new_keys)) != len(new_keys):
-            new_keys = list(dict.fromkeys(new_keys))  # a key named twice is stored once
+        # a key named twice is stored once; request mode builds the new keys as an ordered
+        # set and records this dict as is (one hash-table build per key, not two; with the
+        # other request-record changes, the manager's own part of the spec's prepare_store
+        # 4,464 -> 3,204 per block reference: docs/performance.md, "Request mode, round 3")
+        fresh = None
+        if len(new_keys) > 1:
+            if rec is not None:
+                fresh = dict.fromkeys(new_keys)
+                if len(fresh) != len(new_keys):
+                    new_keys = list(fresh)
+            elif len(set(new_keys)) != len(new_keys):  # explicit mode: a set is cheaper
+                new_keys = list(dict.fromkeys(new_keys))
         skipped = 0
         tracker = self._tracker
         if tracker is not None and new_keys:
             admitted = tracker.admit(new_keys)
             skipped = len(new_keys) - len(admitted)
             new_keys = admitted
+            fresh = None
         elif self.admission is not None and new_keys:
             room = self.num_blocks - len(slot_of) + self._evictable
             admitted_count = self.admission.admit(new_keys, room)  # leading keys only
             if admitted_count < len(new_keys):
                 skipped = len(new_keys) - admitted_count
                 new_keys = new_keys[:admitted_count]
+            fresh = None
+        all_recorded = False
         if rec is not None:
             # vLLM's order: the call's admitted new keys and ready keys are recorded before
             # any early return (a failed store still records them); inserted only below
-            self._record_store(rec, keys, new_keys)
+            all_recorded = self._record_store(rec, keys, new_keys, num_resident, fresh)
         if not new_keys:
             self._skipped_stores += skipped
             if self._on_store is not None:
@@ -696,8 +709,12 @@ class OffloadingManager:
         if self._insert is not None:
             self._insert(new_keys)
         if rec is not None:
-            # C-level filter, no frame per key (see _add_keys)
-            rec.inserted.update(filter(rec.keys.__contains__, new_keys))
+            # every new key was recorded (the usual case): no membership pass (request-mode
+            # records, docs/performance.md, "Request mode, round 3"); else C-level filter
+            if all_recorded:
+                rec.inserted.update(new_keys)
+            else:
+                rec.inserted.update(filter(rec.keys.__contains__, new_keys))
         self._skipped_stores += skipped
         if self._on_store is not None:
             self._on_store(keys)
@@ -861,8 +878,11 @@ class OffloadingManager:
         """Apply a closed request's one use (vLLM's ``inserted_keys - reused_keys``)."""
         self._req_log.finished += 1
         if rec.keys:
+            # the record's own sets, not frozenset copies: the record is dropped here (request
+            # mode, docs/performance.md, "Request mode, round 3")
+            reused = rec.reused
             self.policy.on_request_finished(
-                tuple(rec.keys), frozenset(rec.inserted - rec.reused), frozenset(rec.reused)
+                tuple(rec.keys), rec.inserted - reused if reused else rec.inserted, reused
             )
 
     def _open_record(self, req_context: Any) -> _Request | None:
@@ -873,23 +893,31 @@ class OffloadingManager:
         except TypeError:
             return None
 
-    def _add_keys(self, rec: _Request, keys: Any) -> None:
+    def _add_keys(self, rec: _Request, keys: Any, fresh: dict | None = None) -> bool:
         """Record ``keys`` (validated, in order) as seen by ``rec``: first occurrence only,
-        at most ``num_blocks`` distinct keys (the head is kept)."""
+        at most ``num_blocks`` distinct keys (the head is kept). ``fresh``: ``keys`` as a
+        ``dict.fromkeys`` nobody else keeps, if the caller built one. Return whether every
+        key of ``keys`` is now recorded (``False`` only when the cap left some out)."""
         rkeys = rec.keys
         room = self.num_blocks - len(rkeys)
         # the usual case, every new key fits: one C-level update (this and the C-level
         # filters of request mode's records below: request-mode call log W = 32 15,355 ->
         # 14,617 instructions per block reference, docs/performance.md, "ARC hot paths")
         if len(keys) <= room:
-            rkeys.update(dict.fromkeys(keys))
-            return
+            if fresh is None:
+                fresh = dict.fromkeys(keys)
+            if rkeys:
+                rkeys.update(fresh)
+            else:  # the request's first keys: the dict is the record, no copy
+                rec.keys = fresh
+            return True
         for key in keys:
             if key not in rkeys:
                 if room <= 0:
-                    break
+                    return False
                 rkeys[key] = None
                 room -= 1
+        return True
 
     def _record_load(self, req_context: Any, keys: Sequence[Hashable]) -> None:
         """Record a successful :meth:`prepare_load` of ``keys`` by ``req_context``'s open
@@ -897,40 +925,56 @@ class OffloadingManager:
         rec = self._open_record(req_context)
         if rec is None:
             return
-        self._add_keys(rec, keys)
-        # C-level filters, no frame per key (see _add_keys)
-        rec.reused.update(filterfalse(rec.inserted.__contains__,
-                                      filter(rec.keys.__contains__, keys)))
+        # C-level filters, no frame per key (see _add_keys); none when every key was
+        # recorded and the request inserted nothing yet (the usual load, first in its
+        # request: docs/performance.md, "Request mode, round 3")
+        if self._add_keys(rec, keys):
+            if rec.inserted:
+                rec.reused.update(filterfalse(rec.inserted.__contains__, keys))
+            else:
+                rec.reused.update(keys)
+        else:
+            rec.reused.update(filterfalse(rec.inserted.__contains__,
+                                          filter(rec.keys.__contains__, keys)))
 
     def _record_store(
-        self, rec: _Request, keys: Sequence[Hashable], new_keys: Sequence[Hashable]
-    ) -> None:
+        self, rec: _Request, keys: Sequence[Hashable], new_keys: Sequence[Hashable],
+        num_resident: int, fresh: dict | None = None,
+    ) -> bool:
         """Record a :meth:`prepare_store` offer (vLLM's order): its admitted new keys and the
         keys already ready (not pending) are seen, in the call's order; the ready ones are
-        reused unless the request inserted them itself. Pending keys are not recorded."""
+        reused unless the request inserted them itself. Pending keys are not recorded.
+        ``num_resident``: occurrences in ``keys`` of keys already stored; ``fresh``:
+        ``new_keys`` as a dict (see :meth:`_add_keys`). Return whether every key of
+        ``new_keys`` is now recorded."""
+        if not num_resident:  # nothing stored yet, so nothing ready: no membership pass
+            return self._add_keys(rec, new_keys, fresh)
         slot_of, pending = self._slot_of, self._pending_keys
         # C-level filters, no frame per key (see _add_keys)
         ready = list(filterfalse(pending.__contains__, filter(slot_of.__contains__, keys)))
         if new_keys and ready:
             offered = set(new_keys)
             offered.update(ready)
-            self._add_keys(rec, list(filter(offered.__contains__, keys)))
+            all_recorded = self._add_keys(rec, list(filter(offered.__contains__, keys)))
         else:
-            self._add_keys(rec, ready or new_keys)
+            all_recorded = self._add_keys(rec, ready or new_keys)
         if ready:
             rec.reused.update(filterfalse(rec.inserted.__contains__,
                                           filter(rec.keys.__contains__, ready)))
+        return all_recorded
 
     def _learn_misses(self, rec: _Request, new_keys: Sequence[Hashable]) -> None:
         """Request mode's ghost learning (vLLM's ``on_store_miss``): one ``touch`` of the keys
         about to be stored that this request has not stored before; called only when the
-        store will succeed, before the eviction and the policy's ``insert``."""
-        missed = rec.missed
-        # C-level filters, no frame per key (see _add_keys)
-        misses = list(filterfalse(missed.__contains__, new_keys)) if missed else new_keys
+        store will succeed, before the eviction and the policy's ``insert``. The keys used
+        once this way are exactly ``rec.inserted`` (all of them are inserted right after):
+        no set of their own (request-mode records, docs/performance.md, "Request mode,
+        round 3")."""
+        inserted = rec.inserted
+        # C-level filter, no frame per key (see _add_keys)
+        misses = list(filterfalse(inserted.__contains__, new_keys)) if inserted else new_keys
         if misses:
             self.policy.touch(misses)
-            missed.update(filter(rec.keys.__contains__, misses))
 
     # -- whole-tier operations -----------------------------------------------------------
     def reset_cache(self) -> None:
@@ -1065,7 +1109,7 @@ class OffloadingManager:
             "admission": None if self.admission is None else self.admission.snapshot(),
             "events": list(self._events),
             "requests": [
-                (ctx, tuple(r.keys), set(r.inserted), set(r.reused), set(r.missed))
+                (ctx, tuple(r.keys), set(r.inserted), set(r.reused))
                 for ctx, r in self._requests.items()
             ],
             "finished_early": list(self._req_log.early),

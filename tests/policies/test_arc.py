@@ -187,3 +187,22 @@ def test_standalone_arc_keeps_its_own_pending_set():
     arc.mark_evictable(["k"])
     arc.touch(["k"])
     assert (arc.t1_size, arc.t2_size) == (0, 1)
+
+
+def test_a_ghost_free_touch_is_forgotten_by_a_one_key_insert():
+    # touch() of >= 8 keys none resident nor in a ghost list remembers them so the insert
+    # that follows skips its ghost tests; a one-key insert in between must end that: here
+    # one of the keys is stored alone, evicted to B1, and the same keys stored again: it is
+    # a B1 hit (to T2), not a new T1 block left in B1 too
+    m = OffloadingManager(10, "arc")
+    store(m, list(range(10)))
+    keys = list(range(100, 108))
+    m.touch(keys)
+    store(m, [keys[0]])  # one key: evicts block 0 to B1
+    for k in range(200, 210):  # keys[0] goes to B1 on the way
+        store(m, [k])
+    arc = m.policy
+    assert keys[0] in arc._b1 and keys[0] not in arc._resident
+    store(m, keys)
+    assert keys[0] not in arc._b1
+    assert keys[0] in arc._t2_keys and keys[0] in arc._t2.live
