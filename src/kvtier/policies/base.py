@@ -23,7 +23,9 @@ The hooks (vLLM 0.33's ``CachePolicy`` names where it has one; 9 in all)::
                               or named in ``prepare_store``, head first (a tuple; they may be
                               absent, pending or pinned by now), ``inserted`` those it newly
                               stored and did not reuse, ``reused`` those it loaded or found
-                              ready (frozensets, subsets of ``keys``). Default: ``touch(keys)``
+                              ready (sets, subsets of ``keys``; the manager's own, dropped
+                              after the call: read them, do not keep them). Default:
+                              ``touch(keys)``
     evict(n, protected)       n evictable blocks not in ``protected`` leave; returns their keys
     clear()                   forget everything (``reset_cache``)
 
@@ -186,6 +188,9 @@ class CachePolicy(ABC):
             inserted: the keys of ``keys`` this request newly stored and did not also reuse.
             reused: the keys of ``keys`` it loaded, or named in ``prepare_store`` while they
                 were ready; a key it stored itself and then read again is not reused.
+
+            ``inserted`` and ``reused`` are sets with O(1) membership (the manager passes its
+            request record's own sets, not copies: a policy must not keep or change them).
 
         Default: one use, ``self.touch(keys)`` (``keys[0]`` ends most recent). A policy that
         tells a first use from a reuse (ARC) overrides it.
