@@ -217,3 +217,10 @@ def test_log_grid():
     assert log_grid(1, 3, 12) == [1, 2, 3]
     with pytest.raises(ValueError):
         log_grid(0, 10, 3)
+
+
+def test_a_bare_key_list_is_named_as_analyze_names_it():
+    # replay() and analyze() share kvtier.trace.not_a_request for this message
+    with pytest.raises(TypeError, match=r"request 1 \(\[3, 4\]\) has no .keys: replay\(\) "
+                                        "takes Request objects"):
+        replay([Request([1, 2], 1024, None, None), [3, 4]], "lru", 8)

@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvtier.trace import not_a_request
+
 __all__ = ["Analyzer", "TraceAnalysis", "analyze", "percentile", "plot_analysis"]
 
 _PROGRESS_EVERY = 1024  # requests between progress callbacks
@@ -430,12 +432,10 @@ def analyze(
             if progress is not None and not n % _PROGRESS_EVERY:
                 progress(_PROGRESS_EVERY)
     except AttributeError as exc:
-        if exc.name not in ("keys", "timestamp") or getattr(exc, "obj", req) is not req:
+        error = not_a_request(exc, req, n, ("keys", "timestamp"), "analyze")
+        if error is None:
             raise
-        raise TypeError(
-            f"request {n} ({req!r:.60}) has no .{exc.name}: analyze() takes Request objects "
-            "(kvtier.trace.Request(keys, input_length, None, timestamp)), not bare key lists"
-        ) from None
+        raise error from None
     if progress is not None and n % _PROGRESS_EVERY:
         progress(n % _PROGRESS_EVERY)
     return an.result()

@@ -59,6 +59,7 @@ from kvtier.admission_adaptive import ADMISSION_MODES
 from kvtier.manager import OffloadingManager
 from kvtier.oracle import NextUseOracle
 from kvtier.policies import get_policy
+from kvtier.trace import not_a_request
 from kvtier.types import LookupResult
 
 __all__ = ["PROTOCOLS", "ReplayOptions", "ReplayResult", "parse_capacity", "replay"]
@@ -530,13 +531,10 @@ def _run(step, drain, requests, block_tokens, progress, streamed, hits_out=None)
             if progress is not None and not n_req & mask:
                 progress(_PROGRESS_EVERY)
     except AttributeError as exc:
-        if exc.name not in ("keys", "input_length") or getattr(exc, "obj", req) is not req:
+        error = not_a_request(exc, req, n_req, ("keys", "input_length"), "replay")
+        if error is None:
             raise
-        raise TypeError(
-            f"request {n_req} ({req!r:.60}) has no .{exc.name}: replay() takes Request "
-            "objects (kvtier.trace.Request(keys, input_length, None, None)), not bare "
-            "key lists"
-        ) from None
+        raise error from None
     t0 = now()
     drain()
     end = now()

@@ -116,6 +116,22 @@ class Request(NamedTuple):
     timestamp: float | None
 
 
+def not_a_request(
+    exc: AttributeError, req: object, index: int, fields: tuple[str, ...], caller: str
+) -> TypeError | None:
+    """The error for a request object missing one of ``fields`` (an AttributeError ``exc``
+    raised while reading request number ``index``, ``req``), or ``None`` when ``exc`` came
+    from elsewhere (then the caller re-raises it). Shared by :func:`kvtier.replay.replay` and
+    :func:`kvtier.analyze.analyze`, whose usual mistake is a bare key list."""
+    if exc.name not in fields or getattr(exc, "obj", req) is not req:
+        return None
+    return TypeError(
+        f"request {index} ({req!r:.60}) has no .{exc.name}: {caller}() takes Request "
+        "objects (kvtier.trace.Request(keys, input_length, output_length, timestamp)), not "
+        "bare key lists"
+    )
+
+
 class TraceFormatError(ValueError):
     """Bad trace input. The message names the file, the line (1-based) and the rule broken.
 
