@@ -161,9 +161,15 @@ class LFUPolicy(CachePolicy):
                     k = prio[key] = floor
                 heappush(heap, (k, number, key))
         if len(heap) > 2 * len(aside) + _COMPACT_SLACK:
-            held = self._held
-            self._heap = [(prio[k], n, k) for k, n in aside.items() if k not in held]
-            heapify(self._heap)
+            self._compact_heap()
+
+    def _compact_heap(self) -> None:
+        """Rebuild the heap from the released blocks aside, dropping stale entries. Its own
+        method: a comprehension over ``mark_evictable``'s locals would make them cells, built
+        at every call on Python 3.11."""
+        aside, held, prio = self._aside, self._held, self._prio
+        self._heap = [(prio[k], n, k) for k, n in aside.items() if k not in held]
+        heapify(self._heap)
 
     def mark_non_evictable(self, keys: Sequence[Key]) -> None:
         self._held.update(keys)

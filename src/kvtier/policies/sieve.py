@@ -157,11 +157,17 @@ class SievePolicy(CachePolicy):
             if number is not None:  # met again exactly at its place in the queue
                 heappush(ahead_heap if number > hand else behind_heap, (number, key))
         if len(ahead_heap) + len(behind_heap) > 2 * len(aside) + _COMPACT_SLACK:
-            held = self._held
-            ahead_heap[:] = [(n, k) for k, n in aside.items() if k not in held and n > hand]
-            behind_heap[:] = [(n, k) for k, n in aside.items() if k not in held and n <= hand]
-            heapify(ahead_heap)
-            heapify(behind_heap)
+            self._compact_heaps()
+
+    def _compact_heaps(self) -> None:
+        """Rebuild both heaps from the released blocks aside, dropping stale entries. Its own
+        method: comprehensions over ``mark_evictable``'s locals would make them cells, built
+        at every call on Python 3.11."""
+        aside, held, hand = self._aside, self._held, self._hand
+        self._ahead_heap[:] = [(n, k) for k, n in aside.items() if k not in held and n > hand]
+        self._behind_heap[:] = [(n, k) for k, n in aside.items() if k not in held and n <= hand]
+        heapify(self._ahead_heap)
+        heapify(self._behind_heap)
 
     def mark_non_evictable(self, keys: Sequence[Key]) -> None:
         self._held.update(keys)
