@@ -547,7 +547,8 @@ class DuelingAdmission:
         self._ha = ha = self._ha * keep + hits_a
         if ha >= 1 and not self._filling and self._warm:
             # the bar only where PSEL points away from the current rule (LRU 16,000
-            # blocks: admit-all with PSEL < 0 throughout, no square root)
+            # blocks: admit-all with PSEL < 0 throughout; call log 917 -> 905,
+            # docs/performance.md "Adaptive admission", session 9)
             if self.selective:
                 if psel < 0.0:
                     se = s2 ** 0.5
