@@ -32,10 +32,20 @@ traffic that is never reused; at most one tier size of them is written, during t
 before the fill came first, a trace whose first sampled reuse came late was refused from
 its first request, docs/policies.md "versions tried"). *Otherwise* the
 tier keeps its rule until PSEL shows the other one ahead by more than :data:`SWITCH_Z`
-standard errors of PSEL under equal rules (``sqrt(s2 / 2)``, ``s2`` the decayed sum of
-squared disagreements), a two-sided test at about 95 %: where the two rules are close, a
-switch on noise costs a tier turnover of the wrong contents (docs/policies.md: 105
-switches and -0.26 points on one synthetic mix without it). Second sight also needs the
+standard errors of PSEL under equal rules (``sqrt(s2)``, ``s2 = sum(w_i**2 d_i**2)`` the
+sum of squared disagreements ``d_i`` with PSEL's own decayed weights ``w_i``, squared),
+plus Student's small-sample correction (below), a two-sided test at about 95 %: where the
+two rules are close, a switch on noise costs a tier turnover of the wrong contents
+(docs/policies.md: 105 switches and -0.26 points on one synthetic mix without it). The
+test is exact from the first sampled reference: an earlier version estimated the variance
+as ``sum(w_i d_i**2) / 2``, which holds only once PSEL has seen many horizons (the weights
+then span their whole decay) and under-estimated it by up to ``sqrt(2)`` before, so early
+switches took about 1.4 standard errors. With few disagreements the estimated standard
+error is itself noisy, so the bar is the t-quantile's first-order expansion (Cornish-Fisher;
+Student's t with about ``s2`` degrees of freedom for +-1 disagreements):
+``z * se + (z**3 + z) / 4 / se``, within 5 % of ``z * se`` once ``s2`` > 25 and within 1 %
+once ``s2`` > 125. With z = 2, a run of disagreements in one direction at the start now
+switches after 6 of them (with the earlier estimate: 3). Second sight also needs the
 tier's doorkeeper to hold one whole generation (it is not kept up while admit-all leads
 clearly, see below).
 
@@ -156,9 +166,12 @@ waits until it holds one whole generation (without that wait, `multi-turn` 1 % W
 SWITCH_Z = 2.0
 """Hysteresis of the tier's choice, in standard errors of PSEL: the tier changes rule when
 PSEL shows the other rule ahead by more than this many standard errors of PSEL under equal
-rules (see :meth:`DuelingAdmission._decide`). 2 is the usual two-sided 95 % level; on the
-72 cells of docs/policies.md's grid, z = 0 / 1 / 2 / 3 left 2 / 6 / 1 / 1 cells more than
-0.2 points below the better static rule (mean margins +0.065 / +0.070 / +0.095 / +0.089)."""
+rules (see :meth:`DuelingAdmission._decide`), plus ``(z**3 + z) / 4`` over the standard
+error (Student's small-sample correction, see the module docstring). 2 is the usual
+two-sided 95 % level; on the 72 cells of docs/policies.md's grid, z = 0 / 1 / 2 / 3 left
+2 / 6 / 1 / 1 cells more than 0.2 points below the better static rule (mean margins
++0.065 / +0.070 / +0.095 / +0.089; measured with the variance estimate before the exact
+one)."""
 
 _EMA_CALLS = 256
 _EMA_ALPHA = 1 / _EMA_CALLS  # the in-flight depth estimate's decay per call
@@ -218,7 +231,10 @@ class DuelingAdmission:
         self.sample_window = max(1, round(self.rate * self.window))
         self.horizon = horizon
         self._z = switch_z
+        self._tc = (switch_z ** 3 + switch_z) / 4  # the small-sample term, see _decide
         self._decay = 1 / (horizon * self.shadow_capacity)  # PSEL's decay per sampled ref
+        self._keep1 = 1 - self._decay  # ... its factor per sampled ref, and its square
+        self._keep1sq = self._keep1 * self._keep1
         self._keep_above = -KEEP_LEAD / self._decay  # the doorkeeper is kept while PSEL > this
         if shadow_policy is None or getattr(shadow_policy, "needs_future", False):
             from kvtier.policies.lru import LRUPolicy  # noqa: PLC0415 (import cycle)
@@ -240,7 +256,7 @@ class DuelingAdmission:
         self._mini_b = mini(self.shadow_policy, self.shadow_capacity)  # second sight
         # PSEL: the duel's evidence for second sight (see _decide for how it picks the rule)
         self.psel = 0.0
-        self._s2 = 0.0  # decayed sum of squared disagreements (PSEL's noise)
+        self._s2 = 0.0  # sum of squared disagreements, squared weights (PSEL's variance)
         self._ha = 0.0  # decayed hits of the admit-all shadow
         self._filling = True  # until the shadows are full, both store every miss
         self._kept = True  # the tier's doorkeeper was kept up at the last lookup
@@ -384,9 +400,9 @@ class DuelingAdmission:
                 self.sampled_refs += 1
                 self.shadow_hits_all += 1
                 self.shadow_hits_second += 1
-                keep = 1 - self._decay
+                keep = self._keep1
                 self.psel *= keep
-                self._s2 *= keep
+                self._s2 *= self._keep1sq
                 self._ha = self._ha * keep + 1
                 if self.selective:
                     self._decide()
@@ -422,7 +438,7 @@ class DuelingAdmission:
                     sb[h] = None
                 if self._filling and len(sb) >= cap:
                     self._filling = False
-                self._weigh(in_b - in_a, in_a, 1 - self._decay)
+                self._weigh(in_b - in_a, in_a, self._keep1)
                 return
             if self._arc_minis:
                 # the same one-key path with ARC shadows (_ARCMini's one-key steps, tested
@@ -450,7 +466,7 @@ class DuelingAdmission:
                     mb.miss1(h, cap, seen or self._filling)
                 if self._filling and len(sb) >= cap:
                     self._filling = False
-                self._weigh(in_b - in_a, in_a, 1 - self._decay)
+                self._weigh(in_b - in_a, in_a, self._keep1)
                 return
         # the leading hits: plain loops (takewhile and a list cost more for these few keys)
         hits_a = 0
@@ -491,7 +507,7 @@ class DuelingAdmission:
             if keep < 0.0:  # a lookup of more than HORIZON shadow sizes: forget everything
                 keep = 0.0
             self.psel *= keep
-            self._s2 *= keep
+            self._s2 *= keep * keep
             self._ha = self._ha * keep + n
             if self.selective:  # hits only: the choice can only turn to admit-all
                 self._decide()
@@ -522,22 +538,28 @@ class DuelingAdmission:
         self._weigh(hits_b - hits_a, hits_a, keep)
 
     def _weigh(self, d: int, hits_a: int, keep: float) -> None:
-        """One sampled lookup's evidence: PSEL, its sum of squares and the admit-all shadow's
-        hits decay by ``keep`` and take ``d`` (second-sight hits minus admit-all hits),
-        ``d * d`` and ``hits_a``; then the tier's rule (:meth:`_decide`'s usual last case
-        inlined, the other cases through it)."""
+        """One sampled lookup's evidence: PSEL and the admit-all shadow's hits decay by
+        ``keep`` and take ``d`` (second-sight hits minus admit-all hits) and ``hits_a``,
+        PSEL's variance decays by ``keep ** 2`` and takes ``d * d``; then the tier's rule
+        (:meth:`_decide`'s usual last case inlined, the other cases through it)."""
         self.psel = psel = self.psel * keep + d
-        self._s2 = s2 = self._s2 * keep + d * d
+        self._s2 = s2 = self._s2 * keep * keep + d * d
         self._ha = ha = self._ha * keep + hits_a
         if ha >= 1 and not self._filling and self._warm:
-            bar = self._z * (s2 * 0.5) ** 0.5
+            # the bar only where PSEL points away from the current rule (LRU 16,000
+            # blocks: admit-all with PSEL < 0 throughout; call log 917 -> 905,
+            # docs/performance.md "Adaptive admission", session 9)
             if self.selective:
-                if psel < -bar:
-                    self.selective = False
+                if psel < 0.0:
+                    se = s2 ** 0.5
+                    if se and -psel > self._z * se + self._tc / se:
+                        self.selective = False
+                        self.switches += 1
+            elif psel > 0.0:
+                se = s2 ** 0.5
+                if se and psel > self._z * se + self._tc / se:
+                    self.selective = True
                     self.switches += 1
-            elif psel > bar:
-                self.selective = True
-                self.switches += 1
         else:
             self._decide()
 
@@ -546,7 +568,10 @@ class DuelingAdmission:
         nothing); then second sight while the admit-all shadow had less than one hit in
         PSEL's horizon (storing first sights would gain nothing); admit-all while the
         tier's doorkeeper is not warm (see :meth:`record`); then the current rule until PSEL
-        shows the other one ahead by more than :data:`SWITCH_Z` standard errors."""
+        shows the other one ahead by more than :data:`SWITCH_Z` standard errors, plus
+        Student's small-sample term ``(z**3 + z) / 4 / se`` (the first-order expansion of
+        the t-quantile in its degrees of freedom, here about ``s2``: the noise estimate
+        rests on few disagreements early on)."""
         if self._filling:
             selective = False
         elif self._ha < 1:
@@ -554,16 +579,18 @@ class DuelingAdmission:
         elif not self._warm:
             selective = False
         else:
-            # PSEL's standard error when the rules are equal: sqrt(sum of d^2 w^2), which
-            # is about sqrt(s2 / 2) for s2 = sum of d^2 w (weights w decaying as PSEL's)
-            bar = self._z * (self._s2 * 0.5) ** 0.5
+            # PSEL's standard error when the rules are equal: sqrt(sum of d^2 w^2), kept
+            # exactly (s2 decays by keep^2 where PSEL decays by keep)
+            se = self._s2 ** 0.5
+            bar = self._z * se + self._tc / se if se else 0.0
             psel = self.psel
             selective = self.selective
-            if selective:
-                if psel < -bar:
-                    selective = False
-            elif psel > bar:
-                selective = True
+            if se:  # (no disagreement, or PSEL's variance decayed below the floats)
+                if selective:
+                    if psel < -bar:
+                        selective = False
+                elif psel > bar:
+                    selective = True
         if selective is not self.selective:
             self.selective = selective
             self.switches += 1
@@ -619,7 +646,7 @@ class DuelingAdmission:
         return {
             "mode": "second-sight" if self.selective else "admit-all",
             "psel": self.psel,
-            "psel_stderr": (self._s2 * 0.5) ** 0.5,
+            "psel_stderr": self._s2 ** 0.5,
             "filling": self._filling,
             "switches": self.switches,
             "sampled_refs": self.sampled_refs,
