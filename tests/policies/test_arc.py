@@ -202,7 +202,7 @@ def test_a_ghost_free_touch_is_forgotten_by_a_one_key_insert():
     for k in range(200, 210):  # keys[0] goes to B1 on the way
         store(m, [k])
     arc = m.policy
-    assert keys[0] in arc._b1 and keys[0] not in arc._resident
+    assert keys[0] in arc._b1 and not arc._t1.has(keys[0]) and not arc._t2.has(keys[0])
     store(m, keys)
     assert keys[0] not in arc._b1
-    assert keys[0] in arc._t2_keys and keys[0] in arc._t2.live
+    assert keys[0] in arc._t2.live
