@@ -819,17 +819,14 @@ class _ARCMini(_Mini):
                 new = new[: max(0, cap - len(keys))]
         if new:
             # ARCPolicy.insert then mark_evictable: held gains the keys and loses them again
-            resident, b1, b2, t2_keys = pol._resident, pol._b1, pol._b2, pol._t2_keys
+            b1, b2 = pol._b1, pol._b2
             t1_live, t2_live = pol._t1.live, pol._t2.live
             for key in reversed(new):
-                resident[key] = True
                 if key in b1:
                     del b1[key]
-                    t2_keys.add(key)
                     t2_live[key] = None
                 elif key in b2:
                     del b2[key]
-                    t2_keys.add(key)
                     t2_live[key] = None
                 else:
                     t1_live[key] = None
@@ -842,11 +839,10 @@ class _ARCMini(_Mini):
         if pol._held or pol._t1.aside or pol._t2.aside:
             pol.touch((h,))
             return
-        t2_keys = pol._t2_keys
-        if h in t2_keys:
-            pol._t2.live.move_to_end(h)
+        t2_live = pol._t2.live  # nothing aside: T2's live order is all of T2
+        if h in t2_live:
+            t2_live.move_to_end(h)
         else:  # seen again: T1 -> T2's most recent end
-            t2_keys.add(h)
             del pol._t1.live[h]
             pol._t2.live[h] = None
 
@@ -872,17 +868,13 @@ class _ARCMini(_Mini):
         if not store:
             return
         keys = self.keys
-        resident, t2_keys = pol._resident, pol._t2_keys
         if len(keys) >= cap:  # full: ARCPolicy._evict(1) with nothing held or aside
-            if len(resident) - len(t2_keys) + 1 > pol.target:
-                live, ghost, from_t2 = pol._t1.live, b1, False
+            if len(pol._t1.live) + 1 > pol.target:
+                live, ghost = pol._t1.live, b1
             else:
-                live, ghost, from_t2 = pol._t2.live, b2, True
+                live, ghost = pol._t2.live, b2
             if live:
-                victim = live.popitem(False)[0]
-                if from_t2:
-                    t2_keys.remove(victim)
-                del resident[victim]
+                victim = live.popitem(False)[0]  # (a shadow pins nothing: no _pinned)
                 ghost[victim] = None
                 if len(ghost) > pol.capacity:
                     ghost.popitem(False)
@@ -891,14 +883,11 @@ class _ARCMini(_Mini):
             else:  # the preferred list is empty: the policy's phases
                 keys.difference_update(pol._evict(1, ()))
         # ARCPolicy.insert then mark_evictable of one key
-        resident[h] = True
         if h in b1:
             del b1[h]
-            t2_keys.add(h)
             pol._t2.live[h] = None
         elif h in b2:
             del b2[h]
-            t2_keys.add(h)
             pol._t2.live[h] = None
         else:
             pol._t1.live[h] = None

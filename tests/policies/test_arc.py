@@ -202,7 +202,45 @@ def test_a_ghost_free_touch_is_forgotten_by_a_one_key_insert():
     for k in range(200, 210):  # keys[0] goes to B1 on the way
         store(m, [k])
     arc = m.policy
-    assert keys[0] in arc._b1 and keys[0] not in arc._resident
+    assert keys[0] in arc._b1 and not arc._t1.has(keys[0]) and not arc._t2.has(keys[0])
     store(m, keys)
     assert keys[0] not in arc._b1
-    assert keys[0] in arc._t2_keys and keys[0] in arc._t2.live
+    assert keys[0] in arc._t2.live
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_block_pinned_then_evicted_is_pending_again_when_stored_again(batch):
+    # pending is "held and not pinned since stored": an eviction (one-victim branch or the
+    # multi-victim phases) must forget the pin, or the stored-again block would count as
+    # pinned and a touch would move it to T2 before it is readable
+    m = OffloadingManager(2, "arc")
+    store(m, [1, 2])
+    m.prepare_load([1])
+    m.complete_load([1])
+    assert 1 in m.policy._pinned
+    if batch:
+        assert store(m, [3, 4]).evicted_keys == [2, 1]
+    else:
+        assert store(m, [3]).evicted_keys == [2]
+        assert store(m, [4]).evicted_keys == [1]
+    assert 1 not in m.policy._pinned
+    store(m, [5, 6])  # 1 leaves B1 (bounded to 2 keys): a new block when stored again
+    assert 1 not in m.policy._b1 and not m.policy._pinned
+    m.prepare_store([1])
+    m.touch([1])  # pending: refreshed within T1
+    snap = m.policy.snapshot()
+    assert 1 in snap["t1_all"] and snap["pending"] == {1}
+
+
+def test_a_failed_store_leaves_no_pin_behind():
+    arc = ARCPolicy(4)
+    arc.insert(["k"])
+    arc.mark_evictable(["k"])
+    arc.mark_non_evictable(["k"])  # pinned
+    arc.mark_evictable(["k"])
+    arc.mark_non_evictable(["k"])
+    arc.remove(["k"])  # (not the manager's use of remove: the policy's state rule alone)
+    assert not arc._pinned and arc.t1_size == 0
+    arc.insert(["k"])  # stored again: pending
+    arc.touch(["k"])
+    assert arc.snapshot()["pending"] == {"k"} and (arc.t1_size, arc.t2_size) == (1, 0)

@@ -24,19 +24,19 @@ import math
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
-from kvtier.policies.base import CachePolicy, Key, count_unheld
+from kvtier.policies.base import CachePolicy, Key
 from kvtier.policies.order import LogicalOrder
 
 
 class ARCPolicy(CachePolicy):
     """Adaptive Replacement Cache over the blocks of the tier, logical recency.
 
-    State: ``_resident`` (every resident key, T1 and T2, pinned and pending included -> True
-    until the block is first pinned: a block is pending exactly when its flag is True and it
-    is held), ``_t2_keys`` (the resident keys of T2; T1 is the rest), the
-    orders ``_t1`` / ``_t2`` (:class:`~kvtier.policies.order.LogicalOrder`, least recent
-    first, held blocks in place) sharing one held set ``_held`` (the pending and pinned
-    keys of both lists), the ghost lists ``_b1`` / ``_b2`` (keys, least recent
+    State: the orders ``_t1`` / ``_t2`` (:class:`~kvtier.policies.order.LogicalOrder`,
+    least recent first, held blocks in place; a key is in T1 or T2 exactly when it is in that
+    order's ``live`` or ``aside``, and resident exactly when it is in one of the two) sharing
+    one held set ``_held`` (the pending and pinned keys of both lists), ``_pinned`` (the
+    resident keys pinned at least once since they were stored: a block is pending exactly
+    when it is held and not in it), the ghost lists ``_b1`` / ``_b2`` (keys, least recent
     first), and ``target`` (adaptive target size of T1, in blocks, within
     ``[0, capacity]``). O(1) per key; :meth:`evict` is O(k + protected keys skipped)
     amortized.
@@ -46,11 +46,11 @@ class ARCPolicy(CachePolicy):
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        # one dict for residency and the not-pinned-since-stored flag (see touch): one
-        # C-level update per call instead of a set each (docs/performance.md, "Contract
-        # refactor")
-        self._resident: dict[Key, bool] = {}
-        self._t2_keys: set[Key] = set()
+        # residency is the orders' own membership, and "pending" is held and not pinned
+        # since stored: a store writes each key once, to T1's order (batch eviction ARC
+        # 5,757 -> 5,036 instructions per evicted block, docs/performance.md, "ARC hot paths",
+        # fourth round); pins are rarer than stores, so they pay for the pending rule
+        self._pinned: set[Key] = set()
         self._t1 = LogicalOrder()
         self._t2 = LogicalOrder()
         self._b1: OrderedDict[Key, None] = OrderedDict()
@@ -84,12 +84,12 @@ class ARCPolicy(CachePolicy):
     @property
     def t1_size(self) -> int:
         """|T1| in blocks: resident blocks seen once (pinned and pending included)."""
-        return len(self._resident) - len(self._t2_keys)
+        return len(self._t1.live) + len(self._t1.aside)
 
     @property
     def t2_size(self) -> int:
         """|T2| in blocks: resident blocks seen at least twice."""
-        return len(self._t2_keys)
+        return len(self._t2.live) + len(self._t2.aside)
 
     # -- state changes -------------------------------------------------------------------
     def insert(self, keys: Sequence[Key]) -> None:
@@ -99,7 +99,6 @@ class ARCPolicy(CachePolicy):
                 # one new key to T1 spelled out (one-key store + complete: 25,811 -> 23,819
                 # instructions, docs/performance.md, "ARC hot paths")
                 self._no_ghosts = None  # valid until the next insert (see touch)
-                self._resident[key] = True
                 self._t1.live[key] = None
                 self._held.add(key)
                 return
@@ -109,35 +108,29 @@ class ARCPolicy(CachePolicy):
             # no ghost list: straight to T1, no ghost test per key (vLLM spec policy log:
             # insert 1,775 -> 1,474 per block reference, docs/performance.md, "Request mode,
             # round 3")
-            resident, t1_live = self._resident, self._t1.live
+            t1_live = self._t1.live
             for key in reversed(keys):  # keys[0] ends most recent
-                resident[key] = True
                 t1_live[key] = None
             self._held.update(keys)
             return
-        # one loop for residency, ghost hits and order: cheaper than C-level set operations
-        # for the few keys of a store call (docs/performance.md, "Contract refactor")
-        resident, b1, b2, t2_keys = self._resident, self._b1, self._b2, self._t2_keys
-        t1_live = self._t1.live
+        # one loop for ghost hits and order: cheaper than C-level set operations for the few
+        # keys of a store call (docs/performance.md, "Contract refactor")
+        b1, b2, t1_live = self._b1, self._b2, self._t1.live
         if (not b1 or b1.keys().isdisjoint(keys)) and (not b2 or b2.keys().isdisjoint(keys)):
             # no ghost hit (tested in C): every key to T1, no per-key ghost test (batch
             # eviction ARC 5,700 -> 5,613 instructions per block, docs/performance.md, "ARC
             # hot paths", third round)
             for key in reversed(keys):  # keys[0] ends most recent
-                resident[key] = True  # not pinned since stored (pending while held)
                 t1_live[key] = None
             self._held.update(keys)
             return
         t2_live = self._t2.live
         for key in reversed(keys):  # keys[0] ends most recent
-            resident[key] = True  # not pinned since stored (pending while held)
             if key in b1:  # a key stored while in B1 or B2 enters T2
                 del b1[key]
-                t2_keys.add(key)
                 t2_live[key] = None
             elif key in b2:
                 del b2[key]
-                t2_keys.add(key)
                 t2_live[key] = None
             else:
                 t1_live[key] = None
@@ -146,14 +139,14 @@ class ARCPolicy(CachePolicy):
         self._held.update(keys)
 
     def remove(self, keys: Sequence[Key]) -> None:
-        resident, t2_keys, t1, t2 = self._resident, self._t2_keys, self._t1, self._t2
+        t1, t2 = self._t1, self._t2
         for key in keys:
-            del resident[key]
-            if key in t2_keys:
-                t2_keys.remove(key)
+            if t2.has(key):
                 t2.discard(key)
             else:
                 t1.discard(key)
+        if self._pinned:  # a store that fails was never pinned: usually nothing to clean
+            self._pinned.difference_update(keys)
 
     def mark_evictable(self, keys: Sequence[Key]) -> None:
         if self._t1.aside or self._t2.aside:  # blocks set aside by a walk go back in place
@@ -171,15 +164,26 @@ class ARCPolicy(CachePolicy):
             self._held.difference_update(keys)
 
     def mark_non_evictable(self, keys: Sequence[Key]) -> None:
-        resident = self._resident
-        for key in keys:
-            resident[key] = False  # pinned, so ready: not pending (see touch)
-        self._held.update(keys)
+        # pinned, so ready: not pending (see touch). One key by add, not update (a
+        # METH_VARARGS call that iterates a list: one-key load + release 10,187 -> 9,026,
+        # docs/performance.md, "ARC hot paths", fourth round)
+        if len(keys) == 1:
+            key = keys[0]
+            self._pinned.add(key)
+            self._held.add(key)
+        else:
+            self._pinned.update(keys)
+            self._held.update(keys)
 
     def touch(self, keys: Sequence[Key]) -> None:
-        resident = self._resident
+        t1, t2 = self._t1, self._t2
+        t1_live, t2_live = t1.live, t2.live
+        t1_aside, t2_aside = t1.aside, t2.aside
+        aside = bool(t1_aside or t2_aside)  # usually not: one test per missed key, not two
         # (keys[0] first: a touch of resident keys pays one test, not a C call)
-        if len(keys) >= 8 and keys[0] not in resident and resident.keys().isdisjoint(keys):
+        if (len(keys) >= 8 and keys[0] not in t1_live and keys[0] not in t2_live
+                and t1_live.keys().isdisjoint(keys) and t2_live.keys().isdisjoint(keys)
+                and not (aside and (t1_aside.keys() & keys or t2_aside.keys() & keys))):
             # no key resident (request mode's ghost learning of a store's new keys): only
             # ghost hits do anything, so they are found in C and the loop walks them alone
             # (vLLM spec policy log: touch 924 -> 732 instructions per block reference,
@@ -192,35 +196,30 @@ class ARCPolicy(CachePolicy):
                 self._no_ghosts = list(keys)  # for the insert that usually follows
                 return
             keys = list(filter(hits.__contains__, keys))  # the loop below, on them alone
-        t2_keys = self._t2_keys
-        t1, t2 = self._t1, self._t2
-        t1_live, t2_live, held = t1.live, t2.live, self._held
+        held, pinned = self._held, self._pinned
         b1, b2 = self._b1, self._b2
         for key in reversed(keys):
-            # resident first: a missed key then costs three membership tests, not four (and
-            # `in`, not resident.get: no method call per key, docs/performance.md)
-            if key in resident:
-                if key in t2_keys:
-                    if key in t2_live:
-                        t2_live.move_to_end(key)
-                    else:
-                        t2.use(key)
-                # pending (held, and not pinned since it was stored: a pin clears the flag,
-                # so completing a store costs no per-key write, -478 instructions per block
+            # the live orders first: a resident key usually costs one or two membership
+            # tests, a missed key four (no block aside) or six
+            if key in t2_live:
+                t2_live.move_to_end(key)
+            elif key in t1_live:
+                # pending (held, and not pinned since it was stored: a pin marks it, so
+                # completing a store costs no per-key write, -478 instructions per block
                 # reference, docs/performance.md, "ARC hot paths"): refreshed within T1
                 # (not read yet)
-                elif resident[key] and key in held:
-                    if key in t1_live:
-                        t1_live.move_to_end(key)
-                    else:
-                        t1.use(key)
-                else:  # seen again: to T2's MRU end, pinned or not
-                    t2_keys.add(key)
-                    if key in t1_live and key not in held:  # the usual case, spelled out
-                        del t1_live[key]  # (-109 per block reference, docs/performance.md)
-                        t2_live[key] = None
-                    else:
-                        t2.append(key, t1.discard(key))
+                if key in held and key not in pinned:
+                    t1_live.move_to_end(key)
+                else:  # seen again: to T2's MRU end, pinned or not (one held set for both
+                    del t1_live[key]  # lists: a held key stays held)
+                    t2_live[key] = None
+            elif aside and key in t2_aside:
+                t2.use(key)
+            elif aside and key in t1_aside:
+                if key in held and key not in pinned:  # pending: refreshed within T1
+                    t1.use(key)
+                else:  # seen again
+                    t2.append(key, t1.discard(key))
             # ghost hits adapt the target (conditional expressions, not min/max: builtin
             # calls that parse keyword arguments each time, docs/performance.md)
             elif key in b1:  # T1 was too small: target += max(1, |B2| / |B1|), <= capacity
@@ -252,8 +251,9 @@ class ARCPolicy(CachePolicy):
         Ghost lists and the target are not changed here (the manager's store-time ``touch``
         of new keys is where request mode learns from ghost hits). O(len(keys)).
         """
-        resident, t2_keys, t1, t2 = self._resident, self._t2_keys, self._t1, self._t2
-        t1_live, t2_live = t1.live, t2.live
+        t1, t2 = self._t1, self._t2
+        t1_live, t2_live, t1_aside, t2_aside = t1.live, t2.live, t1.aside, t2.aside
+        aside = bool(t1_aside or t2_aside)
         # LogicalOrder.use / append / discard spelled out for the usual case (a block in its
         # live order): a Python call less per key (request-mode call log 16,105 -> 15,749
         # instructions per block reference), and the live orders asked first: a key in one
@@ -264,21 +264,20 @@ class ARCPolicy(CachePolicy):
             if key in t1_live:
                 if key in reused:  # T1 -> T2's MRU end, pinned or not (one held set for
                     del t1_live[key]  # both lists: a held key stays held)
-                    t2_keys.add(key)
                     t2_live[key] = None
                 elif key in inserted:  # only inserted: refreshed within T1
                     t1_live.move_to_end(key)
             elif key in t2_live:
                 if key in reused or key in inserted:  # to T2's MRU end
                     t2_live.move_to_end(key)
-            elif key in resident and (key in reused or key in inserted):  # set aside
-                if key in t2_keys:
+            elif aside and (key in reused or key in inserted):  # set aside, or absent
+                if key in t2_aside:
                     t2.use(key)
-                elif key in reused:
-                    t2_keys.add(key)
-                    t2.append(key, t1.discard(key))
-                else:
-                    t1.use(key)
+                elif key in t1_aside:
+                    if key in reused:
+                        t2.append(key, t1.discard(key))
+                    else:
+                        t1.use(key)
 
     def _evict(self, n: int, protected: Collection[Key]) -> list[Key]:
         # The per-victim rule: from T1 while |T1| minus the T1 victims so far >= floor(target),
@@ -288,14 +287,14 @@ class ARCPolicy(CachePolicy):
         #   2. T2 (preferred from then on, or the fallback once T1 is exhausted);
         #   3. T1 again (fallback once T2 is exhausted), continuing where phase 1 stopped.
         t1, t2 = self._t1, self._t2
-        t1_size = len(self._resident) - len(self._t2_keys)
         if n == 1 and not protected and not t1.aside and not t2.aside:
             # the usual one-key store: the preferred list's LRU end (its own branch: 32,580 ->
             # ~20,000 instructions per one-key store + complete, docs/performance.md). Nothing
             # is aside, so no heap entry is current: the list's first evictable block is the
             # oldest block of live that is not held.
-            # quota > 0 is |T1| >= floor(target), ints (see _floor)
-            if t1_size >= self._floor:
+            # quota > 0 is |T1| >= floor(target), ints (see _floor); nothing aside: |T1| is
+            # the size of its live order
+            if len(t1.live) >= self._floor:
                 order, ghost = t1, self._b1
             else:
                 order, ghost = t2, self._b2
@@ -303,9 +302,8 @@ class ARCPolicy(CachePolicy):
             while live:  # the oldest, setting held blocks met aside
                 key = live.popitem(False)[0]
                 if key not in held:
-                    if order is t2:
-                        self._t2_keys.remove(key)
-                    del self._resident[key]
+                    if self._pinned:  # a victim leaves the pinned keys (empty until a load)
+                        self._pinned.discard(key)
                     ghost[key] = None
                     if len(ghost) > self.capacity:
                         ghost.popitem(False)
@@ -315,7 +313,7 @@ class ARCPolicy(CachePolicy):
                 self.examined += 1
             # every block of the preferred list is held, now aside: the phases below take
             # the victim from the other list
-        quota = t1_size - self._floor + 1
+        quota = len(t1.live) + len(t1.aside) - self._floor + 1
         first, examined = t1.take(quota if quota < n else n, protected)
         from_t2: list[Key] = []
         late: list[Key] = []
@@ -329,48 +327,54 @@ class ARCPolicy(CachePolicy):
                 examined += seen
         self.examined += examined
         from_t1 = first + late if late else first
-        # commit: victims leave the resident keys for the MRU end of B1 / B2, each ghost list
-        # trimmed to the capacity
-        resident, b1, b2, capacity = self._resident, self._b1, self._b2, self.capacity
+        # commit: victims (out of their orders already) go to the MRU end of B1 / B2, each
+        # ghost list trimmed to the capacity, and leave the pinned keys
+        b1, b2, capacity = self._b1, self._b2, self.capacity
         for key in from_t1:
-            del resident[key]
             b1[key] = None
         if len(b1) > capacity:
             for _ in range(len(b1) - capacity):
                 b1.popitem(False)  # positional: no keyword parsing (docs/performance.md)
+        pinned = self._pinned
         if from_t2:
-            self._t2_keys.difference_update(from_t2)
             for key in from_t2:
-                del resident[key]
                 b2[key] = None
             if len(b2) > capacity:
                 for _ in range(len(b2) - capacity):
                     b2.popitem(False)
+            if pinned:
+                pinned.difference_update(from_t1, from_t2)
             return first + from_t2 + late if late else first + from_t2
+        if pinned:
+            pinned.difference_update(from_t1)
         return from_t1
 
     def count_eligible(self, protected: Collection[Key] = ()) -> int:
         # the orders share one held set, so their own __len__ does not count a list's
         # evictable blocks: resident minus held, less the evictable protected keys
-        return count_unheld(protected, self._resident, self._held)
+        t1, t2, held = self._t1, self._t2, self._held
+        eligible = t1.size() + t2.size() - len(held)
+        for key in protected:
+            if key not in held and (t1.has(key) or t2.has(key)):
+                eligible -= 1
+        return eligible
 
     def snapshot(self) -> dict:
-        t2_keys, resident = self._t2_keys, self._resident
+        t1, t2, held, pinned = self._t1, self._t2, self._held, self._pinned
         return {
-            "t1_all": {key for key in resident if key not in t2_keys},
-            "t2_all": set(t2_keys),
-            "t1": self._t1.keys(),
-            "t2": self._t2.keys(),
-            "held": set(self._held),
+            "t1_all": set(t1.live) | set(t1.aside),
+            "t2_all": set(t2.live) | set(t2.aside),
+            "t1": t1.keys(),
+            "t2": t2.keys(),
+            "held": set(held),
             "b1": list(self._b1),
             "b2": list(self._b2),
-            "pending": {key for key, flag in resident.items()
-                        if flag and key in self._held},
+            "pending": {key for key in held if key not in pinned},
             "target": self.target,
         }
 
     def clear(self) -> None:
-        for part in (self._resident, self._t2_keys, self._t1, self._t2, self._b1, self._b2):
+        for part in (self._pinned, self._t1, self._t2, self._b1, self._b2):
             part.clear()
         self._target = 0.0
         self._floor = 0

@@ -93,7 +93,7 @@ def count_eligible(protected: Collection[Key], *orders: Collection[Key]) -> int:
 def count_unheld(protected: Collection[Key], members: Collection[Key],
                  held: Collection[Key]) -> int:
     """Keys of ``members`` neither ``held`` (a subset of ``members``) nor ``protected``: for a
-    policy that keeps all its blocks in one map and its held ones in one set (ARC, LFU).
+    policy that keeps all its blocks in one map and its held ones in one set (LFU).
     O(len(protected)). ``protected`` must name each key once (see :func:`protected_set`)."""
     eligible = len(members) - len(held)
     for key in protected:
