@@ -32,3 +32,20 @@ def test_numpy_int_and_tuple_keys_in_one_tier_leave_state_unchanged_on_error(pol
     assert 1 not in m and (1, 2) in m and 5 in m
     out = m.prepare_store([np.int64(7)])  # the policy and the manager agree: one more victim
     assert out is not None and len(out.evicted_keys) == 1
+
+
+@pytest.mark.parametrize("policy", [p for p in available_policies() if p != "belady"])
+def test_a_numpy_scalar_key_after_a_tuple_key_in_one_store(policy):
+    """Found by a newcomer's fuzz: the prefix-aware policies compared a key's recorded
+    parent with the call's previous key by ``==``; np.float64(2.0) == (1, 2) is an array,
+    whose truth value raised ValueError inside prepare_store after the manager had taken
+    the slots (policy and manager out of step). Keys are compared as dict keys."""
+    m = OffloadingManager(4, policy)
+    m.complete_store(m.prepare_store([(1, 2)]).keys_to_store)
+    out = m.prepare_store([(1, 2), np.float64(2.0)])
+    assert out is not None and out.keys_to_store == [2.0]
+    m.complete_store(out.keys_to_store)
+    m.touch([np.int64(5), (1, 2), np.float64(2.0)])
+    assert m.lookup_prefix([(1, 2), 2.0]) == 2
+    assert len(m.prepare_store([3, 4, 5]).evicted_keys) == 1  # policy and manager agree
+
