@@ -49,3 +49,18 @@ def test_a_numpy_scalar_key_after_a_tuple_key_in_one_store(policy):
     assert m.lookup_prefix([(1, 2), 2.0]) == 2
     assert len(m.prepare_store([3, 4, 5]).evicted_keys) == 1  # policy and manager agree
 
+
+@pytest.mark.parametrize("policy", [p for p in available_policies() if p != "belady"])
+def test_a_store_after_a_touch_of_other_keys_with_a_tuple_and_a_numpy_scalar(policy):
+    """Found by a newcomer's fuzz: ARC's insert compared the store's keys with the last
+    touch's ghost-free key list by ``==`` (the request-mode shortcut); np.float64(2.0) ==
+    (1, 2) is an array, and its truth value raised ValueError after the manager had taken
+    the slots: 9 pending blocks the policy never heard of."""
+    m = OffloadingManager(20, policy)
+    m.touch([(1, 2), *range(100, 108)])  # none resident: ARC remembers the list
+    out = m.prepare_store([np.float64(2.0), *range(200, 208)])
+    assert out is not None and len(out.keys_to_store) == 9
+    m.complete_store(out.keys_to_store)
+    assert m.lookup_prefix([2.0, 200]) == 2
+    out = m.prepare_store(list(range(300, 320)))  # evicts 9: policy and manager agree
+    assert out is not None and len(out.evicted_keys) == 9
