@@ -93,7 +93,8 @@ from kvtier.policies.sieve import SievePolicy
 
 _NO_PARENT = object()  # "no learned parent" (None is a valid block key)
 # keys are compared as dict keys (hash, then identity or ==), never by a bare ==: numpy's
-# np.float64(2.0) == (1, 2) is an array, whose truth value raises
+# np.float64(2.0) == (1, 2) is an array, whose truth value raises, and np.True_ == 2**70
+# raises OverflowError
 _NO_CHILDREN: dict = {}
 
 LEAF_MODES = ("adaptive", "never", "always")
@@ -224,8 +225,8 @@ class PrefixAwarePolicy(CachePolicy):
         try:
             if child == parent:  # a key named twice in a row
                 return
-        except ValueError:  # == answered an array (see _NO_CHILDREN): two different keys
-            pass
+        except Exception:  # == answered an array (see _NO_CHILDREN) or raised
+            pass  # (np.True_ == 2**70: OverflowError): not equal as dict keys either
         old = self._parent.get(child, _NO_PARENT)
         if old is not _NO_PARENT:
             siblings = self._children[old]
