@@ -139,6 +139,35 @@ def test_offload_refuses_a_closed_lower_tier_before_anything_changes(tmp_path):
     tiered.close()
 
 
+def test_restore_prefix_refuses_a_closed_or_refusing_lower_tier_before_the_lookup(tmp_path):
+    """Found by a newcomer session: restore_prefix asked the host first and counted its
+    lookup (and miss), then the lower tier raised: a closed disk (ValueError) or a key
+    Redis cannot encode (a tuple: TypeError). The call raised with the host's counters
+    changed; now it checks the lower tiers and keys first, as offload does."""
+    tiered, _kv, disk = make(tmp_path, host_slots=2)
+    tiered.offload(["a"], [0])
+    tiered.wait(10)
+    host = tiered.offloader.manager
+    disk.close()
+    before = host.snapshot()
+    with pytest.raises(ValueError, match="closed"):
+        tiered.restore_prefix(["a", "b"], [4, 5])
+    assert host.snapshot() == before
+    tiered.close()
+
+    redis_tier = pytest.importorskip("kvtier.tiers.redis")
+    off = KVOffloader.create([torch.zeros(4, *BLOCK)], 2, "lru")
+    # no server: the key fails before any I/O
+    redis = redis_tier.RedisTier.from_url(
+        "redis://127.0.0.1:1/0", block_bytes=off.pool.block_nbytes, fingerprint="fp")
+    tiered = TieredOffloader(off, [redis])
+    before = off.manager.snapshot()
+    with pytest.raises(TypeError, match=r"block key \(1, 2\)"):
+        tiered.restore_prefix([(1, 2)], [0])
+    assert off.manager.snapshot() == before
+    tiered.close()
+
+
 def test_write_through_writes_every_completed_store(tmp_path):
     tiered, kv, disk = make(tmp_path, demotion="write-through")
     data = {b: block(kv, b) for b in range(16)}

@@ -110,8 +110,9 @@ class TieredOffloader:
 
         Raises:
             ValueError / TypeError: the offloader is closed, or a block id that a restore of
-                ``keys`` may use is out of range, repeated or not an int: before anything
-                changed (no lookup counted, nothing promoted).
+                ``keys`` may use is out of range, repeated or not an int, or (as
+                :meth:`offload`) a lower tier is closed or cannot take one of those keys:
+                before anything changed (no lookup counted, nothing promoted).
             as ``KVOffloader.restore`` otherwise (nothing is pinned then; promoted blocks
             stay in the host).
         """
@@ -120,6 +121,7 @@ class TieredOffloader:
         # before the lookup and the promotion, which evict host blocks and demote them
         self.offloader._check_open()
         self.offloader._check_restore_ids(block_ids, len(keys))
+        self._check_keys(keys)  # a lower tier's error would come after the host's lookup
         found = self.stack.lookup(keys)
         try:
             n = self.stack.promote(keys, found)
