@@ -81,6 +81,27 @@ def test_bad_parameters():
     assert built.to_dict()["source"].endswith("Llama-3.1-8B/blob/main/config.json")
 
 
+def test_numpy_numbers_are_taken_as_plain_numbers():
+    """Found by a newcomer session: a KV size computed with numpy (layers * heads * dim *
+    2 * dtype bytes of numpy ints) was refused with 'kv_bytes_per_token must be a positive
+    number, got np.int64(131072)', while OffloadingManager and DiskTier take numpy sizes.
+    They are taken now, kept as plain Python numbers; bools (numpy's too) stay refused."""
+    np = pytest.importorskip("numpy")
+    m = CostModel(np.int64(131_072), prefill_tokens_per_s=np.float64(1e4),
+                  read_gb_per_s=np.float32(25), instances=np.int64(2), block_tokens=np.int32(16))
+    assert (m.kv_bytes_per_token, m.instances, m.block_tokens) == (131_072, 2, 16)
+    assert type(m.kv_bytes_per_token) is int and type(m.block_tokens) is int
+    assert type(m.prefill_tokens_per_s) is float and type(m.read_gb_per_s) is float
+    assert m == CostModel(131_072, prefill_tokens_per_s=1e4, read_gb_per_s=25.0, instances=2,
+                          block_tokens=16)
+    with pytest.raises(ValueError, match="kv_bytes_per_token must be a positive number"):
+        CostModel(np.bool_(True))
+    with pytest.raises(ValueError, match="block_tokens must be an int >= 1, got np.True_"):
+        CostModel(1000, block_tokens=np.bool_(True))
+    with pytest.raises(ValueError, match=r"instances must be an int >= 1, got np.float64\(2.0\)"):
+        CostModel(1000, instances=np.float64(2.0))
+
+
 @pytest.mark.parametrize("lengths, hits, stamps, stored, match", [
     ([1000, 1000], [-5, 2], None, 3, r"hit_blocks\[0\] is -5"),
     ([-1000, 1000], [1, 2], None, 3, r"input_lengths\[0\] is -1000"),

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import heapq
 import math
+import numbers
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+
+from kvtier.checks import _as_int
 
 __all__ = ["AUTO_UTILIZATION", "DEFAULTS", "PROFILES", "CostModel", "ModelProfile", "evaluate", "input_lengths"]
 
@@ -99,6 +102,8 @@ class CostModel:
         block_tokens: tokens per block, >= 1.
         model: the profile name ``kv_bytes_per_token`` came from, or ``None``.
 
+    numpy numbers are taken and kept as plain ``int`` / ``float`` (bools are refused).
+
     Raises:
         ValueError: a value out of range (the message names it).
     """
@@ -111,17 +116,22 @@ class CostModel:
     model: str | None = None
 
     def __post_init__(self) -> None:
+        # numpy numbers are taken (as by OffloadingManager) and kept as plain int / float
         for name in ("kv_bytes_per_token", "prefill_tokens_per_s", "read_gb_per_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) \
                     or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
+            plain = int(value) if isinstance(value, numbers.Integral) else float(value)
+            object.__setattr__(self, name, plain)
         for name in ("instances", "block_tokens"):
             value = getattr(self, name)
             if value is None and name == "instances":
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            number = _as_int(value)
+            if number is None or number < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            object.__setattr__(self, name, number)
 
     @classmethod
     def build(cls, *, model: str | None = None, kv_bytes_per_token: int | None = None,
