@@ -102,6 +102,19 @@ def test_numpy_numbers_are_taken_as_plain_numbers():
         CostModel(1000, instances=np.float64(2.0))
 
 
+def test_more_instances_than_requests_queue_no_request():
+    """Found by a newcomer session: kvtier replay --cost --instances 100000000000000000000
+    ended in a traceback ("OverflowError: cannot fit 'int' into an index-sized integer": one
+    heap entry per instance), and 10**9 instances allocated 8 GB. No more servers than
+    requests can ever be busy, so the extra ones change no TTFT."""
+    lengths, hits, stamps = [5000, 5000, 5000], [0, 1, 0], [0.0, 10.0, 20.0]
+    few = evaluate(CostModel(131_072, instances=3), lengths, hits, stamps, 0)
+    many = evaluate(CostModel(131_072, instances=10**20), lengths, hits, stamps, 0)
+    assert many["ttft_no_tier_s"] == few["ttft_no_tier_s"]
+    assert many["ttft_with_tier_s"] == few["ttft_with_tier_s"]
+    assert many["instances"] == 10**20 and many["utilization_no_tier"] < 1e-15
+
+
 @pytest.mark.parametrize("lengths, hits, stamps, stored, match", [
     ([1000, 1000], [-5, 2], None, 3, r"hit_blocks\[0\] is -5"),
     ([-1000, 1000], [1, 2], None, 3, r"input_lengths\[0\] is -1000"),
