@@ -557,5 +557,10 @@ def log_grid(lo: int, hi: int, points: int) -> list[int]:
     if points == 1 or lo == hi:
         return [hi]
     ratio = math.log(hi / lo)
+    if hi * ratio <= points - 1:
+        # consecutive values are less than 1 apart (the widest step, the last, is
+        # hi * (1 - exp(-ratio / (points - 1))) < hi * ratio / (points - 1)), so every size
+        # of the range is hit: no loop over the points (--points 10**20 never ended)
+        return list(range(lo, hi + 1))
     values = [round(lo * math.exp(ratio * i / (points - 1))) for i in range(points)]
     return sorted(set(values))
