@@ -87,6 +87,23 @@ def test_read_of_an_unhashable_key_names_it_and_counts_nothing(tmp_path):
         assert t.read([1]) == [blk(1)] and t.stats().reads == 1
 
 
+def test_a_non_contiguous_block_is_written_as_its_bytes(tmp_path):
+    """Found by a newcomer's fuzz: a block that is a non-contiguous view (every other byte
+    of a buffer, a strided numpy array) passed the size check, then the copy raised
+    "memoryview: casts are restricted to C-contiguous views" after prepare_store: its slot
+    stayed pending for good (the tier lost a slot per such call). Its bytes, in order, are
+    written as for any buffer."""
+    np = pytest.importorskip("numpy")
+    strided = memoryview(bytearray(blk(1, 2 * BB)))[::2]
+    array = np.frombuffer(blk(2, 2 * BB), dtype=np.uint32)[::2]  # 4-byte items, every other
+    with DiskTier(tmp_path, 2, BB) as t:
+        assert t.write([1, 2], [strided, array]) == 2
+        assert t.flush(5)
+        assert t.read([1, 2]) == [strided.tobytes(), array.tobytes()]
+        s = t.stats()
+        assert (s.writes_completed, t.manager.stats().pending) == (2, 0)
+
+
 def test_write_is_readable_only_when_done(tmp_path, monkeypatch):
     gate = threading.Event()
     real = disk_mod._pwrite_all

@@ -512,7 +512,8 @@ class DiskTier(BlockTier):
             st.used_blocks = len(m)
             return 0
         # the caller may reuse its buffers once we return: keep bytes, copy anything else
-        jobs = [(k, kb, lg, b if type(b) is bytes else bytes(memoryview(b).cast("B")), redo_)
+        # (tobytes: in order also from a non-contiguous view, which cast("B") refuses)
+        jobs = [(k, kb, lg, b if type(b) is bytes else memoryview(b).tobytes(), redo_)
                 for k, kb, lg, b, redo_ in jobs]
         st.writes += len(jobs)
         n_batches = min(self._workers, len(jobs))
