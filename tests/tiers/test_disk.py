@@ -104,6 +104,27 @@ def test_a_non_contiguous_block_is_written_as_its_bytes(tmp_path):
         assert (s.writes_completed, t.manager.stats().pending) == (2, 0)
 
 
+@pytest.mark.parametrize("alias", [True, "numpy"])
+def test_read_of_a_key_without_an_encoding_names_it_and_counts_nothing(tmp_path, alias):
+    """Found by a newcomer's fuzz: read([np.int64(1)]) or read([True]) where block 1 is
+    stored (equal keys to the manager) pinned and read the block, then its checksum check
+    raised "no stable byte encoding" half-way: reads and loads counted, nothing returned.
+    read now checks every key's encoding first, as write does."""
+    if alias == "numpy":
+        alias = pytest.importorskip("numpy").int64(1)
+    with DiskTier(tmp_path, 4, BB) as t:
+        t.write([1, 2], [blk(1), blk(2)])
+        assert t.flush(5)
+        before = (t.stats(), t.manager.snapshot())
+        for keys in ([alias], [2, alias], [2, 1.5]):
+            with pytest.raises(TypeError, match=r"block key .* has no stable byte encoding"):
+                t.read(keys)
+            after = (t.stats(), t.manager.snapshot())
+            assert (after[0].reads, after[0].read_hits, after[1]) == (
+                before[0].reads, before[0].read_hits, before[1])
+        assert t.read([1, 2]) == [blk(1), blk(2)]
+
+
 def test_write_is_readable_only_when_done(tmp_path, monkeypatch):
     gate = threading.Event()
     real = disk_mod._pwrite_all
