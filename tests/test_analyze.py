@@ -179,10 +179,23 @@ def test_timestamps_out_of_order_are_reported_not_turned_into_negative_times():
     # newcomer finding: request 2 arrives 4 ms before request 1 (same blocks); the time
     # between reuses was reported as -0.004 s with no word. Now a warning names the first
     # request whose timestamp goes backwards, and such a reuse gets no time (none is negative).
-    with pytest.warns(UserWarning, match=r"timestamps go backwards .* request 2 \(stamped 1 ms, "
+    with pytest.warns(UserWarning, match=r"timestamps go backwards.* request 2 \(stamped 1 ms, "
                                          r"after a request stamped 5 ms\).*1 of 2 requests"):
         r = analyze(_reqs([[1, 2], [1, 2]], [5, 1]))
     assert list(r.reuse_times_s) == []  # a reuse stamped before its use: no time between
+
+
+def test_the_backwards_warning_counts_requests_not_steps_back():
+    """Found by a newcomer session: stamps 5, 1, 3, 3 go back once (5 -> 1), and the
+    warning said "timestamps go backwards 3 time(s)": the count is of requests stamped
+    before an earlier request (1, 3 and 3 are all before 5)."""
+    with pytest.warns(UserWarning) as caught:
+        analyze(_reqs([[1], [2], [3], [4]], [5, 1, 3, 3]))
+    (message,) = [str(w.message) for w in caught]
+    assert "3 time(s)" not in message
+    assert message.startswith("timestamps go backwards, first at request 2 (stamped 1 ms, "
+                              "after a request stamped 5 ms); 3 of 4 requests are stamped "
+                              "before an earlier request")
 
 
 def test_a_trace_whose_first_request_has_no_timestamp_says_so():

@@ -388,11 +388,13 @@ class Analyzer:
         timestamps are used)."""
         if self._backwards:
             i, ts, latest = self._first_backwards  # type: ignore[misc]
+            # (a count of requests, not of steps back: 5, 1, 3, 3 steps back once)
             warnings.warn(
-                f"timestamps go backwards {self._backwards:,} time(s), first at request {i} "
-                f"(stamped {ts:g} ms, after a request stamped {latest:g} ms); {self._backwards:,} of {self._requests:,} "
-                "requests are out of arrival order, and time between reuses and working-set "
-                "windows assume arrival order (sort the trace by timestamp)", stacklevel=2)
+                f"timestamps go backwards, first at request {i} (stamped {ts:g} ms, after a "
+                f"request stamped {latest:g} ms); {self._backwards:,} of {self._requests:,} "
+                "requests are stamped before an earlier request, and time between reuses and "
+                "working-set windows assume arrival order (sort the trace by timestamp)",
+                stacklevel=2)
         if self._odd_stamps:
             n, total = self._odd_stamps, self._requests
             warnings.warn(
