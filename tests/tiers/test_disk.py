@@ -52,6 +52,22 @@ def test_round_trip_key_types_and_buffer_types(tmp_path):
         assert decode_key(encode_key(k)) == k
 
 
+def test_a_str_key_with_a_lone_surrogate_is_named(tmp_path):
+    """Found by a newcomer session: a str key holding a lone surrogate ("\\ud800", what
+    os.fsdecode makes of undecodable bytes) raised a bare UnicodeEncodeError ("'utf-8' codec
+    can't encode character") from write, read and check_keys, naming neither the key nor the
+    rule; it is the TypeError of any key without a stable encoding now."""
+    with pytest.raises(TypeError, match=r"block key 'a\\ud800' has no stable byte encoding "
+                                        r"\(a str with a lone surrogate is not UTF-8\)"):
+        encode_key("a\ud800")
+    with DiskTier(tmp_path, 4, BB) as t:
+        for call in (lambda: t.write(["ok", "\ud800"], [blk(1), blk(2)]),
+                     lambda: t.read(["\ud800"]), lambda: t.check_keys(["\ud800"])):
+            with pytest.raises(TypeError, match="no stable byte encoding"):
+                call()
+        assert len(t) == 0 and t.stats().reads == 0
+
+
 def test_bad_input_raises_and_changes_nothing(tmp_path):
     with DiskTier(tmp_path, 4, BB) as t:
         with pytest.raises(ValueError, match="block for key 2 is 10 bytes"):
