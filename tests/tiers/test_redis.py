@@ -293,6 +293,10 @@ def test_bad_input_raises_and_leaves_state(shared_redis_server):
         ({"write_timeout_s": True}, "write_timeout_s"),
         ({"breaker_cooldown_s": float("inf")}, "breaker_cooldown_s"),
         ({"breaker_cooldown_s": "1"}, "breaker_cooldown_s"),
+        # found by a newcomer session: an empty or non-str name was taken (DiskTier refuses
+        # it; the name is the tier's label in metrics and events)
+        ({"name": ""}, "name must be a non-empty str"),
+        ({"name": 5}, "name must be a non-empty str"),
     ],
 )
 def test_bad_options_name_the_option(kwargs, match):
@@ -303,6 +307,21 @@ def test_bad_options_name_the_option(kwargs, match):
         RedisTier("http://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP)
     with pytest.raises(TypeError, match="fingerprint"):
         RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=b"x")
+
+
+def test_numpy_sizes_are_taken_as_the_disk_tier_takes_them():
+    """Found by a newcomer session: RedisTier(block_bytes=np.int64(...)) was refused ("must be
+    an int > 0, got np.int64(...)") where DiskTier and OffloadingManager take numpy ints;
+    they are kept as plain ints."""
+    np = pytest.importorskip("numpy")
+    tier = RedisTier("redis://127.0.0.1:1/0", block_bytes=np.int64(BLOCK), fingerprint=FP,
+                     max_queue_bytes=np.int64(1 << 20), write_batch_bytes=np.int32(1 << 16))
+    assert (tier.block_bytes, tier.max_queue_bytes, tier.write_batch_bytes) == (
+        BLOCK, 1 << 20, 1 << 16)
+    assert type(tier.block_bytes) is int and type(tier.max_queue_bytes) is int
+    tier.close()
+    with pytest.raises(ValueError, match="block_bytes must be an int > 0"):
+        RedisTier("redis://127.0.0.1:1/0", block_bytes=np.bool_(True), fingerprint=FP)
 
 
 def test_from_url_takes_tier_options_from_the_query(shared_redis_server, monkeypatch):
