@@ -185,3 +185,13 @@ def test_arrivals_out_of_trace_order_are_reported():
         c = evaluate(auto, [1000, 2000], [0, 2], [500, 0], stored_blocks=3)
     assert c["instances"] == 8  # ceil(3 s / (0.8 * 0.5 s)), as with arrivals [0, 500]
     assert c["utilization_no_tier"] == pytest.approx(3.0 / (8 * 0.5))
+
+
+def test_describe_shows_a_prefill_rate_below_one_token_per_second():
+    """Found by a newcomer session: --prefill-tps 0.001 (the CLI's minimum) was described as
+    'prefill 0 tokens/s per instance' (rounded to an integer), 0.4 too; the line is the
+    printed record of the model's assumptions."""
+    assert "prefill 0.001 tokens/s per instance" in CostModel(1000, 0.001).describe()
+    assert "prefill 12.5 tokens/s" in CostModel(1000, 12.5).describe()
+    assert "prefill 10,000 tokens/s" in CostModel(1000, 10_000.0).describe()
+    assert "prefill 1,234,568 tokens/s" in CostModel(1000, 1_234_567.8).describe()

@@ -191,7 +191,9 @@ class CostModel:
         """One line naming every parameter, for the terminal."""
         what = f"model {self.model} ({self.kv_bytes_per_token:,} KV bytes/token)" \
             if self.model else f"{self.kv_bytes_per_token:,} KV bytes/token"
-        return (f"cost model: {what}, prefill {self.prefill_tokens_per_s:,.0f} tokens/s per "
+        rate = self.prefill_tokens_per_s  # not rounded to 0 below 100 tokens/s (--prefill-tps)
+        rate_text = f"{rate:,.0f}" if rate >= 100 else f"{rate:g}"
+        return (f"cost model: {what}, prefill {rate_text} tokens/s per "
                 f"instance, {self._instances_text()}, "
                 f"tier read {self.read_gb_per_s:g} GB/s, {self.block_tokens} tokens/block; "
                 "loads not overlapped with compute, FIFO queue over the trace's arrival "
