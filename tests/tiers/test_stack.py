@@ -253,6 +253,35 @@ def _store(host, stack, slots, keys):
     stack.flush_demotions()
 
 
+def test_a_host_slot_that_cannot_be_read_does_not_desync_the_host(tmp_path):
+    """Found by a newcomer session: under write-back the stack copies each victim's bytes
+    inside the policy's eviction; a read_slot that raised there (a pool already freed, say)
+    left the policy without the victims and the manager with them: prepare_store raised
+    the read's error, and the next eviction 'LRUPolicy.evict(2) returned 1 victims'. The
+    eviction now completes; the block is dropped (not demoted), and flush_demotions, called
+    after every host prepare_store, raises naming it."""
+    disk = SimTier("disk", 4, block_bytes=8)
+    host, stack, slots = _host_stack(2, [disk])
+    _store(host, stack, slots, [1, 2])
+    real = stack._read_slot
+
+    def unreadable(slot):
+        raise OSError("pool gone")
+
+    stack._read_slot = unreadable
+    out = host.prepare_store([3])  # evicts 2 (1 was named first: more recent); unreadable
+    assert out is not None and out.evicted_keys == [2]
+    with pytest.raises(RuntimeError, match=r"write-back: block 2 was evicted from host but "
+                                           r"its slot could not be read \(OSError: pool gone\)"):
+        stack.flush_demotions()
+    assert stack.flush_demotions() == 0  # reported once
+    stack._read_slot = real
+    host.complete_store([3])
+    out = host.prepare_store([4, 5])  # the policy and the manager agree
+    assert out is not None and sorted(out.evicted_keys) == [1, 3]
+    assert stack.flush_demotions() == 2 and 2 not in disk.manager and 1 in disk.manager
+
+
 def test_lookup_runs_interleave_tiers_and_stop_at_a_pending_host_block():
     disk = SimTier("disk", 8, block_bytes=8)
     far = SimTier("far", 8, block_bytes=8)
