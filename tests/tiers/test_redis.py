@@ -886,3 +886,41 @@ def test_concurrent_reads_of_compressed_blocks_never_share_a_decompressor(
         assert got == [[zeros]] * 3
         assert overlaps == []
         assert tier.stats().read_errors == 0
+
+
+def test_a_write_racing_close_is_refused_not_left_in_the_queue(shared_redis_server):
+    """Found by a newcomer session (the module says every method may be called from any
+    thread): a write() that had passed its closed check when close() ran enqueued its blocks
+    after the writer thread had drained the queue and stopped: write returned them as
+    accepted, they were never sent nor counted as failed, stats().queued_blocks stayed > 0
+    and flush() without a timeout never returned. The write now sees the close and raises."""
+    import threading
+
+    tier = make_tier(shared_redis_server.url)
+    paused, go_on = threading.Event(), threading.Event()
+    real_key = tier.redis_key
+
+    def slow_key(key):  # the writing thread stops between its closed check and its enqueue
+        if key == "late":
+            paused.set()
+            go_on.wait(10)
+        return real_key(key)
+
+    tier.redis_key = slow_key
+    outcome = []
+
+    def late_write():
+        try:
+            outcome.append(tier.write(["late"], blocks_for(["late"])))
+        except RuntimeError as exc:
+            outcome.append(exc)
+
+    writer = threading.Thread(target=late_write)
+    writer.start()
+    assert paused.wait(10)
+    tier.close()
+    go_on.set()
+    writer.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError), outcome
+    assert "closed" in str(outcome[0])
+    assert tier.stats().queued_blocks == 0 and tier.flush(timeout=2)

@@ -887,11 +887,22 @@ class RedisTier(BlockTier):
             self._queued_bytes += take * size
             self._stats.writes += take
             self._stats.writes_skipped += len(rkeys) - take + repeats
-        for i in range(take):
-            b = blocks[i]
-            # bytes are immutable: kept as they are (0 copies, the raw MSET's cost); a
-            # bytearray/memoryview the caller may reuse is copied once
-            self._queue.put((rkeys[i], b if type(b) is bytes else bytes(memoryview(b))))
+        # bytes are immutable: kept as they are (0 copies, the raw MSET's cost); a
+        # bytearray/memoryview the caller may reuse is copied once (outside the lock)
+        items = [(rkeys[i], b if type(b) is bytes else bytes(memoryview(b)))
+                 for i, b in zip(range(take), blocks)]
+        with self._lock:
+            # enqueued under the lock close() takes to stop the writer: a write that passed
+            # the closed check while another thread closed the tier queued its blocks after
+            # the writer had stopped (accepted, never sent; flush() then never returned)
+            if self._closed:
+                self._queued_blocks -= take
+                self._queued_bytes -= take * size
+                self._stats.writes -= take
+                self._stats.writes_skipped -= len(rkeys) - take + repeats
+                raise RuntimeError(f"{self!r} is closed")
+            for item in items:
+                self._queue.put(item)
         return take
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -937,7 +948,7 @@ class RedisTier(BlockTier):
             if self._closed:
                 return
             self._closed = True
-        self._queue.put(None)
+            self._queue.put(None)  # after every block a write enqueued (see write)
         self._writer.join(timeout)
         if self._writer.is_alive():
             logger.warning("%s: writer did not finish within %s s", self._url_redacted, timeout)
