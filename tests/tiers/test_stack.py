@@ -168,6 +168,28 @@ def test_restore_prefix_refuses_a_closed_or_refusing_lower_tier_before_the_looku
     tiered.close()
 
 
+def test_write_through_into_a_closed_tier_loses_no_job_result(tmp_path):
+    """Found by a newcomer session: under write-through, poll() applies the finished jobs
+    to the host, then writes the completed stores down; with the disk closed by its owner
+    meanwhile, that write raised and the results (already applied) were lost: the caller
+    never learnt that its store job had finished, so never freed its device blocks. The
+    error is raised once; the results come with the next poll (or wait), and close still
+    stops the copy thread."""
+    tiered, _kv, disk = make(tmp_path, demotion="write-through")
+    job = tiered.offload(["a", "b"], [0, 1])
+    assert tiered.offloader.engine.wait(10)  # copied, not yet polled
+    disk.close()
+    with pytest.raises(ValueError, match="closed"):
+        tiered.poll()
+    results = tiered.poll()
+    assert [(r.job_id, r.kind, r.ok) for r in results] == [(job, "store", True)]
+    assert tiered.poll() == []
+    with pytest.raises(ValueError, match="closed"):  # offload refuses a closed tier up front
+        tiered.offload(["c"], [2])
+    tiered.close()
+    assert tiered.offloader.engine.closed
+
+
 def test_write_through_writes_every_completed_store(tmp_path):
     tiered, kv, disk = make(tmp_path, demotion="write-through")
     data = {b: block(kv, b) for b in range(16)}
