@@ -582,3 +582,18 @@ def test_one_key_store_with_adaptive_admission_equals_the_general_path(policy, b
                 general.complete_store(b.keys_to_store)
         assert fast.snapshot() == general.snapshot()
     assert fast.stats().skipped_stores == general.stats().skipped_stores
+
+
+@pytest.mark.parametrize("first, second", [((1, 2), "float64"), (2**70, "True_")])
+def test_keys_whose_comparison_raises_are_other_keys(first, second):
+    """Found by a newcomer's fuzz: second sight asks whether a store names the tail of the
+    last lookup by comparing the key lists with ==; np.float64(2.0) == (1, 2) answers an
+    array and np.True_ == 2**70 raises OverflowError, so prepare_store raised for valid,
+    distinct keys. Such keys are other keys (a dict holds them apart too)."""
+    np = pytest.importorskip("numpy")
+    second = np.float64(2.0) if second == "float64" else np.True_
+    m = OffloadingManager(1, "lru", admission="adaptive")  # 2 new keys > room 1: second sight
+    m.lookup_prefix([first, 5])
+    out = m.prepare_store([second, 6])
+    assert out is not None and out.keys_to_store == []  # neither was looked up: refused
+    assert m.stats().skipped_stores == 2

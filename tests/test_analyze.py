@@ -179,10 +179,23 @@ def test_timestamps_out_of_order_are_reported_not_turned_into_negative_times():
     # newcomer finding: request 2 arrives 4 ms before request 1 (same blocks); the time
     # between reuses was reported as -0.004 s with no word. Now a warning names the first
     # request whose timestamp goes backwards, and such a reuse gets no time (none is negative).
-    with pytest.warns(UserWarning, match=r"timestamps go backwards .* request 2 \(stamped 1 ms, "
+    with pytest.warns(UserWarning, match=r"timestamps go backwards.* request 2 \(stamped 1 ms, "
                                          r"after a request stamped 5 ms\).*1 of 2 requests"):
         r = analyze(_reqs([[1, 2], [1, 2]], [5, 1]))
     assert list(r.reuse_times_s) == []  # a reuse stamped before its use: no time between
+
+
+def test_the_backwards_warning_counts_requests_not_steps_back():
+    """Found by a newcomer session: stamps 5, 1, 3, 3 go back once (5 -> 1), and the
+    warning said "timestamps go backwards 3 time(s)": the count is of requests stamped
+    before an earlier request (1, 3 and 3 are all before 5)."""
+    with pytest.warns(UserWarning) as caught:
+        analyze(_reqs([[1], [2], [3], [4]], [5, 1, 3, 3]))
+    (message,) = [str(w.message) for w in caught]
+    assert "3 time(s)" not in message
+    assert message.startswith("timestamps go backwards, first at request 2 (stamped 1 ms, "
+                              "after a request stamped 5 ms); 3 of 4 requests are stamped "
+                              "before an earlier request")
 
 
 def test_a_trace_whose_first_request_has_no_timestamp_says_so():
@@ -206,3 +219,36 @@ def test_a_bare_key_list_is_named_as_replay_names_it():
     with pytest.raises(TypeError, match=r"request 0 \(\[1, 2\]\) has no .keys: analyze\(\) "
                                         "takes Request objects"):
         analyze([[1, 2], [2, 3]])
+
+
+@pytest.mark.parametrize("stamp, error, match", [
+    (float("nan"), ValueError, r"request 2: timestamp must be a finite number of ms or None, "
+                               r"got nan"),
+    (float("inf"), ValueError, "got inf"),
+    ("3", ValueError, "got '3'"),
+    (True, ValueError, "got True"),
+])
+def test_a_bad_timestamp_is_refused_naming_the_request(stamp, error, match):
+    """Found by a newcomer session: the trace reader refuses a NaN / infinite / non-number
+    timestamp, analyze() on hand-made Requests did not: a NaN arrival silently dropped the
+    request's reuse times, an inf one was warned as 'stamped inf ms', a str one raised a bare
+    "'<' not supported between instances of 'str' and 'float'". Refused now, nothing
+    counted (Analyzer.add checks before it changes anything)."""
+    an = Analyzer()
+    an.add([1, 2], 0.0)
+    with pytest.raises(error, match=match):
+        an.add([1, 2, 3], stamp)
+    an.add([1, 2, 3], 1000.0)
+    r = an.result()
+    assert r.requests == 2 and r.block_refs == 5 and list(r.reuse_times_s) == [1.0, 1.0]
+
+
+def test_an_unhashable_key_is_named_and_nothing_is_counted():
+    """Found by a newcomer session: analyze() of a request with an unhashable key raised a
+    bare "unhashable type: 'list'" half-way through the request (its first keys counted)."""
+    an = Analyzer()
+    with pytest.raises(TypeError, match=r"analyze: request 1: block key \[3\] is not hashable"):
+        an.add([1, 2, [3]], None)
+    an.add([1, 2], None)
+    r = an.result()
+    assert r.requests == 1 and r.block_refs == 2 and r.distinct_blocks == 2

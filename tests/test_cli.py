@@ -276,6 +276,29 @@ def test_run_grid_rejects_a_bad_limit():
             run_grid(embedded_sample_path(), ["lru"], [100], workers=1, limit=bad)
 
 
+@pytest.mark.parametrize("command", ["replay", "analyze", "sweep"])
+def test_a_limit_beyond_any_trace_reads_the_whole_trace(command, tmp_path):
+    """Found by a newcomer session: --limit 100000000000000000000 (more than sys.maxsize)
+    failed with "error: Stop argument for islice() must be None or an integer: 0 <= x <=
+    sys.maxsize.", naming neither --limit nor the rule. A limit beyond the trace is no
+    limit."""
+    out = tmp_path / "out.json"
+    args = {"replay": ["-p", "lru", "-c", "100"], "analyze": [],
+            "sweep": ["-p", "lru", "--points", "1", "--workers", "1"]}[command]
+    res = run(command, *args, "--limit", str(10**20), "--json", out)
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    requests = (data["analysis"] if command == "analyze" else data["trace"])["requests"]
+    assert requests == 500
+
+
+def test_run_grid_takes_a_limit_beyond_any_trace():
+    from kvtier.sweep import run_grid
+
+    (result,) = run_grid(embedded_sample_path(), ["lru"], [100], workers=1, limit=10**20)
+    assert result.requests == 500
+
+
 def test_an_interrupted_sweep_ends_its_running_points_at_once(monkeypatch):
     """Ctrl-C in a sweep (here: KeyboardInterrupt from on_result after the first finished
     point) ends the worker processes instead of waiting for the points they are running or

@@ -81,6 +81,40 @@ def test_bad_parameters():
     assert built.to_dict()["source"].endswith("Llama-3.1-8B/blob/main/config.json")
 
 
+def test_numpy_numbers_are_taken_as_plain_numbers():
+    """Found by a newcomer session: a KV size computed with numpy (layers * heads * dim *
+    2 * dtype bytes of numpy ints) was refused with 'kv_bytes_per_token must be a positive
+    number, got np.int64(131072)', while OffloadingManager and DiskTier take numpy sizes.
+    They are taken now, kept as plain Python numbers; bools (numpy's too) stay refused."""
+    np = pytest.importorskip("numpy")
+    m = CostModel(np.int64(131_072), prefill_tokens_per_s=np.float64(1e4),
+                  read_gb_per_s=np.float32(25), instances=np.int64(2), block_tokens=np.int32(16))
+    assert (m.kv_bytes_per_token, m.instances, m.block_tokens) == (131_072, 2, 16)
+    assert type(m.kv_bytes_per_token) is int and type(m.block_tokens) is int
+    assert type(m.prefill_tokens_per_s) is float and type(m.read_gb_per_s) is float
+    assert m == CostModel(131_072, prefill_tokens_per_s=1e4, read_gb_per_s=25.0, instances=2,
+                          block_tokens=16)
+    with pytest.raises(ValueError, match="kv_bytes_per_token must be a positive number"):
+        CostModel(np.bool_(True))
+    with pytest.raises(ValueError, match="block_tokens must be an int >= 1, got np.True_"):
+        CostModel(1000, block_tokens=np.bool_(True))
+    with pytest.raises(ValueError, match=r"instances must be an int >= 1, got np.float64\(2.0\)"):
+        CostModel(1000, instances=np.float64(2.0))
+
+
+def test_more_instances_than_requests_queue_no_request():
+    """Found by a newcomer session: kvtier replay --cost --instances 100000000000000000000
+    ended in a traceback ("OverflowError: cannot fit 'int' into an index-sized integer": one
+    heap entry per instance), and 10**9 instances allocated 8 GB. No more servers than
+    requests can ever be busy, so the extra ones change no TTFT."""
+    lengths, hits, stamps = [5000, 5000, 5000], [0, 1, 0], [0.0, 10.0, 20.0]
+    few = evaluate(CostModel(131_072, instances=3), lengths, hits, stamps, 0)
+    many = evaluate(CostModel(131_072, instances=10**20), lengths, hits, stamps, 0)
+    assert many["ttft_no_tier_s"] == few["ttft_no_tier_s"]
+    assert many["ttft_with_tier_s"] == few["ttft_with_tier_s"]
+    assert many["instances"] == 10**20 and many["utilization_no_tier"] < 1e-15
+
+
 @pytest.mark.parametrize("lengths, hits, stamps, stored, match", [
     ([1000, 1000], [-5, 2], None, 3, r"hit_blocks\[0\] is -5"),
     ([-1000, 1000], [1, 2], None, 3, r"input_lengths\[0\] is -1000"),
@@ -151,3 +185,13 @@ def test_arrivals_out_of_trace_order_are_reported():
         c = evaluate(auto, [1000, 2000], [0, 2], [500, 0], stored_blocks=3)
     assert c["instances"] == 8  # ceil(3 s / (0.8 * 0.5 s)), as with arrivals [0, 500]
     assert c["utilization_no_tier"] == pytest.approx(3.0 / (8 * 0.5))
+
+
+def test_describe_shows_a_prefill_rate_below_one_token_per_second():
+    """Found by a newcomer session: --prefill-tps 0.001 (the CLI's minimum) was described as
+    'prefill 0 tokens/s per instance' (rounded to an integer), 0.4 too; the line is the
+    printed record of the model's assumptions."""
+    assert "prefill 0.001 tokens/s per instance" in CostModel(1000, 0.001).describe()
+    assert "prefill 12.5 tokens/s" in CostModel(1000, 12.5).describe()
+    assert "prefill 10,000 tokens/s" in CostModel(1000, 10_000.0).describe()
+    assert "prefill 1,234,568 tokens/s" in CostModel(1000, 1_234_567.8).describe()

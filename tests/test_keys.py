@@ -32,3 +32,43 @@ def test_numpy_int_and_tuple_keys_in_one_tier_leave_state_unchanged_on_error(pol
     assert 1 not in m and (1, 2) in m and 5 in m
     out = m.prepare_store([np.int64(7)])  # the policy and the manager agree: one more victim
     assert out is not None and len(out.evicted_keys) == 1
+
+
+# two keys whose == raises: numpy's answer to a tuple is an array (its truth value raises
+# ValueError), np.True_ == 2**70 raises OverflowError
+RAISING_PAIRS = [((1, 2), np.float64(2.0)), (2**70, np.True_)]
+
+
+@pytest.mark.parametrize("first, second", RAISING_PAIRS)
+@pytest.mark.parametrize("policy", [p for p in available_policies() if p != "belady"])
+def test_a_numpy_scalar_key_after_a_tuple_key_in_one_store(policy, first, second):
+    """Found by a newcomer's fuzz: the prefix-aware policies compared a key's recorded
+    parent with the call's previous key by ``==``; np.float64(2.0) == (1, 2) is an array,
+    whose truth value raised ValueError inside prepare_store after the manager had taken
+    the slots (policy and manager out of step). Keys are compared as dict keys."""
+    m = OffloadingManager(4, policy)
+    m.complete_store(m.prepare_store([first]).keys_to_store)
+    out = m.prepare_store([first, second])
+    assert out is not None and out.keys_to_store == [second]
+    m.complete_store(out.keys_to_store)
+    m.touch([np.int64(5), first, second])
+    assert m.lookup_prefix([first, second]) == 2
+    assert len(m.prepare_store([3, 4, 5]).evicted_keys) == 1  # policy and manager agree
+
+
+@pytest.mark.parametrize("first, second", RAISING_PAIRS)
+@pytest.mark.parametrize("policy", [p for p in available_policies() if p != "belady"])
+def test_a_store_after_a_touch_of_other_keys_with_a_tuple_and_a_numpy_scalar(policy, first,
+                                                                              second):
+    """Found by a newcomer's fuzz: ARC's insert compared the store's keys with the last
+    touch's ghost-free key list by ``==`` (the request-mode shortcut); np.float64(2.0) ==
+    (1, 2) is an array, and its truth value raised ValueError after the manager had taken
+    the slots: 9 pending blocks the policy never heard of."""
+    m = OffloadingManager(20, policy)
+    m.touch([first, *range(100, 108)])  # none resident: ARC remembers the list
+    out = m.prepare_store([second, *range(200, 208)])
+    assert out is not None and len(out.keys_to_store) == 9
+    m.complete_store(out.keys_to_store)
+    assert m.lookup_prefix([second, 200]) == 2
+    out = m.prepare_store(list(range(300, 320)))  # evicts 9: policy and manager agree
+    assert out is not None and len(out.evicted_keys) == 9

@@ -145,6 +145,27 @@ def test_collector_rejects_bad_sources():
             TierCollector(wrong)
 
 
+def test_collector_names_a_bad_tier_name_or_tier_list(tmp_path):
+    """Found by a newcomer session: managers={1: m} next to a tier named "1" gave two
+    sources one label value (the duplicate check compared 1 with "1"), {"": m} a series
+    whose empty tier label Prometheus reads as no label, tiers=disk (one tier, no list)
+    a bare "'DiskTier' object is not iterable", and tokens_per_block=np.int64(16) was
+    refused where the manager takes numpy ints."""
+    from kvtier.tiers.disk import DiskTier
+
+    m = OffloadingManager(4)
+    for name in (1, "", None):
+        with pytest.raises(TypeError, match=r"managers: tier name .* must be a non-empty str"):
+            TierCollector({name: m})
+    with DiskTier(tmp_path, 4, 8) as disk:
+        with pytest.raises(TypeError, match=r"tiers must be a list of tiers \(e\.g\. \[disk, "
+                                            r"redis\]\), got one DiskTier"):
+            TierCollector({"host": m}, disk)
+        np = pytest.importorskip("numpy")
+        c = TierCollector({"host": m}, [disk], tokens_per_block=np.int64(16))
+        assert c.tokens_per_block == 16 and type(c.tokens_per_block) is int
+
+
 def test_no_hit_tokens_without_block_size():
     reg = CollectorRegistry()
     reg.register(TierCollector({"host": OffloadingManager(4)}))

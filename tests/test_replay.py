@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kvtier import available_policies
@@ -217,6 +219,21 @@ def test_log_grid():
     assert log_grid(1, 3, 12) == [1, 2, 3]
     with pytest.raises(ValueError):
         log_grid(0, 10, 3)
+
+
+def test_log_grid_with_more_points_than_sizes_answers_at_once():
+    """Found by a newcomer session: kvtier sweep --points 100000000000000000000 computed one
+    value per point (it never ended). Once consecutive points are less than a block apart
+    every size of the range is hit: the answer is the range, found without the loop."""
+    assert log_grid(1, 1156, 10**20) == list(range(1, 1157))
+
+    def by_loop(lo, hi, points):
+        ratio = math.log(hi / lo)
+        return sorted({round(lo * math.exp(ratio * i / (points - 1))) for i in range(points)})
+
+    for lo, hi, points in [(1, 100, 100), (1, 100, 461), (1, 100, 462), (1, 100, 5000),
+                           (37, 50, 14), (37, 50, 40), (5, 6, 3), (900, 1000, 97)]:
+        assert log_grid(lo, hi, points) == by_loop(lo, hi, points), (lo, hi, points)
 
 
 def test_a_bare_key_list_is_named_as_analyze_names_it():

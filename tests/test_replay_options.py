@@ -37,6 +37,22 @@ def test_replay_options_are_checked_when_made(kwargs, match):
         ReplayOptions(**kwargs)
 
 
+def test_replay_options_take_numpy_ints_as_the_manager_does(trace):
+    """Found by a newcomer session: replay(trace, "lru", np.int64(4000)) took the numpy
+    capacity, but inflight=np.int64(2), block_tokens or store_threshold as numpy ints were
+    refused ("inflight must be an int >= 0 (requests), got np.int64(2)") although the
+    manager takes them; they are kept as plain ints (the options go to worker processes)."""
+    np = pytest.importorskip("numpy")
+    opts = ReplayOptions(inflight=np.int64(2), block_tokens=np.int32(16),
+                         store_threshold=np.int64(2))
+    assert opts == ReplayOptions(inflight=2, block_tokens=16, store_threshold=2)
+    assert {type(v) for v in (opts.inflight, opts.block_tokens, opts.store_threshold)} == {int}
+    assert replay(trace, "lru", 1000, inflight=np.int64(2)).hit_blocks == replay(
+        trace, "lru", 1000, inflight=2).hit_blocks
+    with pytest.raises(ValueError, match="inflight must be an int >= 0"):
+        ReplayOptions(inflight=np.bool_(True))
+
+
 def test_trace_options_are_checked_when_made():
     with pytest.raises(TraceFormatError, match="unknown format 'xml'"):
         TraceOptions(fmt="xml")

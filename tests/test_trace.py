@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,17 @@ def test_chain_block_hashes_refuses_a_negative_token_id():
         chain_block_hashes([1, -1, 2, 3], 2)
     # a trailing partial block is not hashed, so not checked
     assert chain_block_hashes([1, 2, -1], 2) == chain_block_hashes([1, 2], 2)
+
+
+@pytest.mark.parametrize("bad, error, shown", [(2**63, OverflowError, "9223372036854775808"),
+                                               (1.5, TypeError, "1.5"), ("7", TypeError, "'7'")])
+def test_chain_block_hashes_names_a_token_id_out_of_range(bad, error, shown):
+    """Found by a newcomer session: a token id of 2**63 or more raised a bare "OverflowError:
+    int too big to convert", a float "TypeError: 'float' object cannot be interpreted as an
+    integer", naming neither token_ids, the id nor the rule."""
+    with pytest.raises(error, match=r"token ids must be ints in \[0, 2\*\*63\), found "
+                                    + re.escape(shown) + " at position 2"):
+        chain_block_hashes([1, 2, bad, 3], 2)
 
 
 def test_token_ids_jsonl(tmp_path):

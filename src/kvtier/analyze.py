@@ -31,6 +31,7 @@ Not thread-safe; an :class:`Analyzer` is fed by one thread.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import warnings
 from array import array
@@ -39,6 +40,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvtier.checks import unhashable_error
 from kvtier.trace import not_a_request
 
 __all__ = ["Analyzer", "TraceAnalysis", "analyze", "percentile", "plot_analysis"]
@@ -279,7 +281,24 @@ class Analyzer:
 
     def add(self, keys: Sequence, timestamp: float | None = None) -> None:
         """One request: its block keys (head first) and arrival time in ms (or ``None``).
-        O(len(keys) · log references)."""
+        O(len(keys) · log references).
+
+        Raises:
+            ValueError: ``timestamp`` is not a finite number (nor ``None``).
+            TypeError: a key is not hashable. Nothing is counted then.
+        """
+        # checked first, as the trace reader checks them: a NaN arrival dropped the
+        # request's reuse times in silence, a str one failed half-way
+        if timestamp is not None and type(timestamp) is not int and not (
+                type(timestamp) is float and math.isfinite(timestamp)):  # (the usual: no test)
+            if (isinstance(timestamp, bool) or not isinstance(timestamp, numbers.Real)
+                    or not math.isfinite(timestamp)):
+                raise ValueError(f"analyze: request {self._requests + 1}: timestamp must be "
+                                 f"a finite number of ms or None, got {timestamp!r}")
+        try:
+            hash(tuple(keys))  # every key hashable before anything is counted
+        except TypeError:
+            raise unhashable_error(keys, f"analyze: request {self._requests + 1}") from None
         if self._has_ts is None:
             self._has_ts = timestamp is not None
             self._t0 = float(timestamp) if timestamp is not None else 0.0
@@ -369,11 +388,13 @@ class Analyzer:
         timestamps are used)."""
         if self._backwards:
             i, ts, latest = self._first_backwards  # type: ignore[misc]
+            # (a count of requests, not of steps back: 5, 1, 3, 3 steps back once)
             warnings.warn(
-                f"timestamps go backwards {self._backwards:,} time(s), first at request {i} "
-                f"(stamped {ts:g} ms, after a request stamped {latest:g} ms); {self._backwards:,} of {self._requests:,} "
-                "requests are out of arrival order, and time between reuses and working-set "
-                "windows assume arrival order (sort the trace by timestamp)", stacklevel=2)
+                f"timestamps go backwards, first at request {i} (stamped {ts:g} ms, after a "
+                f"request stamped {latest:g} ms); {self._backwards:,} of {self._requests:,} "
+                "requests are stamped before an earlier request, and time between reuses and "
+                "working-set windows assume arrival order (sort the trace by timestamp)",
+                stacklevel=2)
         if self._odd_stamps:
             n, total = self._odd_stamps, self._requests
             warnings.warn(
@@ -418,8 +439,10 @@ def analyze(
         A :class:`TraceAnalysis`.
 
     Raises:
-        ValueError: a bad window. kvtier.trace.TraceFormatError: from a trace reader.
-        TypeError: a request has no ``.keys`` / ``.timestamp`` (e.g. a bare list of keys).
+        ValueError: a bad window, or a timestamp that is not a finite number (nor
+            ``None``). kvtier.trace.TraceFormatError: from a trace reader.
+        TypeError: a request has no ``.keys`` / ``.timestamp`` (e.g. a bare list of keys), or
+            an unhashable key (the message names the request and the key).
     """
     an = Analyzer(window_s=window_s, window_requests=window_requests)
     add = an.add

@@ -326,7 +326,8 @@ class TraceSource:
 def _limited(reader, limit: int):
     """The first ``limit`` requests of ``reader``; then its warning about lengths that
     disagree with --block-tokens, which a pass stopped before the end would not give."""
-    yield from itertools.islice(reader, limit)
+    # a limit beyond sys.maxsize (islice's bound) is beyond any trace: no limit
+    yield from itertools.islice(reader, limit if limit <= sys.maxsize else None)
     reader.report_lengths()
 
 

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import heapq
 import math
+import numbers
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+
+from kvtier.checks import _as_int
 
 __all__ = ["AUTO_UTILIZATION", "DEFAULTS", "PROFILES", "CostModel", "ModelProfile", "evaluate", "input_lengths"]
 
@@ -99,6 +102,8 @@ class CostModel:
         block_tokens: tokens per block, >= 1.
         model: the profile name ``kv_bytes_per_token`` came from, or ``None``.
 
+    numpy numbers are taken and kept as plain ``int`` / ``float`` (bools are refused).
+
     Raises:
         ValueError: a value out of range (the message names it).
     """
@@ -111,17 +116,22 @@ class CostModel:
     model: str | None = None
 
     def __post_init__(self) -> None:
+        # numpy numbers are taken (as by OffloadingManager) and kept as plain int / float
         for name in ("kv_bytes_per_token", "prefill_tokens_per_s", "read_gb_per_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) \
                     or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
+            plain = int(value) if isinstance(value, numbers.Integral) else float(value)
+            object.__setattr__(self, name, plain)
         for name in ("instances", "block_tokens"):
             value = getattr(self, name)
             if value is None and name == "instances":
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            number = _as_int(value)
+            if number is None or number < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            object.__setattr__(self, name, number)
 
     @classmethod
     def build(cls, *, model: str | None = None, kv_bytes_per_token: int | None = None,
@@ -181,7 +191,9 @@ class CostModel:
         """One line naming every parameter, for the terminal."""
         what = f"model {self.model} ({self.kv_bytes_per_token:,} KV bytes/token)" \
             if self.model else f"{self.kv_bytes_per_token:,} KV bytes/token"
-        return (f"cost model: {what}, prefill {self.prefill_tokens_per_s:,.0f} tokens/s per "
+        rate = self.prefill_tokens_per_s  # not rounded to 0 below 100 tokens/s (--prefill-tps)
+        rate_text = f"{rate:,.0f}" if rate >= 100 else f"{rate:g}"
+        return (f"cost model: {what}, prefill {rate_text} tokens/s per "
                 f"instance, {self._instances_text()}, "
                 f"tier read {self.read_gb_per_s:g} GB/s, {self.block_tokens} tokens/block; "
                 "loads not overlapped with compute, FIFO queue over the trace's arrival "
@@ -235,7 +247,9 @@ def _ttft(service: Sequence[float], arrivals: Sequence[float] | None, instances:
     arrivals. Returns ``(ttft list, busy time / (instances · span))``."""
     if arrivals is None:
         return list(service), None
-    free = [0.0] * instances  # a heap of the times each instance becomes free
+    # a heap of the times each instance becomes free; no more instances than requests can
+    # ever be busy (10**20 instances made a traceback, 10**9 an 8 GB list)
+    free = [0.0] * min(instances, len(arrivals))
     out = []
     first = arrivals[0] if arrivals else 0.0
     last_finish = first

@@ -38,6 +38,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from kvtier.checks import _as_int
 from kvtier.manager import OffloadingManager
 from kvtier.threadsafe import ThreadSafeManager
 from kvtier.tiers.base import LatencyHistogram, TierStats
@@ -61,8 +62,9 @@ class TierCollector(Collector):
 
     Raises:
         ValueError: two sources share a tier name, or ``tokens_per_block`` is not an int >= 1.
-        TypeError: ``managers`` is not a mapping, a manager is not an OffloadingManager, or
-            a tier has no ``stats()``.
+        TypeError: ``managers`` is not a mapping, a tier name of it is not a non-empty str,
+            a manager is not an OffloadingManager, ``tiers`` is one tier rather than a list,
+            or a tier has no ``stats()``.
     """
 
     def __init__(
@@ -79,11 +81,16 @@ class TierCollector(Collector):
                 f"got {type(managers).__name__}")
         managers = dict(managers or {})
         for name, m in managers.items():
+            if not isinstance(name, str) or not name:  # the label value: "" reads as no label
+                raise TypeError(f"managers: tier name {name!r} must be a non-empty str")
             if not isinstance(m, (OffloadingManager, ThreadSafeManager)):
                 raise TypeError(
                     f"managers[{name!r}] must be an OffloadingManager or a ThreadSafeManager "
                     f"(a KVOffloader's is .manager), got {type(m).__name__}"
                 )
+        if callable(getattr(tiers, "stats", None)):  # one tier (or stack), not a list
+            raise TypeError(f"tiers must be a list of tiers (e.g. [disk, redis]), got one "
+                            f"{type(tiers).__name__}")
         sources = list(tiers)
         names = list(managers)
         for t in sources:
@@ -103,10 +110,12 @@ class TierCollector(Collector):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"tier names must be unique per collector, repeated: {dupes}")
-        if tokens_per_block is not None and (
-            type(tokens_per_block) is not int or tokens_per_block < 1
-        ):
-            raise ValueError(f"tokens_per_block must be an int >= 1, got {tokens_per_block!r}")
+        if tokens_per_block is not None:  # numpy ints taken, as by OffloadingManager
+            number = _as_int(tokens_per_block)
+            if number is None or number < 1:
+                raise ValueError(
+                    f"tokens_per_block must be an int >= 1, got {tokens_per_block!r}")
+            tokens_per_block = number
         self.managers = managers
         self.tiers = sources
         self.tokens_per_block = tokens_per_block

@@ -56,6 +56,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 
 from kvtier.admission_adaptive import ADMISSION_MODES
+from kvtier.checks import _as_int
 from kvtier.manager import OffloadingManager
 from kvtier.oracle import NextUseOracle
 from kvtier.policies import get_policy
@@ -72,9 +73,12 @@ _CAPACITY_RE = re.compile(r"^\s*(\d[\d_]*)\s*$")
 _PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*%\s*$")
 
 
-def _positive_int(name: str, value: object, unit: str, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+def _positive_int(name: str, value: object, unit: str, minimum: int = 1) -> int:
+    """``value`` as a plain int >= ``minimum`` (numpy ints taken, as by the manager)."""
+    number = _as_int(value)
+    if number is None or number < minimum:
         raise ValueError(f"{name} must be an int >= {minimum} ({unit}), got {value!r}")
+    return number
 
 
 @dataclass(frozen=True)
@@ -112,13 +116,17 @@ class ReplayOptions:
             raise ValueError(
                 f"unknown protocol {self.protocol!r}; expected one of {', '.join(PROTOCOLS)}"
             )
-        _positive_int("inflight", self.inflight, "requests", minimum=0)
+        # kept as plain ints: the options are pickled to sweep workers and shown in JSON
+        object.__setattr__(self, "inflight",
+                           _positive_int("inflight", self.inflight, "requests", minimum=0))
         if self.protocol == "get" and self.inflight:
             raise ValueError(
                 "inflight > 0 needs protocol 'prefix' or 'request' ('get' completes every access)"
             )
-        _positive_int("block_tokens", self.block_tokens, "tokens")
-        _positive_int("store_threshold", self.store_threshold, "lookups")
+        object.__setattr__(self, "block_tokens",
+                           _positive_int("block_tokens", self.block_tokens, "tokens"))
+        object.__setattr__(self, "store_threshold",
+                           _positive_int("store_threshold", self.store_threshold, "lookups"))
         if self.admission not in ADMISSION_MODES:
             raise ValueError(f"unknown admission {self.admission!r}; expected one of "
                              f"{', '.join(ADMISSION_MODES)}")
@@ -557,5 +565,10 @@ def log_grid(lo: int, hi: int, points: int) -> list[int]:
     if points == 1 or lo == hi:
         return [hi]
     ratio = math.log(hi / lo)
+    if hi * ratio <= points - 1:
+        # consecutive values are less than 1 apart (the widest step, the last, is
+        # hi * (1 - exp(-ratio / (points - 1))) < hi * ratio / (points - 1)), so every size
+        # of the range is hit: no loop over the points (--points 10**20 never ended)
+        return list(range(lo, hi + 1))
     values = [round(lo * math.exp(ratio * i / (points - 1))) for i in range(points)]
     return sorted(set(values))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -42,7 +43,9 @@ def default_grid(unique_blocks: int, points: int = DEFAULT_POINTS,
 
 def _read(path: str, trace: TraceOptions, limit: int | None) -> list:
     """The trace's requests, only the first ``limit`` when given."""
-    return list(itertools.islice(trace.open(path), limit))
+    # a limit beyond sys.maxsize (islice's bound) is beyond any trace: no limit
+    return list(itertools.islice(trace.open(path),
+                                 limit if limit is None or limit <= sys.maxsize else None))
 
 
 def _init_worker(path: str, trace: TraceOptions, limit: int | None = None) -> None:

@@ -186,7 +186,8 @@ def chain_block_hashes(token_ids: list[int], block_tokens: int = 512) -> list[in
         ``len(token_ids) // block_tokens`` keys.
 
     Raises:
-        OverflowError / TypeError: a token id is not an int in range.
+        OverflowError / TypeError: a token id is not an int in range (named, with its
+            position).
         ValueError: ``block_tokens`` is not an int >= 1, or a token id of a full block is
             negative.
     """
@@ -195,7 +196,16 @@ def chain_block_hashes(token_ids: list[int], block_tokens: int = 512) -> list[in
     n_full = len(token_ids) // block_tokens
     if n_full == 0:
         return []
-    data = array("q", token_ids[: n_full * block_tokens])
+    try:
+        data = array("q", token_ids[: n_full * block_tokens])
+    except (OverflowError, TypeError) as exc:  # name the id (the error path only)
+        for i, token in enumerate(token_ids[: n_full * block_tokens]):
+            try:
+                array("q", [token])
+            except (OverflowError, TypeError):
+                raise type(exc)(f"token ids must be ints in [0, 2**63), found {token!r} at "
+                                f"position {i}") from None
+        raise
     if sys.byteorder != "little":
         data.byteswap()
     raw = data.tobytes()

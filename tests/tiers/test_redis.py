@@ -293,6 +293,10 @@ def test_bad_input_raises_and_leaves_state(shared_redis_server):
         ({"write_timeout_s": True}, "write_timeout_s"),
         ({"breaker_cooldown_s": float("inf")}, "breaker_cooldown_s"),
         ({"breaker_cooldown_s": "1"}, "breaker_cooldown_s"),
+        # found by a newcomer session: an empty or non-str name was taken (DiskTier refuses
+        # it; the name is the tier's label in metrics and events)
+        ({"name": ""}, "name must be a non-empty str"),
+        ({"name": 5}, "name must be a non-empty str"),
     ],
 )
 def test_bad_options_name_the_option(kwargs, match):
@@ -303,6 +307,21 @@ def test_bad_options_name_the_option(kwargs, match):
         RedisTier("http://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP)
     with pytest.raises(TypeError, match="fingerprint"):
         RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=b"x")
+
+
+def test_numpy_sizes_are_taken_as_the_disk_tier_takes_them():
+    """Found by a newcomer session: RedisTier(block_bytes=np.int64(...)) was refused ("must be
+    an int > 0, got np.int64(...)") where DiskTier and OffloadingManager take numpy ints;
+    they are kept as plain ints."""
+    np = pytest.importorskip("numpy")
+    tier = RedisTier("redis://127.0.0.1:1/0", block_bytes=np.int64(BLOCK), fingerprint=FP,
+                     max_queue_bytes=np.int64(1 << 20), write_batch_bytes=np.int32(1 << 16))
+    assert (tier.block_bytes, tier.max_queue_bytes, tier.write_batch_bytes) == (
+        BLOCK, 1 << 20, 1 << 16)
+    assert type(tier.block_bytes) is int and type(tier.max_queue_bytes) is int
+    tier.close()
+    with pytest.raises(ValueError, match="block_bytes must be an int > 0"):
+        RedisTier("redis://127.0.0.1:1/0", block_bytes=np.bool_(True), fingerprint=FP)
 
 
 def test_from_url_takes_tier_options_from_the_query(shared_redis_server, monkeypatch):
@@ -867,3 +886,41 @@ def test_concurrent_reads_of_compressed_blocks_never_share_a_decompressor(
         assert got == [[zeros]] * 3
         assert overlaps == []
         assert tier.stats().read_errors == 0
+
+
+def test_a_write_racing_close_is_refused_not_left_in_the_queue(shared_redis_server):
+    """Found by a newcomer session (the module says every method may be called from any
+    thread): a write() that had passed its closed check when close() ran enqueued its blocks
+    after the writer thread had drained the queue and stopped: write returned them as
+    accepted, they were never sent nor counted as failed, stats().queued_blocks stayed > 0
+    and flush() without a timeout never returned. The write now sees the close and raises."""
+    import threading
+
+    tier = make_tier(shared_redis_server.url)
+    paused, go_on = threading.Event(), threading.Event()
+    real_key = tier.redis_key
+
+    def slow_key(key):  # the writing thread stops between its closed check and its enqueue
+        if key == "late":
+            paused.set()
+            go_on.wait(10)
+        return real_key(key)
+
+    tier.redis_key = slow_key
+    outcome = []
+
+    def late_write():
+        try:
+            outcome.append(tier.write(["late"], blocks_for(["late"])))
+        except RuntimeError as exc:
+            outcome.append(exc)
+
+    writer = threading.Thread(target=late_write)
+    writer.start()
+    assert paused.wait(10)
+    tier.close()
+    go_on.set()
+    writer.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError), outcome
+    assert "closed" in str(outcome[0])
+    assert tier.stats().queued_blocks == 0 and tier.flush(timeout=2)

@@ -139,6 +139,57 @@ def test_offload_refuses_a_closed_lower_tier_before_anything_changes(tmp_path):
     tiered.close()
 
 
+def test_restore_prefix_refuses_a_closed_or_refusing_lower_tier_before_the_lookup(tmp_path):
+    """Found by a newcomer session: restore_prefix asked the host first and counted its
+    lookup (and miss), then the lower tier raised: a closed disk (ValueError) or a key
+    Redis cannot encode (a tuple: TypeError). The call raised with the host's counters
+    changed; now it checks the lower tiers and keys first, as offload does."""
+    tiered, _kv, disk = make(tmp_path, host_slots=2)
+    tiered.offload(["a"], [0])
+    tiered.wait(10)
+    host = tiered.offloader.manager
+    disk.close()
+    before = host.snapshot()
+    with pytest.raises(ValueError, match="closed"):
+        tiered.restore_prefix(["a", "b"], [4, 5])
+    assert host.snapshot() == before
+    tiered.close()
+
+    redis_tier = pytest.importorskip("kvtier.tiers.redis")
+    off = KVOffloader.create([torch.zeros(4, *BLOCK)], 2, "lru")
+    # no server: the key fails before any I/O
+    redis = redis_tier.RedisTier.from_url(
+        "redis://127.0.0.1:1/0", block_bytes=off.pool.block_nbytes, fingerprint="fp")
+    tiered = TieredOffloader(off, [redis])
+    before = off.manager.snapshot()
+    with pytest.raises(TypeError, match=r"block key \(1, 2\)"):
+        tiered.restore_prefix([(1, 2)], [0])
+    assert off.manager.snapshot() == before
+    tiered.close()
+
+
+def test_write_through_into_a_closed_tier_loses_no_job_result(tmp_path):
+    """Found by a newcomer session: under write-through, poll() applies the finished jobs
+    to the host, then writes the completed stores down; with the disk closed by its owner
+    meanwhile, that write raised and the results (already applied) were lost: the caller
+    never learnt that its store job had finished, so never freed its device blocks. The
+    error is raised once; the results come with the next poll (or wait), and close still
+    stops the copy thread."""
+    tiered, _kv, disk = make(tmp_path, demotion="write-through")
+    job = tiered.offload(["a", "b"], [0, 1])
+    assert tiered.offloader.engine.wait(10)  # copied, not yet polled
+    disk.close()
+    with pytest.raises(ValueError, match="closed"):
+        tiered.poll()
+    results = tiered.poll()
+    assert [(r.job_id, r.kind, r.ok) for r in results] == [(job, "store", True)]
+    assert tiered.poll() == []
+    with pytest.raises(ValueError, match="closed"):  # offload refuses a closed tier up front
+        tiered.offload(["c"], [2])
+    tiered.close()
+    assert tiered.offloader.engine.closed
+
+
 def test_write_through_writes_every_completed_store(tmp_path):
     tiered, kv, disk = make(tmp_path, demotion="write-through")
     data = {b: block(kv, b) for b in range(16)}
@@ -222,6 +273,35 @@ def _store(host, stack, slots, keys):
     host.complete_store(out.keys_to_store)
     stack.stored(out.keys_to_store)
     stack.flush_demotions()
+
+
+def test_a_host_slot_that_cannot_be_read_does_not_desync_the_host(tmp_path):
+    """Found by a newcomer session: under write-back the stack copies each victim's bytes
+    inside the policy's eviction; a read_slot that raised there (a pool already freed, say)
+    left the policy without the victims and the manager with them: prepare_store raised
+    the read's error, and the next eviction 'LRUPolicy.evict(2) returned 1 victims'. The
+    eviction now completes; the block is dropped (not demoted), and flush_demotions, called
+    after every host prepare_store, raises naming it."""
+    disk = SimTier("disk", 4, block_bytes=8)
+    host, stack, slots = _host_stack(2, [disk])
+    _store(host, stack, slots, [1, 2])
+    real = stack._read_slot
+
+    def unreadable(slot):
+        raise OSError("pool gone")
+
+    stack._read_slot = unreadable
+    out = host.prepare_store([3])  # evicts 2 (1 was named first: more recent); unreadable
+    assert out is not None and out.evicted_keys == [2]
+    with pytest.raises(RuntimeError, match=r"write-back: block 2 was evicted from host but "
+                                           r"its slot could not be read \(OSError: pool gone\)"):
+        stack.flush_demotions()
+    assert stack.flush_demotions() == 0  # reported once
+    stack._read_slot = real
+    host.complete_store([3])
+    out = host.prepare_store([4, 5])  # the policy and the manager agree
+    assert out is not None and sorted(out.evicted_keys) == [1, 3]
+    assert stack.flush_demotions() == 2 and 2 not in disk.manager and 1 in disk.manager
 
 
 def test_lookup_runs_interleave_tiers_and_stop_at_a_pending_host_block():

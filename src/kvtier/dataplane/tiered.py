@@ -55,6 +55,7 @@ class TieredOffloader:
         # [num_blocks, block_nbytes] uint8 view of the pool: slot bytes without a copy
         self._slots = pool.tensor.view(-1).view(torch.uint8).view(pool.num_blocks, -1).numpy()
         self.offloader = offloader
+        self._undelivered: list[OffloadResult] = []  # see _deliver
         self.stack = TierStack(offloader.manager, lower, pool.block_nbytes, self._read_slot,
                                self._write_slot, demotion=demotion)
 
@@ -110,8 +111,9 @@ class TieredOffloader:
 
         Raises:
             ValueError / TypeError: the offloader is closed, or a block id that a restore of
-                ``keys`` may use is out of range, repeated or not an int: before anything
-                changed (no lookup counted, nothing promoted).
+                ``keys`` may use is out of range, repeated or not an int, or (as
+                :meth:`offload`) a lower tier is closed or cannot take one of those keys:
+                before anything changed (no lookup counted, nothing promoted).
             as ``KVOffloader.restore`` otherwise (nothing is pinned then; promoted blocks
             stay in the host).
         """
@@ -120,6 +122,7 @@ class TieredOffloader:
         # before the lookup and the promotion, which evict host blocks and demote them
         self.offloader._check_open()
         self.offloader._check_restore_ids(block_ids, len(keys))
+        self._check_keys(keys)  # a lower tier's error would come after the host's lookup
         found = self.stack.lookup(keys)
         try:
             n = self.stack.promote(keys, found)
@@ -129,15 +132,32 @@ class TieredOffloader:
         return n, job, found
 
     def poll(self) -> list[OffloadResult]:
-        """``KVOffloader.poll``; under write-through the completed stores go down."""
-        results = self.offloader.poll()
-        self._stored(results)
-        return results
+        """``KVOffloader.poll``; under write-through the completed stores go down.
+
+        Raises:
+            what a lower tier's ``write`` raises (e.g. the tier was closed): the jobs are
+            applied to the host all the same, and the next :meth:`poll` or :meth:`wait`
+            returns them (their blocks do not go down).
+        """
+        return self._deliver(self.offloader.poll())
 
     def wait(self, timeout: float | None = None) -> list[OffloadResult]:
-        """``KVOffloader.wait``; under write-through the completed stores go down."""
-        results = self.offloader.wait(timeout)
-        self._stored(results)
+        """``KVOffloader.wait``; under write-through the completed stores go down (raises
+        as :meth:`poll`)."""
+        return self._deliver(self.offloader.wait(timeout))
+
+    def _deliver(self, fresh: list[OffloadResult]) -> list[OffloadResult]:
+        """``fresh`` (and results an earlier call could not return) after the write-through
+        of ``fresh``'s stores; when that raises, every result is kept for the next call:
+        the jobs are applied to the host already, and a caller that never saw a job's
+        result would never free its device blocks."""
+        results, self._undelivered = self._undelivered, []
+        results.extend(fresh)
+        try:
+            self._stored(fresh)
+        except BaseException:
+            self._undelivered = results
+            raise
         return results
 
     def _stored(self, results: list[OffloadResult]) -> None:
@@ -158,10 +178,13 @@ class TieredOffloader:
         return self.stack.stats()
 
     def close(self, timeout: float | None = None) -> list[OffloadResult]:
-        """Finish the host's jobs (write-through applied), then close the lower tiers."""
-        results = self.wait(timeout)
-        self.offloader.close(timeout)
-        self.stack.close()
+        """Finish the host's jobs (write-through applied), then close the lower tiers (also
+        when the write-through raised: the copy thread is stopped all the same)."""
+        try:
+            results = self.wait(timeout)
+        finally:
+            self.offloader.close(timeout)
+            self.stack.close()
         return results
 
     def __enter__(self) -> TieredOffloader:

@@ -92,6 +92,10 @@ from kvtier.policies.s3fifo import S3FIFOPolicy
 from kvtier.policies.sieve import SievePolicy
 
 _NO_PARENT = object()  # "no learned parent" (None is a valid block key)
+# keys are compared as dict keys (hash, then identity or ==), never by a bare ==: numpy's
+# np.float64(2.0) == (1, 2) is an array, whose truth value raises, and np.True_ == 2**70
+# raises OverflowError
+_NO_CHILDREN: dict = {}
 
 LEAF_MODES = ("adaptive", "never", "always")
 """Accepted values of ``leaf_mode`` (see the module docstring, *Dead leaves*)."""
@@ -217,9 +221,13 @@ class PrefixAwarePolicy(CachePolicy):
             queue.discard_member(key)
 
     def _link(self, child: Key, parent: Key) -> None:
+        # (the callers checked that child is not linked to parent yet)
+        try:
+            if child == parent:  # a key named twice in a row
+                return
+        except Exception:  # == answered an array (see _NO_CHILDREN) or raised
+            pass  # (np.True_ == 2**70: OverflowError): not equal as dict keys either
         old = self._parent.get(child, _NO_PARENT)
-        if old is not _NO_PARENT and old == parent or child == parent:
-            return
         if old is not _NO_PARENT:
             siblings = self._children[old]
             del siblings[child]
@@ -379,11 +387,12 @@ class PrefixAwarePolicy(CachePolicy):
     def _learn_links(self, keys: Sequence[Key]) -> None:
         """Links and leaf flags from one use of ``keys`` (head first): a link where both
         keys are resident."""
-        res, parents, leaf = self._res, self._parent, self._leaf
+        res, children, leaf = self._res, self._children, self._leaf
         last = len(keys) - 1
         prev = None
         for i, key in enumerate(keys):
-            if i and key in res and prev in res and parents.get(key, _NO_PARENT) != prev:
+            # (key's parent is prev) as a dict lookup: see _NO_CHILDREN
+            if i and key in res and prev in res and key not in children.get(prev, _NO_CHILDREN):
                 self._link(key, prev)
             if i < last and key in leaf:
                 self._has_child(key)
@@ -391,11 +400,11 @@ class PrefixAwarePolicy(CachePolicy):
 
     def on_store(self, keys: Sequence[Key]) -> None:
         self.inner.on_store(keys)
-        res, parents, leaf = self._res, self._parent, self._leaf
+        res, children, leaf = self._res, self._children, self._leaf
         last = len(keys) - 1
         prev = None
         for i, key in enumerate(keys):
-            if i and key in res and parents.get(key, _NO_PARENT) != prev:
+            if i and key in res and key not in children.get(prev, _NO_CHILDREN):
                 self._link(key, prev)
             if i < last and key in leaf:
                 self._has_child(key)

@@ -92,7 +92,8 @@ def encode_key(key: Key) -> bytes:
     these types get the same encoding, and different keys different encodings.
 
     Raises:
-        TypeError: any other key type (it has no stable encoding across processes).
+        TypeError: any other key type (it has no stable encoding across processes), or a
+            str that is not valid Unicode (a lone surrogate).
     """
     if type(key) is int:
         if -(2**63) <= key < 2**63:
@@ -102,7 +103,11 @@ def encode_key(key: Key) -> bytes:
     if isinstance(key, bytes):
         return b"b" + key
     if isinstance(key, str):
-        return b"s" + key.encode("utf-8")
+        try:
+            return b"s" + key.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (os.fsdecode of undecodable bytes)
+            raise TypeError(f"block key {key!r} has no stable byte encoding (a str with a "
+                            "lone surrogate is not UTF-8)") from None
     raise TypeError(
         f"block key {key!r} of type {type(key).__name__} has no stable byte encoding "
         "(tiers below host memory take int, bytes or str keys)"

@@ -379,7 +379,9 @@ class DiskTier(BlockTier):
 
         Raises:
             ValueError: the tier is closed.
-            TypeError: a key is not hashable.
+            TypeError: a key is not hashable, or has no stable encoding (as for
+                :meth:`write`; ``np.int64(1)`` or ``True`` for a stored ``1``). Nothing is
+                counted then.
         """
         if type(keys) is not list and type(keys) is not tuple:  # a lone str: TypeError
             keys = key_list(keys, "DiskTier.read")
@@ -393,6 +395,10 @@ class DiskTier(BlockTier):
                      and m.ref_count(k) >= 0 and k not in self._bad]
         except TypeError:
             raise unhashable_error(keys, "DiskTier.read") from None
+        # the checksums need each key's encoding: every key checked before anything counts
+        # (a key equal to a stored one but with no encoding failed half-way, found by a
+        # newcomer's fuzz)
+        encoded = list(map(encode_key, keys))
         st = self._stats
         st.reads += len(keys)
         if not ready:
@@ -413,7 +419,7 @@ class DiskTier(BlockTier):
             for i, key, logical, data in zip(ready, ready_keys, slots, datas):
                 t0 = time.perf_counter()
                 if (len(data) == self.block_bytes
-                        and _data_checksum(encode_key(key), data) == self._hash[logical]):
+                        and _data_checksum(encoded[i], data) == self._hash[logical]):
                     out[i] = data
                     st.read_hits += 1
                     st.bytes_read += len(data)
@@ -512,7 +518,8 @@ class DiskTier(BlockTier):
             st.used_blocks = len(m)
             return 0
         # the caller may reuse its buffers once we return: keep bytes, copy anything else
-        jobs = [(k, kb, lg, b if type(b) is bytes else bytes(memoryview(b).cast("B")), redo_)
+        # (tobytes: in order also from a non-contiguous view, which cast("B") refuses)
+        jobs = [(k, kb, lg, b if type(b) is bytes else memoryview(b).tobytes(), redo_)
                 for k, kb, lg, b, redo_ in jobs]
         st.writes += len(jobs)
         n_batches = min(self._workers, len(jobs))

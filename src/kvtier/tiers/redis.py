@@ -53,7 +53,7 @@ import xxhash
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from kvtier.checks import key_list
+from kvtier.checks import _as_int, key_list
 from kvtier.tiers.base import (
     BlockTier,
     Key,
@@ -292,7 +292,7 @@ class RedisTier(BlockTier):
             shared only between tiers with equal ``fingerprint`` and ``block_bytes``.
         namespace: key prefix (default ``"kvtier"``); must not contain ``{`` or ``}`` (hash
             tags are deliberately not used, see the module doc).
-        name: the tier's name in stats and metric labels.
+        name: the tier's name in stats and metric labels (a non-empty str).
         cluster: ``True`` for Redis Cluster (redis-py's ``RedisCluster``; ``url`` names any
             node), ``False`` for a standalone server.
         timeout_s: connect and socket timeout of lookups (and connect timeout of reads),
@@ -347,9 +347,13 @@ class RedisTier(BlockTier):
         breaker_cooldown_s: float = 1.0,
         client_options: dict[str, Any] | None = None,
     ) -> None:
-        # validate everything first
-        if type(block_bytes) is not int or block_bytes <= 0:
+        # validate everything first; sizes take numpy ints (as DiskTier), kept as plain ints
+        size = _as_int(block_bytes)
+        if size is None or size <= 0:
             raise ValueError(f"block_bytes must be an int > 0, got {block_bytes!r}")
+        block_bytes = size
+        if not isinstance(name, str) or not name:  # its label in metrics and events
+            raise ValueError(f"name must be a non-empty str, got {name!r}")
         if not isinstance(fingerprint, str):
             raise TypeError(
                 f"fingerprint must be a str describing the model/layout, got "
@@ -379,11 +383,15 @@ class RedisTier(BlockTier):
                 "lookup_mode='script' needs all keys in one slot; with cluster=True use "
                 "'pipeline'"
             )
+        sizes = []
         for opt, val in (
             ("max_queue_bytes", max_queue_bytes), ("write_batch_bytes", write_batch_bytes)
         ):
-            if type(val) is not int or val <= 0:
+            size = _as_int(val)
+            if size is None or size <= 0:
                 raise ValueError(f"{opt} must be an int > 0, got {val!r}")
+            sizes.append(size)
+        max_queue_bytes, write_batch_bytes = sizes
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, got {type(url).__name__}")
         self._url_redacted = redact_url(url)
@@ -879,11 +887,22 @@ class RedisTier(BlockTier):
             self._queued_bytes += take * size
             self._stats.writes += take
             self._stats.writes_skipped += len(rkeys) - take + repeats
-        for i in range(take):
-            b = blocks[i]
-            # bytes are immutable: kept as they are (0 copies, the raw MSET's cost); a
-            # bytearray/memoryview the caller may reuse is copied once
-            self._queue.put((rkeys[i], b if type(b) is bytes else bytes(memoryview(b))))
+        # bytes are immutable: kept as they are (0 copies, the raw MSET's cost); a
+        # bytearray/memoryview the caller may reuse is copied once (outside the lock)
+        items = [(rkeys[i], b if type(b) is bytes else bytes(memoryview(b)))
+                 for i, b in zip(range(take), blocks)]
+        with self._lock:
+            # enqueued under the lock close() takes to stop the writer: a write that passed
+            # the closed check while another thread closed the tier queued its blocks after
+            # the writer had stopped (accepted, never sent; flush() then never returned)
+            if self._closed:
+                self._queued_blocks -= take
+                self._queued_bytes -= take * size
+                self._stats.writes -= take
+                self._stats.writes_skipped -= len(rkeys) - take + repeats
+                raise RuntimeError(f"{self!r} is closed")
+            for item in items:
+                self._queue.put(item)
         return take
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -929,7 +948,7 @@ class RedisTier(BlockTier):
             if self._closed:
                 return
             self._closed = True
-        self._queue.put(None)
+            self._queue.put(None)  # after every block a write enqueued (see write)
         self._writer.join(timeout)
         if self._writer.is_alive():
             logger.warning("%s: writer did not finish within %s s", self._url_redacted, timeout)

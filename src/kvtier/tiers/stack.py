@@ -19,7 +19,8 @@ same tiering logic drives the real data plane and the simulation.
 * **Demotion**: ``"write-back"`` — a block the host evicts is copied out of its slot *inside*
   the policy's ``evict`` (before ``prepare_store`` returns, so before anyone can reuse the
   slot) and written to every lower tier by :meth:`TierStack.flush_demotions` (unless every
-  lower tier already holds it, e.g. a block promoted from the disk);
+  lower tier already holds it, e.g. a block promoted from the disk; a victim whose slot
+  ``read_slot`` cannot read is dropped, and ``flush_demotions`` raises naming it);
   ``"write-through"`` — a block is written to every lower tier as soon as its host store
   completes (:meth:`TierStack.stored`), and eviction copies nothing.
 * **Events** (:meth:`TierStack.take_events`): :class:`TierEvent` s (tier name, keys,
@@ -131,6 +132,8 @@ class TierStack:
         self._read_slot = read_slot
         self._write_slot = write_slot
         self._victims: list[tuple[Hashable, bytes]] = []
+        # victims whose host slot read_slot could not read: (key, error), for flush_demotions
+        self._unread: list[tuple[Hashable, BaseException]] = []
         #: blocks promoted into the host, per tier they came from
         self.promoted: dict[str, int] = {name: 0 for name in names[1:]}
         #: blocks written down from the host (evicted under write-back, stored under
@@ -150,8 +153,18 @@ class TierStack:
                 read = self._read_slot
                 held = self._held_below
                 # copied now: the slot is handed to a new block when prepare_store returns
-                self._victims.extend((key, read(slot_of(key))) for key in victims
-                                     if not held(key))
+                for key in victims:
+                    if held(key):
+                        continue
+                    try:
+                        data = read(slot_of(key))
+                    except Exception as exc:
+                        # the policy has let the victims go, so the manager must take them
+                        # all (raising here put the two out of step): the block is dropped
+                        # and flush_demotions reports it
+                        self._unread.append((key, exc))
+                        continue
+                    self._victims.append((key, data))
             return victims
 
         policy._evict = _evict  # type: ignore[method-assign]
@@ -305,11 +318,23 @@ class TierStack:
 
     def flush_demotions(self) -> int:
         """Write the blocks the host evicted since the last call to every lower tier
-        (write-back); returns how many. Call after every host ``prepare_store``."""
-        if not self._victims:
-            return 0
+        (write-back); returns how many. Call after every host ``prepare_store``.
+
+        Raises:
+            RuntimeError: ``read_slot`` failed for an evicted block (named, with its error):
+                that block was dropped, not demoted; the others are written first.
+        """
+        unread, self._unread = self._unread, []
         pairs, self._victims = self._victims, []
-        self._write_down(pairs)
+        if pairs:
+            self._write_down(pairs)
+        if unread:
+            key, exc = unread[0]
+            more = f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""
+            raise RuntimeError(
+                f"write-back: block {key!r} was evicted from {self.host_name} but its slot "
+                f"could not be read ({type(exc).__name__}: {exc}){more}; it was dropped, "
+                "not demoted") from exc
         return len(pairs)
 
     def _write_down(self, pairs: list[tuple[Hashable, Any]]) -> None:
