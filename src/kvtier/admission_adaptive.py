@@ -26,7 +26,12 @@ earlier phase is forgotten at that pace.
 store every miss (a free slot costs nothing, so the tier stores every block then too), so
 PSEL does not pile up the lead admit-all always has while a cache fills, which says nothing
 about the steady state (a cold-start bias, as cache simulations drop their warm-up). The
-tier starts with admit-all. *No hits:* after the fill, while the admit-all shadow had less
+tier starts with admit-all. *Settling:* after the fill the second-sight shadow still holds
+the fill's unfiltered contents (admit-all's), which handicaps it until its own stores have
+replaced them; when it has stored one shadow size of keys the duel restarts (PSEL and its
+variance from 0), unless the tier already follows second sight or PSEL shows one rule ahead
+beyond the switch test (:meth:`DuelingAdmission._settled`; docs/policies.md, "versions
+tried": `s3fifo` 1,828 blocks W=0 -0.70 -> +0.07). *No hits:* after the fill, while the admit-all shadow had less
 than one hit in PSEL's horizon, second sight (storing would be only wasted writes, e.g.
 traffic that is never reused; at most one tier size of them is written, during the fill:
 before the fill came first, a trace whose first sampled reuse came late was refused from
@@ -259,6 +264,9 @@ class DuelingAdmission:
         self._s2 = 0.0  # sum of squared disagreements, squared weights (PSEL's variance)
         self._ha = 0.0  # decayed hits of the admit-all shadow
         self._filling = True  # until the shadows are full, both store every miss
+        # after the fill: the second-sight shadow's stores left until it has replaced one
+        # shadow size of the fill's contents (see _settled)
+        self._settle = 0
         self._kept = True  # the tier's doorkeeper was kept up at the last lookup
         self._warm = True  # ... and holds a whole generation (or every sight so far)
         self.selective = False  # the tier's current choice: True second sight, False admit-all
@@ -436,8 +444,13 @@ class DuelingAdmission:
                     if len(sb) >= cap:
                         sb.popitem(False)
                     sb[h] = None
+                    if self._settle:
+                        self._settle -= 1
+                        if not self._settle:
+                            self._settled()
                 if self._filling and len(sb) >= cap:
                     self._filling = False
+                    self._settle = cap
                 self._weigh(in_b - in_a, in_a, self._keep1)
                 return
             if self._arc_minis:
@@ -464,8 +477,13 @@ class DuelingAdmission:
                     mb.hit1(h)
                 else:  # (during the fill every miss is stored)
                     mb.miss1(h, cap, seen or self._filling)
+                    if seen and self._settle:
+                        self._settle -= 1
+                        if not self._settle:
+                            self._settled()
                 if self._filling and len(sb) >= cap:
                     self._filling = False
+                    self._settle = cap
                 self._weigh(in_b - in_a, in_a, self._keep1)
                 return
         # the leading hits: plain loops (takewhile and a list cost more for these few keys)
@@ -530,12 +548,37 @@ class DuelingAdmission:
             mb.access(sampled, n, cap, call)
             if len(sb) >= cap:
                 self._filling = False
+                self._settle = cap
         else:
-            mb.access(sampled, run, cap, call)
+            stored = mb.access(sampled, run, cap, call)
+            if stored and self._settle:
+                self._settle = settle = max(0, self._settle - stored)
+                if not settle:
+                    self._settled()
         keep = 1 - n * self._decay
         if keep < 0.0:  # (as above: PSEL stays a decayed sum, never flips sign)
             keep = 0.0
         self._weigh(hits_b - hits_a, hits_a, keep)
+
+    def _settled(self) -> None:
+        """The second-sight shadow has stored one shadow size of keys since the fill: what
+        PSEL gathered until now compared admit-all with a second-sight shadow that still held
+        the fill's unfiltered contents (admit-all's), a bias against second sight (a
+        cold-start bias, as the fill's). Unless the tier already follows second sight, or
+        PSEL shows one rule ahead beyond the switch test's bar (a decided duel: admit-all
+        ahead even so, or second sight ahead while, e.g., the doorkeeper's warm-up holds the
+        tier), the duel restarts: PSEL and its variance from 0 (the admit-all shadow's hit
+        count, for the "no hits" rule, is kept)."""
+        self._settle = 0
+        if self.selective:
+            return
+        s2 = self._s2
+        if s2:
+            se = s2 ** 0.5
+            if abs(self.psel) > self._z * se + self._tc / se:
+                return  # one rule ahead beyond the test: decided, keep the evidence
+        self.psel = 0.0
+        self._s2 = 0.0
 
     def _weigh(self, d: int, hits_a: int, keep: float) -> None:
         """One sampled lookup's evidence: PSEL and the admit-all shadow's hits decay by
@@ -565,7 +608,8 @@ class DuelingAdmission:
 
     def _decide(self) -> None:
         """The tier's rule from the duel: admit-all during the fill (a free slot costs
-        nothing); then second sight while the admit-all shadow had less than one hit in
+        nothing; the duel restarts once second sight has replaced the fill, see
+        :meth:`_settled`); then second sight while the admit-all shadow had less than one hit in
         PSEL's horizon (storing first sights would gain nothing); admit-all while the
         tier's doorkeeper is not warm (see :meth:`record`); then the current rule until PSEL
         shows the other one ahead by more than :data:`SWITCH_Z` standard errors, plus
@@ -652,6 +696,7 @@ class DuelingAdmission:
             "psel": self.psel,
             "psel_stderr": self._s2 ** 0.5,
             "filling": self._filling,
+            "settling": self._settle > 0,
             "switches": self.switches,
             "sampled_refs": self.sampled_refs,
             "shadow_hits_all": self.shadow_hits_all,
@@ -676,8 +721,8 @@ class DuelingAdmission:
             "shadow_all": self._mini_a.policy.snapshot(),
             "shadow_second": self._mini_b.policy.snapshot(),
             "last": (list(self._last), self._last_run),
-            "counters": (self.psel, self._s2, self._ha, self._filling, self._kept, self._warm,
-                         self.selective, self.switches, self.sampled_refs,
+            "counters": (self.psel, self._s2, self._ha, self._filling, self._settle, self._kept,
+                         self._warm, self.selective, self.switches, self.sampled_refs,
                          self.shadow_hits_all, self.shadow_hits_second, self.generations,
                          self._calls, self._depth, tuple(self._flight)),
             "pending": (dict(self._mini_a.held), dict(self._mini_b.held)),
