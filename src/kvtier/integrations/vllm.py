@@ -415,9 +415,9 @@ def _spec_layout_known() -> bool:
 # _SPECS: prepare_load / prepare_store build vLLM's CPULoadStoreSpec as its __init__ does
 # (block_ids an int32 ndarray) but with np.fromiter of a known length instead of np.array of
 # the list (24 ids: 7,868 instead of 9,516 instructions, callgrind) and without the __init__
-# frame (-367): ~2,000 instructions less per spec, two specs per request (docs/vllm.md,
-# "Where the time goes", round 4). Only when the probe above finds vLLM's layout; else the
-# constructor.
+# frame (-367): ~2,000 instructions less per spec, two specs per request
+# (docs/performance.md, "Request mode, round 4"). Only when the probe above finds vLLM's
+# layout; else the constructor.
 _FAST_SPECS = _spec_layout_known()
 
 
@@ -497,7 +497,7 @@ class KVTierOffloadingManager(OffloadingManager):
     # -- per-request state -------------------------------------------------------------------
     # The per-request paths read the ReqContext's handle inline and open a request through
     # _open only when it has none (or a stale one): one Python frame less per call, and no
-    # dataclass __init__ (docs/vllm.md, "Where the time goes", round 4)
+    # dataclass __init__ (docs/performance.md, "Request mode, round 4")
     def _open(self, req_context: ReqContext) -> _RequestAccess:
         """A new request (or one from before reset_cache, which vLLM's manager also starts
         afresh): open it in kvtier's manager under a new handle."""
