@@ -59,6 +59,10 @@ _PLAIN_KEY_TYPES = frozenset({int, str, bytes})
 # NamedTuple's Python-level ``__new__`` (and without a Python frame)
 _output = partial(tuple.__new__, PrepareStoreOutput)
 
+# _FRAMES: on request mode's usual path (prepare_store, prepare_load, on_request_finished)
+# the small private helpers are spelled out where they would be one Python frame each
+# (docs/performance.md, "Request mode, round 4")
+
 # _CELLS: the hot methods use no comprehension or generator expression over their locals,
 # even on their error paths: on Python 3.11 a local that a nested scope reads becomes a cell,
 # allocated and freed at every call of the method (one-key ARC store + complete 22,785 ->
@@ -395,7 +399,10 @@ class OffloadingManager:
                 if req_context is not None and self._requests:  # request mode only
                     self._record_load(req_context, keys)
                 return [slot]
-        slots = self._slots_of(keys, "prepare_load")
+        try:  # _slots_of's usual case spelled out (_FRAMES); it names the bad key
+            slots = list(map(self._slot_of.__getitem__, keys))
+        except (KeyError, TypeError):
+            slots = self._slots_of(keys, "prepare_load")  # raises
         pending = self._pending_keys
         if pending and not pending.isdisjoint(keys):
             key = next(filter(pending.__contains__, keys))  # not a genexp: see _CELLS
@@ -455,7 +462,10 @@ class OffloadingManager:
                 self._evictable += 1
                 self.policy.mark_evictable(keys)
                 return
-        self._slots_of(keys, "complete_load")  # every key stored and hashable
+        try:  # every key stored and hashable (_slots_of spelled out, _FRAMES)
+            list(map(self._slot_of.__getitem__, keys))
+        except (KeyError, TypeError):
+            self._slots_of(keys, "complete_load")  # raises
         # the usual release names each pinned block once: take each count out, put back the
         # blocks other loads still pin; anything else (a key not pinned, or named twice) puts
         # everything back and is checked key by key
@@ -615,8 +625,14 @@ class OffloadingManager:
             if self._on_store is not None:
                 self._on_store(keys)
             return _output(([key], [slot], evicted_keys))
-        # request mode: the open request's record, else None (explicit mode)
-        rec = self._open_record(req_context) if req_context is not None and self._requests else None
+        # request mode: the open request's record, else None (explicit mode; a context that
+        # is not hashable is ignored); a dict lookup here, not a helper's frame (_FRAMES)
+        rec = None
+        if req_context is not None and self._requests:
+            try:
+                rec = self._requests.get(req_context)
+            except TypeError:  # not hashable: explicit mode, the context is ignored
+                pass
         try:
             new_keys = list(filterfalse(slot_of.__contains__, keys))  # not stored yet, in order
         except TypeError:
@@ -651,8 +667,20 @@ class OffloadingManager:
         all_recorded = False
         if rec is not None:
             # vLLM's order: the call's admitted new keys and ready keys are recorded before
-            # any early return (a failed store still records them); inserted only below
-            all_recorded = self._record_store(rec, keys, new_keys, num_resident, fresh)
+            # any early return (a failed store still records them); inserted only below.
+            # The usual offer (nothing stored yet, every new key fits under the cap) is
+            # _record_store + _add_keys spelled out (_FRAMES)
+            rkeys = rec.keys
+            if not num_resident and len(new_keys) <= self.num_blocks - len(rkeys):
+                if fresh is None:
+                    fresh = dict.fromkeys(new_keys)
+                if rkeys:
+                    rkeys.update(fresh)
+                else:  # the request's first keys: the dict is the record, no copy
+                    rec.keys = fresh
+                all_recorded = True
+            else:
+                all_recorded = self._record_store(rec, keys, new_keys, num_resident, fresh)
         if not new_keys:
             self._skipped_stores += skipped
             if self._on_store is not None:
@@ -680,7 +708,10 @@ class OffloadingManager:
                     protected = protected_set(protected)
                     if self.policy.count_eligible(protected) < shortfall:
                         return None
-                self._learn_misses(rec, new_keys)
+                if rec.inserted:
+                    self._learn_misses(rec, new_keys)
+                else:  # nothing used for ghost learning yet: all of them (_FRAMES)
+                    self.policy.touch(new_keys)
                 victims = self.policy._evict(shortfall, protected)
             elif protected:
                 victims = self.policy.evict(shortfall, protected)
@@ -688,7 +719,8 @@ class OffloadingManager:
                     return None
             else:  # the manager's count is exact: no recount (see the one-key path)
                 victims = self.policy._evict(shortfall, ())
-            self._slots.release(self._victim_slots(victims, shortfall, protected))
+            # SlotAllocator.release spelled out (_FRAMES)
+            self._slots.free.extend(self._victim_slots(victims, shortfall, protected))
             evicted_keys = victims
             if self._on_evict is not None:  # TinyLFU admission learns the victims' frequency
                 self._on_evict(victims)
@@ -697,9 +729,19 @@ class OffloadingManager:
             if self.enable_events:
                 self._events.append(OffloadingEvent(tuple(victims), True))
         elif rec is not None:
-            self._learn_misses(rec, new_keys)
+            if rec.inserted:
+                self._learn_misses(rec, new_keys)
+            else:
+                self.policy.touch(new_keys)
 
-        block_ids = self._slots.take(num_new)
+        slots = self._slots
+        if slots.next_fresh == self.num_blocks:  # every slot used once: SlotAllocator.take
+            free = slots.free                     # spelled out for this case (_FRAMES)
+            block_ids = free[-num_new:]
+            block_ids.reverse()
+            del free[-num_new:]
+        else:
+            block_ids = slots.take(num_new)
         if num_new == 1:
             slot_of[new_keys[0]] = block_ids[0]
             self._pending_keys.add(new_keys[0])
@@ -830,7 +872,8 @@ class OffloadingManager:
             )
         log = self._req_log
         early = log.early
-        early.pop(req_context, None)  # the same context, a new request
+        if early:  # (empty until the cap first finishes a request early)
+            early.pop(req_context, None)  # the same context, a new request
         if len(self._requests) >= log.max_open:
             oldest = next(iter(self._requests))
             self._finish(self._requests.pop(oldest))
@@ -872,26 +915,28 @@ class OffloadingManager:
                 "on_request_finished: request is not open (never opened with "
                 "on_new_request, or already finished)",
             )
-        self._finish(rec)
+        # _finish spelled out (_FRAMES)
+        self._req_log.finished += 1
+        if rec.keys:
+            reused, inserted = rec.reused, rec.inserted
+            if reused and not reused.isdisjoint(inserted):  # see _finish
+                inserted = inserted - reused
+            self.policy.on_request_finished(tuple(rec.keys), inserted, reused)
 
     def _finish(self, rec: _Request) -> None:
         """Apply a closed request's one use (vLLM's ``inserted_keys - reused_keys``)."""
         self._req_log.finished += 1
         if rec.keys:
             # the record's own sets, not frozenset copies: the record is dropped here (request
-            # mode, docs/performance.md, "Request mode, round 3")
-            reused = rec.reused
-            self.policy.on_request_finished(
-                tuple(rec.keys), rec.inserted - reused if reused else rec.inserted, reused
-            )
-
-    def _open_record(self, req_context: Any) -> _Request | None:
-        """The open request of ``req_context``, or ``None`` (never opened, finished, or not
-        hashable: explicit mode, the context is ignored)."""
-        try:
-            return self._requests.get(req_context)
-        except TypeError:
-            return None
+            # mode, docs/performance.md, "Request mode, round 3"); inserted - reused only when
+            # they meet (rare: a key reused, then evicted and stored again by the request):
+            # isdisjoint walks the smaller set, usually the few reused keys, where the
+            # difference built a set of every inserted key (docs/performance.md, "Request
+            # mode, round 4")
+            reused, inserted = rec.reused, rec.inserted
+            if reused and not reused.isdisjoint(inserted):
+                inserted = inserted - reused
+            self.policy.on_request_finished(tuple(rec.keys), inserted, reused)
 
     def _add_keys(self, rec: _Request, keys: Any, fresh: dict | None = None) -> bool:
         """Record ``keys`` (validated, in order) as seen by ``rec``: first occurrence only,
@@ -922,13 +967,20 @@ class OffloadingManager:
     def _record_load(self, req_context: Any, keys: Sequence[Hashable]) -> None:
         """Record a successful :meth:`prepare_load` of ``keys`` by ``req_context``'s open
         request (if any): seen, and reused unless the request inserted them itself."""
-        rec = self._open_record(req_context)
+        try:  # the open request, if any (explicit mode otherwise; see prepare_store)
+            rec = self._requests.get(req_context)
+        except TypeError:
+            return
         if rec is None:
             return
         # C-level filters, no frame per key (see _add_keys); none when every key was
         # recorded and the request inserted nothing yet (the usual load, first in its
-        # request: docs/performance.md, "Request mode, round 3")
-        if self._add_keys(rec, keys):
+        # request: docs/performance.md, "Request mode, round 3"); the request's first keys
+        # recorded without _add_keys (_FRAMES)
+        if not rec.keys and len(keys) <= self.num_blocks:
+            rec.keys = dict.fromkeys(keys)
+            rec.reused.update(keys)  # nothing inserted yet
+        elif self._add_keys(rec, keys):
             if rec.inserted:
                 rec.reused.update(filterfalse(rec.inserted.__contains__, keys))
             else:

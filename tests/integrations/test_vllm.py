@@ -513,6 +513,45 @@ def test_spec_manager_after_reset_sees_the_new_tier():
     assert m.manager.policy.t2_size == 0 and m.manager.policy.t1_size == 3
 
 
+def test_spec_manager_specs_are_vllms_own_objects():
+    # the adapter builds CPULoadStoreSpec without its __init__ (np.fromiter, docs/vllm.md):
+    # the object must be the one vLLM's constructor makes (same class, attributes, dtype)
+    assert kv._FAST_SPECS  # vLLM 0.33's layout is recognised
+    m = spec_manager(8, "arc")
+    ctx = ReqContext("r")
+    m.on_new_request(ctx)
+    out = m.prepare_store(keys(1, 2, 3), ctx)
+    m.complete_store(out.keys_to_store, ctx)
+    load = m.prepare_load(keys(1, 2), ctx)
+    for spec, ids in ((out.store_spec, [0, 1, 2]), (load, [0, 1])):
+        ref = CPULoadStoreSpec(ids)
+        assert type(spec) is CPULoadStoreSpec and vars(spec).keys() == vars(ref).keys()
+        got = spec.block_ids
+        assert got.dtype == ref.block_ids.dtype and got.shape == ref.block_ids.shape
+        assert got.tolist() == ids and got.flags.owndata and got.flags.writeable
+        assert got.flags.c_contiguous
+
+
+def test_spec_manager_handles_are_per_manager_and_reset():
+    # a request's handle in its ReqContext belongs to one manager and one reset generation
+    a, b = spec_manager(8, "lru"), spec_manager(8, "lru")
+    ctx = ReqContext("r")
+    a.on_new_request(ctx)
+    b.on_new_request(ctx)  # b opens its own request (a's handle is not b's)
+    assert b.manager.stats().requests_open == 1
+    a.on_request_finished(ctx)  # the context now holds b's handle: ignored by a
+    assert a.manager.stats().requests_finished == 0
+    b.on_request_finished(ctx)
+    b.on_request_finished(ctx)  # finished once only
+    assert b.manager.stats().requests_finished == 1
+    ctx = ReqContext("s")
+    a.on_new_request(ctx)
+    a.reset_cache()
+    a.on_request_finished(ctx)  # opened before the reset: stale, ignored
+    out = a.prepare_store(keys(1), ctx)  # a stale handle is reopened (as vLLM's manager)
+    assert out.keys_to_store == keys(1) and a.manager.stats().requests_open == 1
+
+
 def test_spec_manager_stats_usage_and_skipped_stores():
     m = spec_manager(10, store_threshold=2)
     ctx = ReqContext("r")
