@@ -122,6 +122,11 @@ def test_the_wrapper_forwards_the_public_api_and_hides_private_state():
     # newcomer finding: a plain Lock deadlocked at the first call inside `with m.lock:`
     with pytest.raises(TypeError, match="not re-entrant"):
         ThreadSafeManager(OffloadingManager(4), lock=threading.Lock())
+    # and a semaphore likewise (session 9 newcomer note): `with m.lock: m.lookup(...)`
+    # blocked forever on a Semaphore(1)
+    for semaphore in (threading.Semaphore(1), threading.BoundedSemaphore(1)):
+        with pytest.raises(TypeError, match="Semaphore, which is not re-entrant"):
+            ThreadSafeManager(OffloadingManager(4), lock=semaphore)
     assert ThreadSafeManager(OffloadingManager(4), lock=threading.RLock()).prepare_store(["a"])
 
 

@@ -50,7 +50,8 @@ class ThreadSafeManager:
             wrapper take no lock.
         lock: the lock to use (default: a new ``threading.RLock``). It must be re-entrant:
             callers hold it across several calls (``with m.lock: ...``), and a plain
-            ``threading.Lock`` would deadlock there at the first call, so it is refused.
+            ``threading.Lock`` (or a semaphore) would deadlock there at the first call, so
+            it is refused.
 
     Attributes:
         lock: the lock every call takes; hold it to make several calls atomic.
@@ -65,7 +66,8 @@ class ThreadSafeManager:
 
     Raises:
         TypeError: ``lock`` does not have ``__enter__``/``__exit__``, or is a plain
-            (non-re-entrant) ``threading.Lock``.
+            (non-re-entrant) ``threading.Lock`` or a ``threading.Semaphore`` /
+            ``BoundedSemaphore``.
     """
 
     def __init__(self, manager: OffloadingManager, lock: Any = None) -> None:
@@ -73,9 +75,9 @@ class ThreadSafeManager:
             lock = threading.RLock()
         elif not (hasattr(lock, "__enter__") and hasattr(lock, "__exit__")):
             raise TypeError(f"lock must be a context manager (e.g. threading.RLock), got {lock!r}")
-        elif isinstance(lock, _PLAIN_LOCK):
+        elif isinstance(lock, (_PLAIN_LOCK, threading.Semaphore)):
             raise TypeError(
-                "lock is a plain threading.Lock, which is not re-entrant: a call made inside "
+                f"lock is a {type(lock).__name__}, which is not re-entrant: a call made inside "
                 "`with m.lock:` would deadlock; pass a threading.RLock (or omit lock)")
         if not all(callable(getattr(manager, m, None)) for m in ("lookup", "prepare_store",
                                                                  "complete_store", "stats")):
