@@ -62,6 +62,21 @@ def test_bad_fields_are_named(field, value):
         generate(**{field: value})
 
 
+def test_numpy_numbers_are_taken_as_plain_numbers():
+    # session 9 newcomer note: generate(sessions=np.int64(50)) was refused as "not an int"
+    np = pytest.importorskip("numpy")
+    spec = SyntheticSpec(sessions=np.int64(50), turns=(np.int32(1), np.int64(3)),
+                         one_shot=np.float32(0.5), seed=np.int64(7))
+    assert type(spec.sessions) is int and type(spec.turns[1]) is int
+    assert type(spec.one_shot) is float and type(spec.seed) is int
+    assert generate(spec, block_tokens=np.int64(16)) == generate(
+        sessions=50, turns=(1, 3), one_shot=0.5, seed=7, block_tokens=16)
+    with pytest.raises(ValueError, match="sessions"):
+        SyntheticSpec(sessions=np.bool_(True))
+    with pytest.raises(ValueError, match="dead_tail"):
+        SyntheticSpec(dead_tail=np.bool_(True))
+
+
 def test_unknown_field_and_bad_block_tokens():
     with pytest.raises(ValueError, match="unknown SyntheticSpec field"):
         generate(sesions=3)

@@ -36,30 +36,32 @@ Cost: O(total block references) time and memory.
 from __future__ import annotations
 
 import heapq
+import numbers
 import random
 from collections import Counter
 from dataclasses import dataclass
 
+from kvtier.checks import _as_int
 from kvtier.trace import Request
 
 __all__ = ["SyntheticSpec", "generate", "trace_profile"]
 
 
 def _check_range(name: str, value: object, low: int) -> tuple[int, int]:
-    if (
-        not isinstance(value, tuple)
-        or len(value) != 2
-        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        or value[0] < low
-        or value[1] < value[0]
-    ):
+    """``value`` as a ``(low, high)`` tuple of plain ints (a tuple of two ints, numpy
+    integers included), ``low <= value[0] <= value[1]``."""
+    pair = (tuple(_as_int(v) for v in value)  # noqa: C401 - two items, cold path
+            if isinstance(value, tuple) and len(value) == 2 else None)
+    if pair is None or None in pair or pair[0] < low or pair[1] < pair[0]:
         raise ValueError(f"{name} must be a (low, high) pair of ints with {low} <= low <= high, "
                          f"got {value!r}")
-    return value  # type: ignore[return-value]
+    return pair  # type: ignore[return-value]
 
 
 def _check_share(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+    """``value`` as a plain float in [0, 1] (an int or float, numpy's included; not a bool)."""
+    if (isinstance(value, bool) or type(value).__name__ == "bool_"
+            or not isinstance(value, numbers.Real) or not 0 <= value <= 1):
         raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
     return float(value)
 
@@ -100,18 +102,27 @@ class SyntheticSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        # every field checked first, then kept as plain Python numbers (numpy integers and
+        # floats are accepted, as the manager accepts them)
+        fixed: dict[str, object] = {}
         for name in ("sessions", "system_prompts", "short_gap", "long_gap"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            number = _as_int(value)
+            if number is None or number < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        _check_range("turns", self.turns, 1)
-        _check_range("system_blocks", self.system_blocks, 0)
-        _check_range("turn_blocks", self.turn_blocks, 1)
-        _check_range("one_shot_blocks", self.one_shot_blocks, 1)
+            fixed[name] = number
+        fixed["turns"] = _check_range("turns", self.turns, 1)
+        fixed["system_blocks"] = _check_range("system_blocks", self.system_blocks, 0)
+        fixed["turn_blocks"] = _check_range("turn_blocks", self.turn_blocks, 1)
+        fixed["one_shot_blocks"] = _check_range("one_shot_blocks", self.one_shot_blocks, 1)
         for name in ("dead_tail", "one_shot", "long_share"):
-            _check_share(name, getattr(self, name))
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            fixed[name] = _check_share(name, getattr(self, name))
+        seed = _as_int(self.seed)
+        if seed is None:
             raise ValueError(f"seed must be an int, got {self.seed!r}")
+        fixed["seed"] = seed
+        for name, value in fixed.items():
+            object.__setattr__(self, name, value)  # frozen: set once, here
 
 
 def generate(spec: SyntheticSpec | None = None, *, block_tokens: int = 512,
@@ -139,8 +150,10 @@ def generate(spec: SyntheticSpec | None = None, *, block_tokens: int = 512,
         if unknown:
             raise ValueError(f"unknown SyntheticSpec field(s): {', '.join(sorted(unknown))}")
         spec = SyntheticSpec(**{**spec.__dict__, **fields})  # type: ignore[arg-type]
-    if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 2:
+    tokens = _as_int(block_tokens)
+    if tokens is None or tokens < 2:
         raise ValueError(f"block_tokens must be an int >= 2 (tokens), got {block_tokens!r}")
+    block_tokens = tokens
     rng = random.Random(spec.seed)
     next_key = 0
 
