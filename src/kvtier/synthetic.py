@@ -50,7 +50,7 @@ __all__ = ["SyntheticSpec", "generate", "trace_profile"]
 def _check_range(name: str, value: object, low: int) -> tuple[int, int]:
     """``value`` as a ``(low, high)`` tuple of plain ints (a tuple of two ints, numpy
     integers included), ``low <= value[0] <= value[1]``."""
-    pair = (tuple(_as_int(v) for v in value)  # noqa: C401 - two items, cold path
+    pair = (tuple(_as_int(v) for v in value)
             if isinstance(value, tuple) and len(value) == 2 else None)
     if pair is None or None in pair or pair[0] < low or pair[1] < pair[0]:
         raise ValueError(f"{name} must be a (low, high) pair of ints with {low} <= low <= high, "
