@@ -30,7 +30,7 @@ tier starts with admit-all. *Settling:* after the fill the second-sight shadow s
 the fill's unfiltered contents (admit-all's), which handicaps it until its own stores have
 replaced them; when it has stored one shadow size of keys the duel restarts (PSEL and its
 variance from 0), unless the tier already follows second sight or PSEL shows one rule ahead
-beyond the switch test (:meth:`DuelingAdmission._settled`; docs/policies.md, "versions
+beyond the switch test (:meth:`DuelingAdmission._settling`; docs/policies.md, "versions
 tried": `s3fifo` 1,828 blocks W=0 -0.70 -> +0.07). *No hits:* after the fill, while the admit-all shadow had less
 than one hit in PSEL's horizon, second sight (storing would be only wasted writes, e.g.
 traffic that is never reused; at most one tier size of them is written, during the fill:
@@ -265,7 +265,7 @@ class DuelingAdmission:
         self._ha = 0.0  # decayed hits of the admit-all shadow
         self._filling = True  # until the shadows are full, both store every miss
         # after the fill: the second-sight shadow's stores left until it has replaced one
-        # shadow size of the fill's contents (see _settled)
+        # shadow size of the fill's contents (see _settling)
         self._settle = 0
         self._kept = True  # the tier's doorkeeper was kept up at the last lookup
         self._warm = True  # ... and holds a whole generation (or every sight so far)
@@ -445,12 +445,9 @@ class DuelingAdmission:
                         sb.popitem(False)
                     sb[h] = None
                     if self._settle:
-                        self._settle -= 1
-                        if not self._settle:
-                            self._settled()
+                        self._settling(1)
                 if self._filling and len(sb) >= cap:
-                    self._filling = False
-                    self._settle = cap
+                    self._end_fill()
                 self._weigh(in_b - in_a, in_a, self._keep1)
                 return
             if self._arc_minis:
@@ -478,12 +475,9 @@ class DuelingAdmission:
                 else:  # (during the fill every miss is stored)
                     mb.miss1(h, cap, seen or self._filling)
                     if seen and self._settle:
-                        self._settle -= 1
-                        if not self._settle:
-                            self._settled()
+                        self._settling(1)
                 if self._filling and len(sb) >= cap:
-                    self._filling = False
-                    self._settle = cap
+                    self._end_fill()
                 self._weigh(in_b - in_a, in_a, self._keep1)
                 return
         # the leading hits: plain loops (takewhile and a list cost more for these few keys)
@@ -547,30 +541,34 @@ class DuelingAdmission:
         if self._filling:  # both shadows store every miss until full: the tier's fill
             mb.access(sampled, n, cap, call)
             if len(sb) >= cap:
-                self._filling = False
-                self._settle = cap
+                self._end_fill()
         else:
             stored = mb.access(sampled, run, cap, call)
             if stored and self._settle:
-                self._settle = settle = max(0, self._settle - stored)
-                if not settle:
-                    self._settled()
+                self._settling(stored)
         keep = 1 - n * self._decay
         if keep < 0.0:  # (as above: PSEL stays a decayed sum, never flips sign)
             keep = 0.0
         self._weigh(hits_b - hits_a, hits_a, keep)
 
-    def _settled(self) -> None:
-        """The second-sight shadow has stored one shadow size of keys since the fill: what
-        PSEL gathered until now compared admit-all with a second-sight shadow that still held
-        the fill's unfiltered contents (admit-all's), a bias against second sight (a
+    def _end_fill(self) -> None:
+        """The shadows are full: the fill ends, and second sight's settling starts (one
+        shadow size of its own stores, see :meth:`_settling`)."""
+        self._filling = False
+        self._settle = self.shadow_capacity
+
+    def _settling(self, stored: int) -> None:
+        """The second-sight shadow stored ``stored`` keys while settling (called only while
+        ``_settle`` > 0). When it has stored one shadow size of keys since the fill: what
+        PSEL gathered until then compared admit-all with a second-sight shadow that still
+        held the fill's unfiltered contents (admit-all's), a bias against second sight (a
         cold-start bias, as the fill's). Unless the tier already follows second sight, or
         PSEL shows one rule ahead beyond the switch test's bar (a decided duel: admit-all
         ahead even so, or second sight ahead while, e.g., the doorkeeper's warm-up holds the
         tier), the duel restarts: PSEL and its variance from 0 (the admit-all shadow's hit
         count, for the "no hits" rule, is kept)."""
-        self._settle = 0
-        if self.selective:
+        self._settle = settle = self._settle - stored if stored < self._settle else 0
+        if settle or self.selective:
             return
         s2 = self._s2
         if s2:
@@ -609,7 +607,7 @@ class DuelingAdmission:
     def _decide(self) -> None:
         """The tier's rule from the duel: admit-all during the fill (a free slot costs
         nothing; the duel restarts once second sight has replaced the fill, see
-        :meth:`_settled`); then second sight while the admit-all shadow had less than one hit in
+        :meth:`_settling`); then second sight while the admit-all shadow had less than one hit in
         PSEL's horizon (storing first sights would gain nothing); admit-all while the
         tier's doorkeeper is not warm (see :meth:`record`); then the current rule until PSEL
         shows the other one ahead by more than :data:`SWITCH_Z` standard errors, plus
