@@ -915,13 +915,7 @@ class OffloadingManager:
                 "on_request_finished: request is not open (never opened with "
                 "on_new_request, or already finished)",
             )
-        # _finish spelled out (_FRAMES)
-        self._req_log.finished += 1
-        if rec.keys:
-            reused, inserted = rec.reused, rec.inserted
-            if reused and not reused.isdisjoint(inserted):  # see _finish
-                inserted = inserted - reused
-            self.policy.on_request_finished(tuple(rec.keys), inserted, reused)
+        self._finish(rec)
 
     def _finish(self, rec: _Request) -> None:
         """Apply a closed request's one use (vLLM's ``inserted_keys - reused_keys``)."""
