@@ -44,10 +44,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from kvtier.replay import parse_capacity, replay
-from kvtier.trace import Request, embedded_sample_path, read_trace
+from kvtier.trace import Request, embedded_sample_path, find_shared_trace, read_trace
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+SHARED = find_shared_trace(REPO)
 
 MIXES: dict[str, dict] = {
     # name: kvtier.synthetic.generate fields (one-hit share of distinct blocks, measured by

@@ -34,10 +34,10 @@ from pathlib import Path
 
 from kvtier import available_policies
 from kvtier.replay import replay
-from kvtier.trace import Request, read_trace
+from kvtier.trace import Request, find_shared_trace, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+TRACE = find_shared_trace(ROOT)
 SHARES = (0.01, 0.03, 0.10, 0.30)
 
 

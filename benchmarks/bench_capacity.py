@@ -30,7 +30,14 @@ import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+
+
+def shared_trace() -> Path:
+    """The full conversation trace (``kvtier.trace.find_shared_trace``)."""
+    # lazily, as kvtier below: RSS is measured before it
+    from kvtier.trace import find_shared_trace
+
+    return find_shared_trace(ROOT)
 
 
 def _rss_mib() -> float:
@@ -82,9 +89,11 @@ def measure(name: str, path: str, repeat: int) -> tuple:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default=str(TRACE))
+    ap.add_argument("--trace", default=None)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args(argv)
+    if args.trace is None:
+        args.trace = str(shared_trace())
     cases = ["analyze", "oracle", "lru@10", "belady@10", "lru@30", "belady@30"]
     print(f"trace {args.trace}, best / median of {args.repeat}; RSS in MiB (before = trace "
           "parsed and modules imported)\n")

@@ -30,10 +30,10 @@ from pathlib import Path
 
 from kvtier import OffloadingManager, available_policies, get_policy
 from kvtier.replay import replay
-from kvtier.trace import count_unique_blocks, read_trace
+from kvtier.trace import count_unique_blocks, find_shared_trace, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+TRACE = find_shared_trace(ROOT)
 SHARES = (0.01, 0.03, 0.10, 0.30)
 MRC_SHARES = (0.003, 0.01, 0.02, 0.03, 0.05, 0.10, 0.20, 0.30, 0.50)
 WINDOWS = (0, 32)

@@ -32,10 +32,10 @@ import time
 from pathlib import Path
 
 from kvtier.replay import replay
-from kvtier.trace import embedded_sample_path, read_trace
+from kvtier.trace import embedded_sample_path, find_shared_trace, read_trace
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+SHARED = find_shared_trace(REPO)
 
 
 def bench_parse(path: Path, repeats: int) -> dict:

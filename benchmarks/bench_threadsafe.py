@@ -25,10 +25,10 @@ from pathlib import Path
 from kvtier.manager import OffloadingManager
 from kvtier.replay import _prefix_protocol, _run
 from kvtier.threadsafe import ThreadSafeManager
-from kvtier.trace import embedded_sample_path, read_trace
+from kvtier.trace import embedded_sample_path, find_shared_trace, read_trace
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+SHARED = find_shared_trace(REPO)
 
 
 def once(trace: list, policy: str, capacity: int, wrapped: bool) -> tuple[float, int]:

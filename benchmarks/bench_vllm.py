@@ -42,10 +42,10 @@ from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
 from kvtier.integrations import vllm as kv
 from kvtier.integrations.vllm_replay import offload_keys, replay_vllm
-from kvtier.trace import embedded_sample_path, read_trace
+from kvtier.trace import embedded_sample_path, find_shared_trace, read_trace
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+SHARED = find_shared_trace(REPO)
 
 
 def managers(policy: str, capacity: int):

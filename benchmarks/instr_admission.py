@@ -32,7 +32,14 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+
+
+def shared_trace() -> Path:
+    """The full conversation trace (``kvtier.trace.find_shared_trace``)."""
+    # not at the top: the measured child may run an old src tree
+    from kvtier.trace import find_shared_trace
+
+    return find_shared_trace(REPO)
 
 
 def record_log(trace: str, policy: str, capacity: int, inflight: int, out: str) -> None:
@@ -97,7 +104,7 @@ def instructions(src: str, log: str, work: bool) -> tuple[int, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("src", nargs="*", help="src folders to count")
-    ap.add_argument("--trace", default=str(SHARED))
+    ap.add_argument("--trace", default=None)
     ap.add_argument("--policy", default="lru")
     ap.add_argument("--capacity", type=int, default=16_000)
     ap.add_argument("--inflight", type=int, default=0)
@@ -107,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.replay:
         replay_log(args.replay, args.work)
         return 0
+    if args.trace is None:
+        args.trace = str(shared_trace())
     if not args.src:
         ap.error("give at least one src folder")
     with tempfile.TemporaryDirectory() as tmp:

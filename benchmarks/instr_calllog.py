@@ -32,7 +32,16 @@ from pathlib import Path
 from callgrind_toggle import build_helper, count, run_calls  # benchmarks/ (the script's folder)
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+
+
+def shared_trace() -> Path:
+    """The full conversation trace (``kvtier.trace.find_shared_trace``)."""
+    # not at the top: the measured child may run an old src tree
+    from kvtier.trace import find_shared_trace
+
+    return find_shared_trace(REPO)
+
+
 METHODS = ("lookup_prefix", "touch", "prepare_load", "complete_load", "prepare_store",
            "complete_store", "on_new_request", "on_request_finished")
 
@@ -88,7 +97,7 @@ def measure(log: Path, helper: Path, src: str, work: Path) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src", nargs="*", help="src folders to compare (default: this checkout's)")
-    ap.add_argument("--trace", type=Path, default=SHARED)
+    ap.add_argument("--trace", type=Path, default=None)
     ap.add_argument("--policy", default="arc")
     ap.add_argument("--capacity", type=int, default=16_000)
     ap.add_argument("--inflight", type=int, default=0)
@@ -100,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.run:
         run_log(args.run, args.helper)
         return 0
+    if args.trace is None:
+        args.trace = shared_trace()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         helper = build_helper(work)

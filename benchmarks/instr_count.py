@@ -38,7 +38,16 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+
+
+def shared_trace() -> Path:
+    """The full conversation trace (``kvtier.trace.find_shared_trace``)."""
+    # not at the top: the measured child may run an old src tree
+    from kvtier.trace import find_shared_trace
+
+    return find_shared_trace(REPO)
+
+
 OPS = 20_000
 
 DEFAULT_CASES = [
@@ -136,11 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--old", help="src folder of the old checkout")
     ap.add_argument("--new", default=str(REPO / "src"), help="src folder of the new code")
-    ap.add_argument("--trace", default=str(SHARED))
+    ap.add_argument("--trace", default=None)
     ap.add_argument("--case", action="append", help='e.g. "replay arc 16000 32"')
     ap.add_argument("--run", help=argparse.SUPPRESS)
     ap.add_argument("--work", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.trace is None:
+        args.trace = str(shared_trace())
     if args.run:
         run(args.run.split(), args.work, args.trace)
         return 0

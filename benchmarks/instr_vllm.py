@@ -38,7 +38,16 @@ from pathlib import Path
 from callgrind_toggle import build_helper, count, run_calls  # benchmarks/ (the script's folder)
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+
+
+def shared_trace() -> Path:
+    """The full conversation trace (``kvtier.trace.find_shared_trace``)."""
+    # not at the top: the measured child may run an old src tree
+    from kvtier.trace import find_shared_trace
+
+    return find_shared_trace(REPO)
+
+
 POLICY_METHODS = ("insert", "remove", "mark_evictable", "mark_non_evictable", "touch",
                   "_evict", "evict", "on_request_finished")
 MANAGER_METHODS = ("lookup", "prepare_load", "touch", "complete_load", "prepare_store",
@@ -160,7 +169,7 @@ def main(argv=None) -> int:
     if args.run:
         run_case(args)
         return 0
-    trace = args.trace or SHARED
+    trace = args.trace or shared_trace()
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -30,11 +30,11 @@ from pathlib import Path
 
 from kvtier.policies import available_policies
 from kvtier.replay import replay
-from kvtier.trace import embedded_sample_path, read_trace
+from kvtier.trace import embedded_sample_path, find_shared_trace, read_trace
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests" / "golden"
-SHARED = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+SHARED = find_shared_trace(REPO)
 
 #: tier sizes in blocks: about 2 %, 8 % and 34 % of the sample's 11,879 distinct blocks;
 #: 0.5 %, 2.2 % and 8.8 % of the full trace's 182,790 (the last two are the benchmark sizes)

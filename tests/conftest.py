@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import itertools
-import os
 from pathlib import Path
 
 import pytest
 
-from kvtier.trace import embedded_sample_path, read_trace
+from kvtier.trace import embedded_sample_path, find_shared_trace, read_trace
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# KVTIER_SHARED_TRACE points elsewhere (e.g. from a git worktree, whose ../shared is absent)
-SHARED_TRACE = Path(
-    os.environ.get(
-        "KVTIER_SHARED_TRACE",
-        REPO_ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl",
-    )
-)
+# $KVTIER_SHARED_TRACE, else ../shared (or ../../shared from a git worktree)
+SHARED_TRACE = find_shared_trace(REPO_ROOT)
 
 
 @pytest.fixture

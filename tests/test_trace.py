@@ -12,11 +12,13 @@ import pytest
 import zstandard
 
 from kvtier.trace import (
+    SHARED_TRACE_NAME,
     Request,
     TraceFormatError,
     chain_block_hashes,
     count_unique_blocks,
     embedded_sample_path,
+    find_shared_trace,
     read_trace,
 )
 
@@ -311,3 +313,26 @@ def test_token_ids_lines_check_length_and_63_bit_ids(tmp_path):
     path = write_jsonl(tmp_path / "b.jsonl", [{"token_ids": [1, 2, 2**63, 4]}])
     with pytest.raises(TraceFormatError, match=r"token id 9223372036854775808 \(token 2\) does"):
         list(read_trace(path, block_tokens=2))
+
+
+def test_find_shared_trace_looks_in_every_parent_then_names_the_usual_place(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVTIER_SHARED_TRACE", raising=False)
+    checkout = tmp_path / "work" / "wt" / "branch"
+    checkout.mkdir(parents=True)
+    # nothing anywhere: the conventional ../shared path, which does not exist
+    assert find_shared_trace(checkout) == tmp_path / "work" / "wt" / SHARED_TRACE_NAME
+    assert not find_shared_trace(checkout).exists()
+    # a git worktree two levels down finds the trace beside the main checkout's folder
+    trace = tmp_path / "work" / SHARED_TRACE_NAME
+    trace.parent.mkdir(parents=True)
+    trace.write_text("")
+    assert find_shared_trace(checkout) == trace
+    assert find_shared_trace(str(checkout)) == trace
+    # the nearest parent wins
+    nearer = tmp_path / "work" / "wt" / SHARED_TRACE_NAME
+    nearer.parent.mkdir(parents=True)
+    nearer.write_text("")
+    assert find_shared_trace(checkout) == nearer
+    # the environment variable overrides the search, existing or not
+    monkeypatch.setenv("KVTIER_SHARED_TRACE", str(tmp_path / "elsewhere.jsonl"))
+    assert find_shared_trace(checkout) == tmp_path / "elsewhere.jsonl"

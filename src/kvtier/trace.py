@@ -66,6 +66,7 @@ from kvtier.checks import check_positive_int
 
 __all__ = [
     "FORMATS",
+    "SHARED_TRACE_NAME",
     "Request",
     "TraceFormatError",
     "TraceOptions",
@@ -74,6 +75,7 @@ __all__ = [
     "chain_block_hashes",
     "count_unique_blocks",
     "embedded_sample_path",
+    "find_shared_trace",
     "read_trace",
 ]
 
@@ -161,6 +163,30 @@ def embedded_sample_path() -> Path:
     conversation_trace.jsonl``, Apache-2.0), gzip-compressed Mooncake JSONL.
     """
     return Path(str(resources.files("kvtier").joinpath("data", _EMBEDDED_NAME)))
+
+
+SHARED_TRACE_NAME = Path("shared", "traces", "mooncake_conversation.jsonl")
+
+
+def find_shared_trace(start: Path | str) -> Path:
+    """Path of the full Mooncake conversation trace in the development layout.
+
+    ``$KVTIER_SHARED_TRACE`` when set; else the first ``shared/traces/
+    mooncake_conversation.jsonl`` found in a parent directory of ``start`` (a checkout's
+    ``../shared``, or a git worktree's ``../../shared``); else ``start``'s
+    ``../shared/traces/mooncake_conversation.jsonl``, which does not exist: callers test
+    ``.is_file()`` and fall back to :func:`embedded_sample_path` or skip. Used by the tests,
+    ``scripts/`` and ``benchmarks/``; the library itself never reads it.
+    """
+    env = os.environ.get("KVTIER_SHARED_TRACE")
+    if env:
+        return Path(env)
+    parents = Path(start).resolve().parents
+    for parent in parents:
+        candidate = parent / SHARED_TRACE_NAME
+        if candidate.is_file():
+            return candidate
+    return parents[0] / SHARED_TRACE_NAME
 
 
 _LOW_HALF_BYTES = bytes(range(0x80))
