@@ -119,12 +119,17 @@ def test_more_instances_than_requests_queue_no_request():
     ([1000, 1000], [-5, 2], None, 3, r"hit_blocks\[0\] is -5"),
     ([-1000, 1000], [1, 2], None, 3, r"input_lengths\[0\] is -1000"),
     ([1000, 1000], [1, 2], None, -3, "stored_blocks"),
+    ([1000, 1000], [1.5, 2], None, 3, r"hit_blocks\[0\] is 1.5"),
+    ([1000, 1000.0], [1, 2], None, 3, r"input_lengths\[1\] is 1000.0"),
+    ([1000, 1000], [1, True], None, 3, r"hit_blocks\[1\] is True"),
+    ([1000, 1000], [1, 2], None, 3.0, "stored_blocks must be an int"),
     ([1000, 1000], [1, 2], [float("nan"), 1000], 3, r"timestamps_ms\[0\] is nan"),
 ])
 def test_evaluate_refuses_negative_or_nonfinite_inputs(lengths, hits, stamps, stored, match):
     """Found by a newcomer session: evaluate() took negative hit counts, lengths and stored
     blocks and a NaN arrival, and answered with negative seconds saved (-0.148 s for a hit
-    count of -5), a zero-input trace or a queue over NaN."""
+    count of -5), a zero-input trace or a queue over NaN. Float and bool counts were taken
+    too (1.5 hit blocks), against the docstring's ints."""
     with pytest.raises(ValueError, match=match):
         evaluate(M, lengths, hits, stamps, stored)
 
@@ -195,3 +200,13 @@ def test_describe_shows_a_prefill_rate_below_one_token_per_second():
     assert "prefill 12.5 tokens/s" in CostModel(1000, 12.5).describe()
     assert "prefill 10,000 tokens/s" in CostModel(1000, 10_000.0).describe()
     assert "prefill 1,234,568 tokens/s" in CostModel(1000, 1_234_567.8).describe()
+
+
+def test_evaluate_takes_numpy_integers_as_plain_ints():
+    import numpy as np
+
+    plain = evaluate(M, [1000, 2000], [1, 2], None, 3)
+    numpy = evaluate(M, [np.int64(1000), np.int32(2000)], [np.int64(1), np.uint8(2)], None,
+                     np.int64(3))
+    assert numpy == plain
+    assert type(numpy["hit_tokens"]) is int and type(numpy["write_bytes"]) is int

@@ -265,6 +265,16 @@ def _ttft(service: Sequence[float], arrivals: Sequence[float] | None, instances:
     return out, utilization
 
 
+def _checked_counts(i: int, length, hits) -> tuple[int, int]:
+    """Request ``i``'s input length and hit count as plain ints, or ValueError naming it."""
+    for name, value in (("input_lengths", length), ("hit_blocks", hits)):
+        number = _as_int(value)
+        if number is None or number < 0:
+            raise ValueError(f"{name}[{i}] is {value!r}: lengths (tokens) and hit counts "
+                             "(blocks) are ints >= 0")
+    return _as_int(length), _as_int(hits)  # type: ignore[return-value]
+
+
 def evaluate(model: CostModel, input_lengths: Sequence[int | None],
              hit_blocks: Sequence[int], timestamps_ms: Sequence[float | None] | None,
              stored_blocks: int) -> dict:
@@ -294,7 +304,8 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
     Raises:
         ValueError: ``input_lengths``, ``hit_blocks`` (and ``timestamps_ms``) differ in
             length, an input length is ``None``, an input length, hit count or
-            ``stored_blocks`` is negative, or a timestamp is not finite (the message names
+            ``stored_blocks`` is negative or not an int (numpy integers are taken; floats and
+            bools are not), or a timestamp is not finite (the message names
             the list and the position).
     """
     n = len(hit_blocks)
@@ -303,8 +314,9 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
                          f"lengths, {n} hit counts"
                          + (f", {len(timestamps_ms)} timestamps" if timestamps_ms is not None
                             else ""))
-    if stored_blocks < 0:
-        raise ValueError(f"stored_blocks must be >= 0 (blocks), got {stored_blocks!r}")
+    stored = _as_int(stored_blocks)
+    if stored is None or stored < 0:
+        raise ValueError(f"stored_blocks must be an int >= 0 (blocks), got {stored_blocks!r}")
     b = model.kv_bytes_per_token
     per_tok = model.prefill_s_per_token
     load_tok = model.load_s_per_token
@@ -316,11 +328,8 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
         if length is None:
             raise ValueError("input_lengths has None: pass blocks * block_tokens for requests "
                              "without a length")
-        if length < 0 or hits < 0:
-            i = len(t0)
-            name, value = ("input_lengths", length) if length < 0 else ("hit_blocks", hits)
-            raise ValueError(f"{name}[{i}] is {value}: lengths (tokens) and hit counts "
-                             "(blocks) are >= 0")
+        if type(length) is not int or type(hits) is not int or length < 0 or hits < 0:
+            length, hits = _checked_counts(len(t0), length, hits)
         h = hits * bt
         if h > length:
             h = length
@@ -343,7 +352,7 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
     ttft0, util0 = _ttft(t0, arrivals, instances)
     ttft1, util1 = _ttft(t1, arrivals, instances)
     read = hit_tokens * b
-    write = stored_blocks * bt * b
+    write = stored * bt * b
     no_tier = math.fsum(t0)
     with_tier = math.fsum(t1)
     return {
