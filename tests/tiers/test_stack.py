@@ -304,6 +304,28 @@ def test_a_host_slot_that_cannot_be_read_does_not_desync_the_host(tmp_path):
     assert stack.flush_demotions() == 2 and 2 not in disk.manager and 1 in disk.manager
 
 
+def test_a_write_back_error_after_the_store_still_gives_the_job_id(tmp_path):
+    """Noticed in session 9: when the write-back after a successful host store raised
+    (here a victim's slot that cannot be read), ``offload`` raised without the store's job
+    id, while its copy ran and poll() later returned a job the caller never heard of."""
+    tiered, kv, disk = make(tmp_path, host_slots=2)
+    tiered.offload(["a0", "a1"], [0, 1])
+    tiered.wait(10)
+
+    def unreadable(slot):
+        raise OSError("pool gone")
+
+    tiered.stack._read_slot = unreadable
+    with pytest.raises(RuntimeError, match="write-back: block 'a1'") as caught:
+        tiered.offload(["b0"], [2])
+    job = caught.value.job_id
+    assert isinstance(job, int)
+    done = tiered.wait(10)
+    assert [(r.job_id, r.keys) for r in done] == [(job, ["b0"])]
+    assert "b0" in tiered.offloader.manager and "a1" not in disk
+    tiered.close()
+
+
 def test_lookup_runs_interleave_tiers_and_stop_at_a_pending_host_block():
     disk = SimTier("disk", 8, block_bytes=8)
     far = SimTier("far", 8, block_bytes=8)

@@ -78,13 +78,24 @@ class TieredOffloader:
             as ``KVOffloader.offload``, and ``TypeError`` / ``ValueError`` for a key a lower
             tier cannot store (e.g. a tuple, or a disk key over 216 bytes), ``ValueError``
             (disk) / ``RuntimeError`` (Redis) for a lower tier already closed, before
-            anything changed: such a block could never be demoted.
+            anything changed: such a block could never be demoted. What the write-back
+            raises after the host took the store (``RuntimeError`` for a victim's unreadable
+            slot, a lower tier's write error) carries the store's job id as ``job_id``
+            (``None`` when the host stored nothing): its copy runs and :meth:`poll` returns
+            its result as usual.
         """
         self._check_keys(keys)
+        job = None
         try:
-            return self.offloader.offload(keys, block_ids, req_context)
+            job = self.offloader.offload(keys, block_ids, req_context)
         finally:
-            self.stack.flush_demotions()
+            try:
+                self.stack.flush_demotions()
+            except Exception as exc:
+                # the store was taken and its copy runs: the caller still needs its job id
+                exc.job_id = job  # type: ignore[attr-defined]
+                raise
+        return job
 
     def _check_keys(self, keys: Sequence[Hashable]) -> None:
         """Every lower tier is open and accepts every key (checked before the host stores
