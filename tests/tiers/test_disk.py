@@ -533,3 +533,30 @@ def test_an_offline_policy_is_refused(tmp_path):
     with pytest.raises(ValueError, match="offline"):
         DiskTier(tmp_path, 4, BB, policy="belady")
     assert not (tmp_path / "meta.json").exists()
+
+
+def test_a_new_tier_that_fails_to_open_leaves_no_layout_behind(tmp_path, monkeypatch):
+    """Noticed in session 9: ``DiskTier(num_blocks=2**31 - 1)`` created its files and
+    meta.json, then failed with MemoryError reading the index; the directory then refused
+    every later tier as 'made for another layout'. A tier that never opened now removes
+    the files it created (a directory that already held a tier is left as it was)."""
+    def no_memory(self):
+        raise MemoryError("index too large")
+
+    monkeypatch.setattr(DiskTier, "_load_index", no_memory)
+    with pytest.raises(MemoryError):
+        DiskTier(tmp_path / "d", 2**20, 64)
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["lock"]
+    monkeypatch.undo()
+    tier = DiskTier(tmp_path / "d", 8, 64)  # the directory is usable: no layout mismatch
+    tier.write(["k"], [b"x" * 64])
+    tier.flush()
+    tier.close()
+    # an existing tier's files survive a failed reopen
+    monkeypatch.setattr(DiskTier, "_load_index", no_memory)
+    with pytest.raises(MemoryError):
+        DiskTier(tmp_path / "d", 8, 64)
+    monkeypatch.undo()
+    tier = DiskTier(tmp_path / "d", 8, 64)
+    assert tier.read(["k"]) == [b"x" * 64]
+    tier.close()

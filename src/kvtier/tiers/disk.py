@@ -224,11 +224,15 @@ class DiskTier(BlockTier):
             raise DiskTierError(
                 f"disk tier {self.path} is already open (in another process, or by another "
                 "DiskTier in this one: close it first)") from None
+        fresh = not (self.path / "meta.json").exists()
         try:
             self._open_files()
             recovered = self._load_index()
         except BaseException:
             self._close_fds()
+            if fresh:  # a tier that never opened leaves no layout behind to refuse later
+                for file in ("meta.json", "meta.json.tmp", "index.dat", "blocks.dat"):
+                    (self.path / file).unlink(missing_ok=True)
             raise
         self._stats = TierStats(name=name, capacity_blocks=num_blocks)
         self._hash: list[int] = [0] * num_blocks  # data checksum per logical slot
