@@ -924,3 +924,32 @@ def test_a_write_racing_close_is_refused_not_left_in_the_queue(shared_redis_serv
     assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError), outcome
     assert "closed" in str(outcome[0])
     assert tier.stats().queued_blocks == 0 and tier.flush(timeout=2)
+
+
+def test_a_full_server_refuses_writes_but_keeps_serving_reads(redis_server, caplog):
+    """Noticed in session 9 (docs/redis.md): under maxmemory with noeviction, every refused
+    write (OOM) counted as a breaker failure; after 3 the breaker opened and lookups and
+    reads of the blocks already stored answered miss too. An OOM reply comes from a server
+    that is up: the writes fail and are counted, the breaker stays closed, one warning."""
+    keys = list(range(8))
+    data = blocks_for(keys)
+    tier = make_tier(redis_server.url, breaker_failures=3, breaker_cooldown_s=10)
+    try:
+        tier.write(keys, data)
+        assert tier.flush(10)
+        redis_server.cli("CONFIG", "SET", "maxmemory-policy", "noeviction")
+        redis_server.cli("CONFIG", "SET", "maxmemory", "1")
+        caplog.set_level(logging.DEBUG, logger="kvtier.tiers.redis")
+        for i in range(6):  # twice the breaker's threshold, one batch each
+            more = [100 + 2 * i, 101 + 2 * i]
+            tier.write(more, blocks_for(more))
+            assert tier.flush(10)
+        s = tier.stats()
+        assert s.writes_failed == 12 and s.backend_errors == 6
+        assert s.breaker_opens == 0 and s.breaker_state == "closed"
+        assert tier.lookup_prefix(keys) == 8
+        assert tier.read(keys) == data
+        oom = [r for r in caplog.records if "out of memory" in r.getMessage()]
+        assert [r.levelno for r in oom] == [logging.WARNING] + [logging.DEBUG] * 5
+    finally:
+        tier.close()

@@ -23,7 +23,10 @@ timeouts (``timeout_s``, default 50 ms, connect and each socket operation, no re
 failing server makes lookups answer 0 and reads ``None`` (counted in ``backend_errors``);
 writes go through a bounded queue to one background thread and are dropped and counted
 (``writes_skipped``) when the queue is full or the breaker is open, or ``writes_failed`` when
-the server call fails. Nothing here raises into the caller for a server failure.
+the server call fails. A write the server refuses for memory (``OOM``: ``maxmemory`` under
+``noeviction``) is failed too, but it does not count against the breaker: the server is up,
+and lookups and reads of the blocks it holds go on. Nothing here raises into the caller for
+a server failure.
 
 Redis Cluster: keys carry **no hash tag**, so the blocks of one prefix spread over all slots
 and nodes (even memory use and eviction pressure); a lookup, read or write of a request's
@@ -423,6 +426,7 @@ class RedisTier(BlockTier):
                 "and write_timeout_s (the tier never retries)"
             )
         self._breaker = CircuitBreaker(breaker_failures, breaker_cooldown_s)
+        self._warned_oom = False  # one warning per tier for writes refused by a full server
 
         self.name = name
         self.block_bytes = block_bytes
@@ -1040,6 +1044,20 @@ class RedisTier(BlockTier):
         try:
             sealed = [(k, *self._seal(k, v)) for k, v in batch]
             self._send(sealed)
+        except redis.exceptions.OutOfMemoryError as exc:
+            # The server answered: it is up, only full (maxmemory under noeviction). Not a
+            # breaker failure, so lookups and reads of what it holds go on (docs/redis.md).
+            self._breaker.success()
+            with self._lock:
+                self._stats.writes_failed += len(batch)
+                self._stats.backend_errors += 1
+                first = not self._warned_oom
+                self._warned_oom = True
+            log = logger.warning if first else logger.debug
+            log("%s: write refused, the server is out of memory (%s); set maxmemory-policy "
+                "to allkeys-lru or volatile-lru (docs/redis.md)", self._url_redacted,
+                _scrub(str(exc), self._url))
+            return
         except Exception as exc:
             opened = self._breaker.failure()
             with self._lock:
