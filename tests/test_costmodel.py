@@ -174,6 +174,22 @@ def test_replay_cost_and_belady_errors():
     assert res.exit_code == 1 and "whole trace up front" in res.output
 
 
+@pytest.mark.parametrize(("option", "value"), [("--prefill-tps", "inf"), ("--read-gbps", "inf"),
+                                               ("--read-gbps", "1e400")])
+def test_replay_cost_errors_name_the_option_typed(option, value):
+    """Found by a newcomer session: ``kvtier replay --prefill-tps inf`` (typer's min=0.001
+    lets inf through) failed with 'prefill_tokens_per_s must be a positive number', naming
+    CostModel's argument, not the option the user typed."""
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    res = CliRunner().invoke(app, ["replay", "-p", "lru", "-c", "10", option, value])
+    assert res.exit_code == 1
+    assert f"{option} must be a positive number, got inf" in res.output
+    assert "_per_s" not in res.output
+
+
 def test_arrivals_out_of_trace_order_are_reported():
     # newcomer finding: the FIFO queue takes requests in trace order; arrivals that go
     # backwards made the span (last - first arrival) negative, so utilization was None and

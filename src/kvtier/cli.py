@@ -158,6 +158,11 @@ def _check_plot_format(target: Path) -> None:
                         f"{', '.join('.' + ext for ext in sorted(supported))}")
 
 
+_COST_OPTIONS = {"kv_bytes_per_token": "--kv-bytes-per-token",
+                 "prefill_tokens_per_s": "--prefill-tps", "read_gb_per_s": "--read-gbps"}
+"""CostModel's argument names -> the replay options that set them (for error messages)."""
+
+
 def _capacities(specs, unique_blocks: int) -> list[int]:
     out = []
     for spec in specs:
@@ -507,8 +512,10 @@ def replay_cmd(
                     model=model, kv_bytes_per_token=kv_bytes, prefill_tokens_per_s=prefill_tps,
                     read_gb_per_s=read_gbps, instances=instances, block_tokens=block_tokens)
             except ValueError as exc:
-                raise _CliError(str(exc).replace("kv_bytes_per_token", "--kv-bytes-per-token")
-                                .replace("give a model profile", "give --model")) from None
+                message = str(exc).replace("give a model profile", "give --model")
+                for name, option in _COST_OPTIONS.items():  # the option the user typed
+                    message = message.replace(name, option)
+                raise _CliError(message) from None
         trace_opts, replay_opts = _options(fmt, block_tokens, skip_bad_lines, strict, inflight,
                                            protocol, store_threshold, admission)
         command = ReplayCommand(
