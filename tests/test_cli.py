@@ -137,6 +137,14 @@ def test_bad_arguments_exit_1(args, message):
     assert message in res.stderr
 
 
+def test_analyze_window_error_names_the_option_typed():
+    """Found by a newcomer session: ``kvtier analyze --window-s inf`` failed with
+    'window_s must be a finite number > 0', naming analyze()'s argument, not the option."""
+    res = run("analyze", "--window-s", "inf")
+    assert res.exit_code == 1
+    assert "--window-s must be a finite number > 0 (seconds), got inf" in res.stderr
+
+
 def test_sweep_checks_outputs_before_running(tmp_path):
     res = run("sweep", "--json", "/nonexistent-dir/x.json", "--plot", tmp_path / "m.png")
     assert res.exit_code == 1

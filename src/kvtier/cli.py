@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
+import math
 from array import array
 import os
 import sys
@@ -763,6 +764,8 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
     path = trace if trace is not None else embedded_sample_path()
     if fmt not in FORMATS:
         raise _CliError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
+    if not math.isfinite(window_s):  # typer's min=0.001 lets inf through
+        raise _CliError(f"--window-s must be a finite number > 0 (seconds), got {window_s}")
     _check_writable(json_out, "--json")
     if plot is not None:
         _check_writable(plot, "--plot")
