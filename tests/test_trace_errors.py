@@ -203,3 +203,19 @@ def test_trace_format_error_survives_pickling():
     err = pickle.loads(pickle.dumps(TraceFormatError("t.jsonl", 3, "bad line")))
     assert (err.path, err.line, err.reason, str(err)) == (
         "t.jsonl", 3, "bad line", "t.jsonl, line 3: bad line")
+
+
+@pytest.mark.parametrize("length", ['"10"', "[1]", "{}", "true", "-5", "1.5"])
+def test_a_mooncake_input_length_that_is_not_a_count_is_a_bad_line(tmp_path, length):
+    """Found by a newcomer session: a Mooncake line whose input_length was a str, list or
+    object ended in a bare traceback ('TypeError: can only concatenate str (not "int") to
+    str', from the blocks-per-length check), and --skip-bad-lines could not skip it."""
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"hash_ids": [1, 2], "input_length": 1000}\n'
+                    f'{{"hash_ids": [1], "input_length": {length}}}\n'
+                    '{"hash_ids": [1, 3], "input_length": 1000}\n')
+    with pytest.raises(TraceFormatError,
+                       match=r"line 2: 'input_length' must be an int >= 0 \(tokens\)"):
+        list(read_trace(path))
+    reader = read_trace(path, skip_bad_lines=True)
+    assert [r.keys for r in reader] == [[1, 2], [1, 3]] and reader.bad_lines == 1

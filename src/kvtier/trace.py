@@ -573,9 +573,11 @@ class TraceReader:
                 input_length = obj.get("input_length")
                 if input_length is None:
                     raise _LineError("missing field 'input_length' (tokens)")
-                if (input_length + block_tokens - 1) // block_tokens != len(ids) and not (
-                    _bad_length(input_length)
-                ):
+                if type(input_length) is not int or input_length < 0:  # before the arithmetic
+                    raise _LineError(
+                        f"'input_length' must be an int >= 0 (tokens), got {input_length!r}"
+                    )
+                if (input_length + block_tokens - 1) // block_tokens != len(ids):
                     if strict:
                         need = (input_length + block_tokens - 1) // block_tokens
                         raise _LineError(
@@ -611,15 +613,15 @@ class TraceReader:
                         f"token id {tokens[big]} (token {big}) does not fit in 63 bits"
                     ) from None
                 input_length = obj.get("input_length", len(tokens))
-                if input_length != len(tokens) and not _bad_length(input_length):
+                if _bad_length(input_length):
+                    raise _LineError(
+                        f"'input_length' must be an int >= 0 (tokens), got {input_length!r}"
+                    )
+                if input_length != len(tokens):
                     raise _LineError(
                         f"'input_length' {input_length} does not match the "
                         f"{len(tokens)} 'token_ids'"
                     )
-            if _bad_length(input_length):
-                raise _LineError(
-                    f"'input_length' must be an int >= 0 (tokens), got {input_length!r}"
-                )
             output_length = obj.get("output_length")
             if output_length is not None and _bad_length(output_length):
                 raise _LineError(
