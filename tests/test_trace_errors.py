@@ -219,3 +219,20 @@ def test_a_mooncake_input_length_that_is_not_a_count_is_a_bad_line(tmp_path, len
         list(read_trace(path))
     reader = read_trace(path, skip_bad_lines=True)
     assert [r.keys for r in reader] == [[1, 2], [1, 3]] and reader.bad_lines == 1
+
+
+def test_a_text_key_with_more_digits_than_python_converts_is_a_bad_line(tmp_path):
+    """Found by a newcomer session: a text trace whose key had 5,000 digits stopped the
+    replay with Python's 'Exceeds the limit (4300 digits) for integer string conversion',
+    naming neither the file nor the line, and --skip-bad-lines could not skip it."""
+    import sys
+
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()  # 3.10.7+ and 3.11+
+    if not limit:
+        pytest.skip("this interpreter converts ints of any length")
+    path = tmp_path / "t.txt"
+    path.write_text(f"1 2\n1 {'9' * (limit + 1)}\n1 3\n")
+    with pytest.raises(TraceFormatError, match=rf"t.txt, line 2: key of {limit + 1:,} digits"):
+        list(read_trace(path))
+    reader = read_trace(path, skip_bad_lines=True)
+    assert [r.keys for r in reader] == [[1, 2], [1, 3]] and reader.bad_lines == 1

@@ -648,7 +648,13 @@ class TraceReader:
                 if digits.isdecimal() and digits.isascii() and (
                     digits[0] != "0" or part == "0"
                 ):  # canonical ASCII decimal: "01", "+1", "1_000" and "-0" stay strings
-                    append(int(part))
+                    try:
+                        append(int(part))
+                    except ValueError:  # more digits than sys.get_int_max_str_digits()
+                        raise _LineError(
+                            f"key of {len(digits):,} digits: more than Python converts to an "
+                            f"int ({sys.get_int_max_str_digits():,}, "
+                            "sys.set_int_max_str_digits)") from None
                 elif part[0] in "{[\"'":
                     raise _LineError(
                         f"{part[:20]!r} is not a block key (is this a JSON trace? read it "
