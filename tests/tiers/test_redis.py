@@ -346,6 +346,35 @@ def test_from_url_takes_tier_options_from_the_query(shared_redis_server, monkeyp
         RedisTier.from_url(shared_redis_server.url + "?block_bytes=big", fingerprint=FP)
 
 
+def test_from_url_takes_every_size_option_and_refuses_an_unknown_cluster_value():
+    """Found by a newcomer session: ``?write_batch_bytes=...`` (a constructor option) was
+    not taken out of the query by from_url but handed to redis-py ("bad Redis URL or client
+    option ... unexpected keyword argument 'write_batch_bytes'"), and ``?cluster=2`` or
+    ``?cluster=ja`` built a standalone tier in silence."""
+    url = "redis://127.0.0.1:1/0"
+    with RedisTier.from_url(url + "?write_batch_bytes=4096", block_bytes=BLOCK,
+                            fingerprint=FP) as tier:
+        assert tier.write_batch_bytes == 4096
+    for text, want in (("1", True), ("TRUE", True), ("on", True), ("0", False),
+                       ("false", False), ("No", False), ("off", False)):
+        with RedisTier.from_url(f"{url}?cluster={text}", block_bytes=BLOCK,
+                                fingerprint=FP) as tier:  # a cluster client connects lazily
+            assert tier.cluster is want
+    for text in ("2", "ja", ""):
+        with pytest.raises(ValueError, match=f"cluster={text!r} is not a valid cluster"):
+            RedisTier.from_url(f"{url}?cluster={text}", block_bytes=BLOCK, fingerprint=FP)
+    with pytest.raises(ValueError, match="write_batch_bytes must be an int > 0"):
+        RedisTier.from_url(url + "?write_batch_bytes=0", block_bytes=BLOCK, fingerprint=FP)
+
+
+@pytest.mark.parametrize("cluster", ["no", 1, None])
+def test_cluster_must_be_a_bool(cluster):
+    """Found by a newcomer session: ``cluster="no"`` was read as True (a cluster tier with
+    pipelined lookups)."""
+    with pytest.raises(ValueError, match="cluster must be a bool"):
+        RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP, cluster=cluster)
+
+
 def test_queue_bound_drops_and_counts(shared_redis_server):
     size = HEADER_BYTES + BLOCK
     with make_tier(shared_redis_server.url, max_queue_bytes=3 * size) as tier:

@@ -88,9 +88,10 @@ _TIER_QUERY_OPTIONS = {
     "write_timeout_s": float,
     "compression": str,
     "ttl_s": int,
-    "cluster": lambda v: v.lower() in ("1", "true", "yes", "on"),
+    "cluster": lambda v: _query_bool(v),
     "lookup_mode": str,
     "max_queue_bytes": int,
+    "write_batch_bytes": int,
     "breaker_failures": int,
     "breaker_cooldown_s": float,
 }
@@ -180,6 +181,17 @@ def layout_fingerprint(
         **extra,
     }
     return join_fingerprint_fields(items)
+
+
+def _query_bool(text: str) -> bool:
+    """A URL query flag: 1/true/yes/on or 0/false/no/off (any case); anything else raises
+    ``ValueError`` (``?cluster=2`` built a standalone tier in silence)."""
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
 
 
 def _positive_seconds(value: object) -> bool:
@@ -374,6 +386,8 @@ class RedisTier(BlockTier):
             raise ValueError(f"compression must be 'none' or 'zstd', got {compression!r}")
         if ttl_s is not None and (type(ttl_s) is not int or ttl_s <= 0):
             raise ValueError(f"ttl_s must be None or an int > 0 seconds, got {ttl_s!r}")
+        if type(cluster) is not bool and type(cluster).__name__ != "bool_":
+            raise ValueError(f"cluster must be a bool, got {cluster!r}")
         if lookup_mode is None:
             lookup_mode = "pipeline" if cluster else "script"
         if lookup_mode not in ("script", "pipeline"):
