@@ -375,6 +375,21 @@ def test_cluster_must_be_a_bool(cluster):
         RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP, cluster=cluster)
 
 
+def test_numpy_ints_are_taken_for_ttl_and_breaker_failures():
+    """Found by a newcomer session: ttl_s=np.int64(5) and breaker_failures=np.int64(5) were
+    refused ("must be ... an int") where block_bytes and the queue sizes take numpy ints."""
+    np = pytest.importorskip("numpy")
+    with RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP,
+                   ttl_s=np.int64(5), breaker_failures=np.int32(4)) as tier:
+        assert tier.ttl_s == 5 and type(tier.ttl_s) is int
+        assert tier.breaker.failure_threshold == 4
+        assert type(tier.breaker.failure_threshold) is int
+    for kw in ({"ttl_s": np.bool_(True)}, {"breaker_failures": np.bool_(True)},
+               {"ttl_s": 1.5}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP, **kw)
+
+
 def test_queue_bound_drops_and_counts(shared_redis_server):
     size = HEADER_BYTES + BLOCK
     with make_tier(shared_redis_server.url, max_queue_bytes=3 * size) as tier:

@@ -216,8 +216,10 @@ class CircuitBreaker:
     HALF_OPEN = "half_open"
 
     def __init__(self, failure_threshold: int = 3, cooldown_s: float = 1.0) -> None:
-        if type(failure_threshold) is not int or failure_threshold < 1:
+        threshold = _as_int(failure_threshold)  # numpy ints taken, kept as plain ints
+        if threshold is None or threshold < 1:
             raise ValueError(f"breaker_failures must be an int >= 1, got {failure_threshold!r}")
+        failure_threshold = threshold
         if not _positive_seconds(cooldown_s):
             raise ValueError(
                 f"breaker_cooldown_s must be a finite number > 0 seconds, got {cooldown_s!r}")
@@ -384,8 +386,11 @@ class RedisTier(BlockTier):
                 raise ValueError(f"{opt} must be a finite number > 0 seconds, got {val!r}")
         if compression not in ("none", "zstd"):
             raise ValueError(f"compression must be 'none' or 'zstd', got {compression!r}")
-        if ttl_s is not None and (type(ttl_s) is not int or ttl_s <= 0):
-            raise ValueError(f"ttl_s must be None or an int > 0 seconds, got {ttl_s!r}")
+        if ttl_s is not None:
+            ttl = _as_int(ttl_s)  # numpy ints taken, kept as plain ints
+            if ttl is None or ttl <= 0:
+                raise ValueError(f"ttl_s must be None or an int > 0 seconds, got {ttl_s!r}")
+            ttl_s = ttl
         if type(cluster) is not bool and type(cluster).__name__ != "bool_":
             raise ValueError(f"cluster must be a bool, got {cluster!r}")
         if lookup_mode is None:
