@@ -390,6 +390,34 @@ def test_numpy_ints_are_taken_for_ttl_and_breaker_failures():
             RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP, **kw)
 
 
+@pytest.mark.parametrize("timeout", [float("nan"), "5", True])
+def test_close_and_flush_refuse_a_bad_timeout_before_closing(timeout):
+    """Found by a newcomer session: ``close(float("nan"))`` marked the tier closed, then
+    Thread.join raised a bare 'Invalid value NaN (not a number)', so the clients were never
+    closed, and a second close() returned at once (already closed)."""
+    tier = RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP)
+    with pytest.raises(ValueError, match="flush: timeout must be None or a number of sec"):
+        tier.flush(timeout)
+    with pytest.raises(ValueError, match="close: timeout must be None or a number of sec"):
+        tier.close(timeout)
+    assert tier.lookup_prefix([1]) == 0  # still open
+    tier.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        tier.lookup_prefix([1])
+
+
+def test_an_infinite_timeout_waits_as_none_does(shared_redis_server):
+    """Found by a newcomer session: flush(float("inf")) with writes queued and
+    close(float("inf")) raised OverflowError ('timeout value is too large', from the
+    Condition / Thread.join underneath), close after marking the tier closed."""
+    tier = make_tier(shared_redis_server.url)
+    tier.write([1, 2], blocks_for([1, 2]))
+    assert tier.flush(float("inf")) is True
+    tier.close(float("inf"))
+    with pytest.raises(RuntimeError, match="closed"):
+        tier.lookup_prefix([1])
+
+
 def test_queue_bound_drops_and_counts(shared_redis_server):
     size = HEADER_BYTES + BLOCK
     with make_tier(shared_redis_server.url, max_queue_bytes=3 * size) as tier:

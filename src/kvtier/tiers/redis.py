@@ -194,6 +194,18 @@ def _query_bool(text: str) -> bool:
     raise ValueError(text)
 
 
+def _wait_s(value: object, method: str) -> float | None:
+    """``timeout`` of :meth:`RedisTier.flush` / :meth:`RedisTier.close` as seconds to wait:
+    ``None`` and ``inf`` wait as long as it takes, a negative number not at all. A NaN, a
+    bool or a non-number raises ``ValueError`` (NaN and inf reached threading's waits, which
+    raise: close had marked the tier closed by then and left its connections open)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"{method}: timeout must be None or a number of seconds, got {value!r}")
+    return None if value == math.inf else max(float(value), 0.0)
+
+
 def _positive_seconds(value: object) -> bool:
     """``value`` is a finite int/float > 0 (not a bool): a timeout or cooldown in seconds
     (an infinite socket timeout made every call fail, an infinite cooldown never closed the
@@ -925,7 +937,14 @@ class RedisTier(BlockTier):
         return take
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every accepted write is done or failed; ``False`` on timeout."""
+        """Wait until every accepted write is done or failed; ``False`` on timeout.
+
+        ``timeout``: seconds, ``None`` or ``inf`` to wait as long as it takes.
+
+        Raises:
+            ValueError: ``timeout`` is NaN, a bool or not a number.
+        """
+        timeout = _wait_s(timeout, "flush")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._done:
             while self._queued_blocks or self._inflight:
@@ -962,7 +981,13 @@ class RedisTier(BlockTier):
 
     def close(self, timeout: float | None = 5.0) -> None:
         """Finish queued writes (up to ``timeout`` seconds; the rest are dropped and counted
-        as failed), stop the writer and close the connections. Idempotent."""
+        as failed), stop the writer and close the connections. Idempotent. ``timeout``:
+        seconds, ``None`` or ``inf`` to wait as long as it takes.
+
+        Raises:
+            ValueError: ``timeout`` is NaN, a bool or not a number (the tier stays open).
+        """
+        timeout = _wait_s(timeout, "close")
         with self._lock:
             if self._closed:
                 return
