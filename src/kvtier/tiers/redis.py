@@ -53,7 +53,7 @@ import xxhash
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from kvtier.checks import _as_int, key_list
+from kvtier.checks import _as_int, check_timeout, key_list
 from kvtier.tiers.base import (
     BlockTier,
     Key,
@@ -192,18 +192,6 @@ def _query_bool(text: str) -> bool:
     if word in ("0", "false", "no", "off"):
         return False
     raise ValueError(text)
-
-
-def _wait_s(value: object, method: str) -> float | None:
-    """``timeout`` of :meth:`RedisTier.flush` / :meth:`RedisTier.close` as seconds to wait:
-    ``None`` and ``inf`` wait as long as it takes, a negative number not at all. A NaN, a
-    bool or a non-number raises ``ValueError`` (NaN and inf reached threading's waits, which
-    raise: close had marked the tier closed by then and left its connections open)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(f"{method}: timeout must be None or a number of seconds, got {value!r}")
-    return None if value == math.inf else max(float(value), 0.0)
 
 
 def _positive_seconds(value: object) -> bool:
@@ -944,7 +932,7 @@ class RedisTier(BlockTier):
         Raises:
             ValueError: ``timeout`` is NaN, a bool or not a number.
         """
-        timeout = _wait_s(timeout, "flush")
+        timeout = check_timeout(timeout, "flush")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._done:
             while self._queued_blocks or self._inflight:
@@ -987,7 +975,7 @@ class RedisTier(BlockTier):
         Raises:
             ValueError: ``timeout`` is NaN, a bool or not a number (the tier stays open).
         """
-        timeout = _wait_s(timeout, "close")
+        timeout = check_timeout(timeout, "close")
         with self._lock:
             if self._closed:
                 return
