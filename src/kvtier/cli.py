@@ -275,7 +275,9 @@ def _write_json(target: Path | None, payload: dict) -> None:
 
 
 def _fail(exc: BaseException) -> typer.Exit:
-    _err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    # escaped: a path or value may hold '[...]' (a folder '[red]x', 'kvtier[redis]')
+    _err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True,
+               soft_wrap=True)
     return typer.Exit(1)
 
 
@@ -613,11 +615,11 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
         + (f", admission {opts.admission}" if opts.admission != "all" else ""),
         out,
     ))
-    out.print(_trace_caption(info), highlight=False, soft_wrap=True)
+    out.print(_trace_caption(info), highlight=False, markup=False, soft_wrap=True)
     payload = {"trace": info, "results": [r.to_dict() for r in results]}
     if costs is not None:
         out.print(_cost_table(results, costs))
-        out.print(cost_model.describe(), highlight=False, soft_wrap=True)
+        out.print(cost_model.describe(), highlight=False, markup=False, soft_wrap=True)
         for row, cost in zip(payload["results"], costs):
             row["cost"] = cost
         payload["cost_model"] = cost_model.to_dict()
@@ -796,7 +798,7 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
     caption = (f"{name} ({reader.fmt}): analyzed in {elapsed:,.2f} s (parsing included)")
     if reader.bad_lines:
         caption += f"; {_count(reader.bad_lines, 'bad line')} skipped"
-    out.print(caption, highlight=False, soft_wrap=True)
+    out.print(caption, highlight=False, markup=False, soft_wrap=True)
     _write_json(json_out, {"trace": {"path": str(path), "format": reader.fmt,
                                      "bad_lines": reader.bad_lines,
                                      "length_mismatches": reader.length_mismatches,
@@ -810,7 +812,8 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
                           f"{d['distinct_blocks']:,} distinct")
         except OSError as exc:
             raise _CliError(f"cannot write plot to {plot}: {exc}") from None
-        out.print(f"distributions written to {plot}", highlight=False)
+        out.print(f"distributions written to {plot}", highlight=False, markup=False,
+                  soft_wrap=True)
 
 
 # -- sweep ---------------------------------------------------------------------------------
@@ -947,7 +950,7 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
                                       f"in-flight window {opts.inflight}"
                                       + (f", admission {opts.admission}"
                                          if opts.admission != "all" else ""), out))
-    out.print(_trace_caption(info), highlight=False, soft_wrap=True)
+    out.print(_trace_caption(info), highlight=False, markup=False, soft_wrap=True)
     payload = {"trace": info, "capacities": capacities,
                "plot": None if cmd.plot is None else str(cmd.plot),
                "results": [r.to_dict() for r in results]}
@@ -971,7 +974,8 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
         plot_mrc(results, cmd.plot, title=title, unique_blocks=unique, block_refs=n_refs)
     except OSError as exc:
         raise _CliError(f"cannot write plot to {cmd.plot}: {exc}") from None
-    out.print(f"miss-ratio curves written to {cmd.plot}", highlight=False)
+    out.print(f"miss-ratio curves written to {cmd.plot}", highlight=False, markup=False,
+              soft_wrap=True)
     return results
 
 

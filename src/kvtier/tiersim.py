@@ -515,7 +515,7 @@ def replay_tiers_cli(command, tiers: str, demotion: str, capacity_given: bool = 
     names = ",".join(_shown(t.url) if t.kind == "redis" else f"{t.kind}:{t.capacity}"
                      for t in spec)
     out.print(results_table(results, f"kvtier replay --tiers {names} — demotion {demotion}"))
-    out.print(cli._trace_caption(info), highlight=False, soft_wrap=True)
+    out.print(cli._trace_caption(info), highlight=False, markup=False, soft_wrap=True)
     cli._write_json(json_out, {"trace": info,
                                "tiers": [{**t.__dict__, "url": t.url and _shown(t.url)}
                                          for t in spec],
