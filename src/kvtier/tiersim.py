@@ -293,7 +293,8 @@ def _redis_tier(url: str, block_bytes: int) -> BlockTier:
         from kvtier.tiers.redis import RedisTier
     except ImportError as exc:
         raise ValueError(f"--tiers {_shown(url)}: the Redis tier (kvtier.tiers.redis.RedisTier) is "
-                         f"not available: {exc} (install it: pip install 'kvtier[redis]')"
+                         f"not available: {exc}" + ("" if "pip install" in str(exc) else
+                                                     " (install it: pip install 'kvtier[redis]')")
                          ) from None
     try:
         query = dict(parse_qsl(urlsplit(url).query))

@@ -996,3 +996,17 @@ def test_a_write_racing_close_is_refused_not_left_in_the_queue(shared_redis_serv
     assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError), outcome
     assert "closed" in str(outcome[0])
     assert tier.stats().queued_blocks == 0 and tier.flush(timeout=2)
+
+
+def test_import_without_redis_py_names_the_install_command():
+    """Found by a newcomer session: in a fresh `pip install -e .` (no redis extra),
+    `import kvtier.tiers.redis` said only "No module named 'redis'", where kvtier.dataplane
+    names its extra."""
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    code = ("import sys; sys.modules['redis'] = None\n"
+            "try:\n    import kvtier.tiers.redis\nexcept ModuleNotFoundError as e:\n"
+            "    print(e.name, '|', e)\n")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=60).stdout
+    assert out.startswith("redis |") and "pip install 'kvtier[redis]'" in out

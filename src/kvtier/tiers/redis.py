@@ -48,10 +48,18 @@ from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import redis
 import xxhash
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+
+try:
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+except ModuleNotFoundError as _exc:
+    if (_exc.name or "").split(".")[0] != "redis":
+        raise
+    raise ModuleNotFoundError(
+        "kvtier.tiers.redis needs redis-py, which is not installed: pip install 'kvtier[redis]'",
+        name="redis") from None
 
 from kvtier.checks import _as_int, check_timeout, key_list
 from kvtier.tiers.base import (
