@@ -159,6 +159,16 @@ def test_sweep_reads_a_piped_trace_in_worker_processes(sample_bytes, expected_hi
     assert rows[0]["hit_blocks"] == expected_hits and rows[1]["capacity"] == 2000
 
 
+def test_analyze_names_a_piped_trace_as_replay_does(sample_bytes):
+    """Found by a newcomer session: `kvtier analyze -` named its input '-' in the caption
+    and JSON ('- (jsonl): analyzed in ...') where replay and sweep say '<stdin>'."""
+    res = cli(["analyze", "-", "--limit", "10"], sample_bytes["gzip"])
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    assert b"<stdin> (jsonl): analyzed in" in res.stdout
+    res = cli(["analyze", "-", "--limit", "10", "--json", "-"], sample_bytes["gzip"])
+    assert json.loads(res.stdout)["trace"]["path"] == "<stdin>"
+
+
 def test_stdin_cannot_be_read_twice_by_one_reader(monkeypatch):
     data = gzip.decompress(embedded_sample_path().read_bytes())
     r, w = os.pipe()

@@ -792,21 +792,22 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
     d = result.to_dict()
     out = _out_console(json_out)
     out.print(_analysis_table(d))
-    name = str(path)
+    shown = "<stdin>" if str(path) == "-" else str(path)  # as replay and sweep name it
+    name = shown
     if name == str(embedded_sample_path()):
         name = f"embedded sample {Path(name).name}"
     caption = (f"{name} ({reader.fmt}): analyzed in {elapsed:,.2f} s (parsing included)")
     if reader.bad_lines:
         caption += f"; {_count(reader.bad_lines, 'bad line')} skipped"
     out.print(caption, highlight=False, markup=False, soft_wrap=True)
-    _write_json(json_out, {"trace": {"path": str(path), "format": reader.fmt,
+    _write_json(json_out, {"trace": {"path": shown, "format": reader.fmt,
                                      "bad_lines": reader.bad_lines,
                                      "length_mismatches": reader.length_mismatches,
                                      "analyze_s": elapsed},
                            "analysis": d, "plot": str(plot) if plot else None})
     if plot is not None:
         try:
-            plot_analysis(result, plot, title=f"{Path(path).name}: "
+            plot_analysis(result, plot, title=f"{Path(shown).name}: "
                           f"{_count(d['requests'], 'request')}, "
                           f"{_count(d['block_refs'], 'block ref')}, "
                           f"{d['distinct_blocks']:,} distinct")
