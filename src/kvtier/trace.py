@@ -357,6 +357,10 @@ class TraceReader:
             (a power of two up to 65,536) that fits the most of the lines that disagree, and
             how many of them it fits; else ``None``.
         strict: mismatches are errors instead of a warning.
+
+    Thread safety: none; a reader is one pass at a time on one thread (two threads
+    iterating one reader interleave its lines). Open one reader per thread, or per process as
+    ``kvtier sweep``'s workers do.
     """
 
     def __init__(
