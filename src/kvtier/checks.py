@@ -6,6 +6,7 @@ Every check raises before anything is changed and names the argument, the rule a
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -54,7 +55,7 @@ def check_nonnegative_int(name: str, value: Any, unit: str = "") -> int:
 def check_timeout(value: Any, method: str) -> float | None:
     """A ``timeout`` argument (seconds to wait, e.g. a tier's ``flush``) as threading's
     waits take it: ``None`` and ``inf`` wait as long as it takes (``None``), a negative number
-    not at all (``0.0``).
+    not at all (``0.0``); numpy numbers are taken as plain floats.
 
     Raises:
         ValueError: NaN, a bool or not a real number (``"<method>: timeout must be None or a
@@ -63,7 +64,7 @@ def check_timeout(value: Any, method: str) -> float | None:
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
         raise ValueError(f"{method}: timeout must be None or a number of seconds, got {value!r}")
     return None if value == math.inf else max(float(value), 0.0)
 
