@@ -137,6 +137,39 @@ def test_bad_arguments_exit_1(args, message):
     assert message in res.stderr
 
 
+def test_analyze_window_error_names_the_option_typed():
+    """Found by a newcomer session: ``kvtier analyze --window-s inf`` failed with
+    'window_s must be a finite number > 0', naming analyze()'s argument, not the option."""
+    res = run("analyze", "--window-s", "inf")
+    assert res.exit_code == 1
+    assert "--window-s must be a finite number > 0 (seconds), got inf" in res.stderr
+
+
+def test_paths_and_values_with_brackets_are_printed_as_they_are(tmp_path):
+    """Found by a newcomer session: errors and captions went through rich markup unescaped,
+    so a trace under a folder named '[red]x' was reported as '.../x/t.jsonl', an
+    input_length of {"a[b]": 1} as {'a': 1}, and kvtier.tiers.redis's install hint
+    "pip install 'kvtier[redis]'" as "pip install 'kvtier'"."""
+    folder = tmp_path / "[red]x"
+    folder.mkdir()
+    empty = folder / "t.jsonl"
+    empty.write_text("")
+    res = run("replay", empty)
+    assert res.exit_code == 1 and f"{empty}: empty trace" in res.stderr
+    bad = folder / "b.jsonl"
+    bad.write_text('{"hash_ids": [1], "input_length": {"a[b]": 1}}\n')
+    res = run("analyze", bad)
+    assert res.exit_code == 1 and "got {'a[b]': 1}" in res.stderr
+    good = folder / "g.jsonl"
+    good.write_text('{"hash_ids": [1, 2], "input_length": 1024}\n' * 3)
+    for args in (["replay", good, "-c", "2", "--cost"], ["analyze", good],
+                 ["sweep", good, "-c", "2", "-j", "1", "--plot", folder / "m.png"]):
+        res = run(*args)
+        assert res.exit_code == 0, res.output
+        assert f"{good} (jsonl)" in res.stdout  # the caption names the file as it is
+    assert f"curves written to {folder / 'm.png'}" in res.stdout
+
+
 def test_sweep_checks_outputs_before_running(tmp_path):
     res = run("sweep", "--json", "/nonexistent-dir/x.json", "--plot", tmp_path / "m.png")
     assert res.exit_code == 1

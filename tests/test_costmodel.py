@@ -51,8 +51,9 @@ def test_fifo_queue_over_arrivals():
     auto = CostModel(1000, 1000, 1.0, instances=None)
     c3 = evaluate(auto, [1000, 2000], [0, 2], [0, 500], stored_blocks=3)
     assert c3["instances"] == 8 and c3["instances_auto"]  # ceil(3 s / (0.8 * 0.5 s))
-    # a missing timestamp: treated as a trace without timestamps
-    assert evaluate(M, [1000, 2000], [0, 2], [0, None], 3)["queue"] == "none"
+    # a missing timestamp: treated as a trace without timestamps (and said so)
+    with pytest.warns(UserWarning, match="1 of 2 requests have no timestamp"):
+        assert evaluate(M, [1000, 2000], [0, 2], [0, None], 3)["queue"] == "none"
 
 
 def test_hit_tokens_capped_at_input_and_lengths_from_requests():
@@ -177,6 +178,40 @@ def test_replay_cost_and_belady_errors():
     assert res.exit_code == 1 and "not both" in res.output
     res = CliRunner().invoke(app, ["replay", "-p", "belady", "--stream"])
     assert res.exit_code == 1 and "whole trace up front" in res.output
+
+
+@pytest.mark.parametrize(("option", "value"), [("--prefill-tps", "inf"), ("--read-gbps", "inf"),
+                                               ("--read-gbps", "1e400")])
+def test_replay_cost_errors_name_the_option_typed(option, value):
+    """Found by a newcomer session: ``kvtier replay --prefill-tps inf`` (typer's min=0.001
+    lets inf through) failed with 'prefill_tokens_per_s must be a positive number', naming
+    CostModel's argument, not the option the user typed."""
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    res = CliRunner().invoke(app, ["replay", "-p", "lru", "-c", "10", option, value])
+    assert res.exit_code == 1
+    assert f"{option} must be a positive number, got inf" in res.output
+    assert "_per_s" not in res.output
+
+
+def test_a_trace_with_some_requests_unstamped_says_why_there_is_no_queue():
+    """Found by a newcomer session: with one request of three missing its timestamp,
+    ``kvtier replay --cost`` printed 'no queue (no timestamps)' with no word of the two
+    stamped requests (kvtier analyze warns for the same trace); evaluate now warns."""
+    import warnings
+
+    model = CostModel(1000, 1000, 1.0, instances=1)
+    with pytest.warns(UserWarning, match=r"cost model: 1 of 3 requests have no timestamp "
+                                         r"\(first: request 2\); no queue is modeled"):
+        c = evaluate(model, [1000, 1000, 1000], [0, 0, 0], [0.0, None, 500.0], 0)
+    assert c["queue"] == "none"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none stamped, or all: no warning
+        assert evaluate(model, [1000], [0], [None], 0)["queue"] == "none"
+        assert evaluate(model, [1000], [0], None, 0)["queue"] == "none"
+        assert evaluate(model, [1000], [0], [0.0], 0)["queue"] == "fifo"
 
 
 def test_arrivals_out_of_trace_order_are_reported():

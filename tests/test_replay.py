@@ -212,6 +212,30 @@ def test_parse_capacity():
         parse_capacity("10%")
 
 
+def test_parse_capacity_names_a_capacity_above_what_a_tier_can_hold():
+    """Found by a newcomer session: ``kvtier replay -c 999...9%`` (400 digits) ended in a
+    traceback (OverflowError: cannot convert float infinity to integer), and ``-c 10**20`` or
+    ``--tiers host:10**20`` first warned that every block fits, then failed with
+    'num_blocks must be at most 2147483647', naming the manager's argument, not the capacity
+    (``kvtier sweep --max 10**20`` named a grid point the user never typed)."""
+    from kvtier.manager import MAX_BLOCKS
+
+    assert parse_capacity(str(MAX_BLOCKS), 100) == MAX_BLOCKS
+    assert parse_capacity(MAX_BLOCKS) == MAX_BLOCKS
+    for bad in (str(MAX_BLOCKS + 1), "100000000000000000000", MAX_BLOCKS + 1,
+                "9" * 400 + "%", "100000000%", "3000000000.5%"):
+        with pytest.raises(ValueError, match=r"capacity .* above .*2,147,483,647"):
+            parse_capacity(bad, 11_879)
+
+
+def test_parse_capacity_takes_numpy_ints_as_the_manager_does():
+    np = pytest.importorskip("numpy")
+    assert parse_capacity(np.int64(4000)) == 4000
+    assert type(parse_capacity(np.int64(4000))) is int
+    with pytest.raises(ValueError, match="capacity"):
+        parse_capacity(np.bool_(True))
+
+
 def test_log_grid():
     grid = log_grid(100, 100_000, 4)
     assert grid == [100, 1000, 10000, 100000]

@@ -130,6 +130,27 @@ def test_the_wrapper_forwards_the_public_api_and_hides_private_state():
     assert ThreadSafeManager(OffloadingManager(4), lock=threading.RLock()).prepare_store(["a"])
 
 
+def test_a_lock_that_is_not_re_entrant_under_another_type_is_refused():
+    """Found by a newcomer session: ``threading.Condition(threading.Lock())`` (and a
+    multiprocessing Lock) passed the type checks, and ``with m.lock: m.lookup("a")`` then
+    blocked forever. The constructor now tries the lock: taken once, it must be taken again
+    by the same thread."""
+    import multiprocessing
+
+    for lock in (threading.Condition(threading.Lock()), multiprocessing.Lock()):
+        with pytest.raises(TypeError, match="not re-entrant"):
+            ThreadSafeManager(OffloadingManager(4), lock=lock)
+        assert lock.acquire(False)  # the probe left it free
+        lock.release()
+    for lock in (threading.Condition(), threading.Condition(threading.RLock()),
+                 multiprocessing.RLock()):
+        m = ThreadSafeManager(OffloadingManager(4), lock=lock)
+        with m.lock:
+            assert m.prepare_store(["a"]) is not None
+        assert lock.acquire(False)  # the probe released what it took
+        lock.release()
+
+
 def test_setting_a_public_attribute_sets_it_on_the_manager():
     # newcomer finding: `m.enable_events = True` on the wrapper created a wrapper attribute;
     # the manager kept recording no events, and m.enable_events read back True (silently

@@ -159,6 +159,16 @@ def test_sweep_reads_a_piped_trace_in_worker_processes(sample_bytes, expected_hi
     assert rows[0]["hit_blocks"] == expected_hits and rows[1]["capacity"] == 2000
 
 
+def test_analyze_names_a_piped_trace_as_replay_does(sample_bytes):
+    """Found by a newcomer session: `kvtier analyze -` named its input '-' in the caption
+    and JSON ('- (jsonl): analyzed in ...') where replay and sweep say '<stdin>'."""
+    res = cli(["analyze", "-", "--limit", "10"], sample_bytes["gzip"])
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    assert b"<stdin> (jsonl): analyzed in" in res.stdout
+    res = cli(["analyze", "-", "--limit", "10", "--json", "-"], sample_bytes["gzip"])
+    assert json.loads(res.stdout)["trace"]["path"] == "<stdin>"
+
+
 def test_stdin_cannot_be_read_twice_by_one_reader(monkeypatch):
     data = gzip.decompress(embedded_sample_path().read_bytes())
     r, w = os.pipe()
@@ -203,3 +213,36 @@ def test_trace_format_error_survives_pickling():
     err = pickle.loads(pickle.dumps(TraceFormatError("t.jsonl", 3, "bad line")))
     assert (err.path, err.line, err.reason, str(err)) == (
         "t.jsonl", 3, "bad line", "t.jsonl, line 3: bad line")
+
+
+@pytest.mark.parametrize("length", ['"10"', "[1]", "{}", "true", "-5", "1.5"])
+def test_a_mooncake_input_length_that_is_not_a_count_is_a_bad_line(tmp_path, length):
+    """Found by a newcomer session: a Mooncake line whose input_length was a str, list or
+    object ended in a bare traceback ('TypeError: can only concatenate str (not "int") to
+    str', from the blocks-per-length check), and --skip-bad-lines could not skip it."""
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"hash_ids": [1, 2], "input_length": 1000}\n'
+                    f'{{"hash_ids": [1], "input_length": {length}}}\n'
+                    '{"hash_ids": [1, 3], "input_length": 1000}\n')
+    with pytest.raises(TraceFormatError,
+                       match=r"line 2: 'input_length' must be an int >= 0 \(tokens\)"):
+        list(read_trace(path))
+    reader = read_trace(path, skip_bad_lines=True)
+    assert [r.keys for r in reader] == [[1, 2], [1, 3]] and reader.bad_lines == 1
+
+
+def test_a_text_key_with_more_digits_than_python_converts_is_a_bad_line(tmp_path):
+    """Found by a newcomer session: a text trace whose key had 5,000 digits stopped the
+    replay with Python's 'Exceeds the limit (4300 digits) for integer string conversion',
+    naming neither the file nor the line, and --skip-bad-lines could not skip it."""
+    import sys
+
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()  # 3.10.7+ and 3.11+
+    if not limit:
+        pytest.skip("this interpreter converts ints of any length")
+    path = tmp_path / "t.txt"
+    path.write_text(f"1 2\n1 {'9' * (limit + 1)}\n1 3\n")
+    with pytest.raises(TraceFormatError, match=rf"t.txt, line 2: key of {limit + 1:,} digits"):
+        list(read_trace(path))
+    reader = read_trace(path, skip_bad_lines=True)
+    assert [r.keys for r in reader] == [[1, 2], [1, 3]] and reader.bad_lines == 1

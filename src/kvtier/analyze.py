@@ -247,6 +247,8 @@ class Analyzer:
     Raises:
         ValueError: a window is not positive (``window_s``: a finite number of seconds, not a
             bool).
+
+    Thread safety: none; one analyzer per thread (it keeps the pass's running state).
     """
 
     def __init__(self, window_s: float = 60.0, window_requests: int = 1000) -> None:

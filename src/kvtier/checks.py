@@ -5,6 +5,8 @@ Every check raises before anything is changed and names the argument, the rule a
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -48,6 +50,23 @@ def check_nonnegative_int(name: str, value: Any, unit: str = "") -> int:
         what = f" ({unit})" if unit else ""
         raise ValueError(f"{name} must be an int >= 0{what}, got {value!r}")
     return number
+
+
+def check_timeout(value: Any, method: str) -> float | None:
+    """A ``timeout`` argument (seconds to wait, e.g. a tier's ``flush``) as threading's
+    waits take it: ``None`` and ``inf`` wait as long as it takes (``None``), a negative number
+    not at all (``0.0``); numpy numbers are taken as plain floats.
+
+    Raises:
+        ValueError: NaN, a bool or not a real number (``"<method>: timeout must be None or a
+            number of seconds, got <value>"``): NaN and inf reached threading's waits, which
+            spin (NaN) or raise ``OverflowError`` (inf).
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
+        raise ValueError(f"{method}: timeout must be None or a number of seconds, got {value!r}")
+    return None if value == math.inf else max(float(value), 0.0)
 
 
 def key_list(keys: Any, method: str) -> list[Hashable]:

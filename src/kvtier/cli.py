@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
+import math
 from array import array
 import os
 import sys
@@ -158,6 +159,11 @@ def _check_plot_format(target: Path) -> None:
                         f"{', '.join('.' + ext for ext in sorted(supported))}")
 
 
+_COST_OPTIONS = {"kv_bytes_per_token": "--kv-bytes-per-token",
+                 "prefill_tokens_per_s": "--prefill-tps", "read_gb_per_s": "--read-gbps"}
+"""CostModel's argument names -> the replay options that set them (for error messages)."""
+
+
 def _capacities(specs, unique_blocks: int) -> list[int]:
     out = []
     for spec in specs:
@@ -269,7 +275,9 @@ def _write_json(target: Path | None, payload: dict) -> None:
 
 
 def _fail(exc: BaseException) -> typer.Exit:
-    _err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    # escaped: a path or value may hold '[...]' (a folder '[red]x', 'kvtier[redis]')
+    _err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True,
+               soft_wrap=True)
     return typer.Exit(1)
 
 
@@ -507,8 +515,10 @@ def replay_cmd(
                     model=model, kv_bytes_per_token=kv_bytes, prefill_tokens_per_s=prefill_tps,
                     read_gb_per_s=read_gbps, instances=instances, block_tokens=block_tokens)
             except ValueError as exc:
-                raise _CliError(str(exc).replace("kv_bytes_per_token", "--kv-bytes-per-token")
-                                .replace("give a model profile", "give --model")) from None
+                message = str(exc).replace("give a model profile", "give --model")
+                for name, option in _COST_OPTIONS.items():  # the option the user typed
+                    message = message.replace(name, option)
+                raise _CliError(message) from None
         trace_opts, replay_opts = _options(fmt, block_tokens, skip_bad_lines, strict, inflight,
                                            protocol, store_threshold, admission)
         command = ReplayCommand(
@@ -605,11 +615,11 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
         + (f", admission {opts.admission}" if opts.admission != "all" else ""),
         out,
     ))
-    out.print(_trace_caption(info), highlight=False, soft_wrap=True)
+    out.print(_trace_caption(info), highlight=False, markup=False, soft_wrap=True)
     payload = {"trace": info, "results": [r.to_dict() for r in results]}
     if costs is not None:
         out.print(_cost_table(results, costs))
-        out.print(cost_model.describe(), highlight=False, soft_wrap=True)
+        out.print(cost_model.describe(), highlight=False, markup=False, soft_wrap=True)
         for row, cost in zip(payload["results"], costs):
             row["cost"] = cost
         payload["cost_model"] = cost_model.to_dict()
@@ -756,6 +766,8 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
     path = trace if trace is not None else embedded_sample_path()
     if fmt not in FORMATS:
         raise _CliError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
+    if not math.isfinite(window_s):  # typer's min=0.001 lets inf through
+        raise _CliError(f"--window-s must be a finite number > 0 (seconds), got {window_s}")
     _check_writable(json_out, "--json")
     if plot is not None:
         _check_writable(plot, "--plot")
@@ -780,27 +792,29 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
     d = result.to_dict()
     out = _out_console(json_out)
     out.print(_analysis_table(d))
-    name = str(path)
+    shown = "<stdin>" if str(path) == "-" else str(path)  # as replay and sweep name it
+    name = shown
     if name == str(embedded_sample_path()):
         name = f"embedded sample {Path(name).name}"
     caption = (f"{name} ({reader.fmt}): analyzed in {elapsed:,.2f} s (parsing included)")
     if reader.bad_lines:
         caption += f"; {_count(reader.bad_lines, 'bad line')} skipped"
-    out.print(caption, highlight=False, soft_wrap=True)
-    _write_json(json_out, {"trace": {"path": str(path), "format": reader.fmt,
+    out.print(caption, highlight=False, markup=False, soft_wrap=True)
+    _write_json(json_out, {"trace": {"path": shown, "format": reader.fmt,
                                      "bad_lines": reader.bad_lines,
                                      "length_mismatches": reader.length_mismatches,
                                      "analyze_s": elapsed},
                            "analysis": d, "plot": str(plot) if plot else None})
     if plot is not None:
         try:
-            plot_analysis(result, plot, title=f"{Path(path).name}: "
+            plot_analysis(result, plot, title=f"{Path(shown).name}: "
                           f"{_count(d['requests'], 'request')}, "
                           f"{_count(d['block_refs'], 'block ref')}, "
                           f"{d['distinct_blocks']:,} distinct")
         except OSError as exc:
             raise _CliError(f"cannot write plot to {plot}: {exc}") from None
-        out.print(f"distributions written to {plot}", highlight=False)
+        out.print(f"distributions written to {plot}", highlight=False, markup=False,
+                  soft_wrap=True)
 
 
 # -- sweep ---------------------------------------------------------------------------------
@@ -937,7 +951,7 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
                                       f"in-flight window {opts.inflight}"
                                       + (f", admission {opts.admission}"
                                          if opts.admission != "all" else ""), out))
-    out.print(_trace_caption(info), highlight=False, soft_wrap=True)
+    out.print(_trace_caption(info), highlight=False, markup=False, soft_wrap=True)
     payload = {"trace": info, "capacities": capacities,
                "plot": None if cmd.plot is None else str(cmd.plot),
                "results": [r.to_dict() for r in results]}
@@ -961,7 +975,8 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
         plot_mrc(results, cmd.plot, title=title, unique_blocks=unique, block_refs=n_refs)
     except OSError as exc:
         raise _CliError(f"cannot write plot to {cmd.plot}: {exc}") from None
-    out.print(f"miss-ratio curves written to {cmd.plot}", highlight=False)
+    out.print(f"miss-ratio curves written to {cmd.plot}", highlight=False, markup=False,
+              soft_wrap=True)
     return results
 
 

@@ -288,7 +288,7 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
         hit_blocks: per request, hit blocks (the replay's ``hits_out``).
         timestamps_ms: per request, arrival time in ms, or ``None`` for the whole trace
             (no queueing). A trace where some requests lack a timestamp is treated as having
-            none.
+            none, with a ``UserWarning`` giving the count and the first such request.
         stored_blocks: blocks written to the tier (the replay's ``stored_blocks``).
 
     Returns:
@@ -338,7 +338,14 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
         t0.append(length * per_tok)
         t1.append((length - h) * per_tok + h * load_tok)
     arrivals = None
-    if timestamps_ms is not None and n and all(t is not None for t in timestamps_ms):
+    unstamped = 0 if timestamps_ms is None else sum(t is None for t in timestamps_ms)
+    if 0 < unstamped < n:  # the caption says "no timestamps": say how many had one
+        first = next(i for i, t in enumerate(timestamps_ms) if t is None)  # type: ignore[arg-type]
+        warnings.warn(
+            f"cost model: {unstamped:,} of {n:,} requests have no timestamp (first: request "
+            f"{first + 1}); no queue is modeled (TTFT = each request's own prefill and load "
+            "time)", stacklevel=2)
+    if timestamps_ms is not None and n and not unstamped:
         arrivals = [t / 1000.0 for t in timestamps_ms]  # type: ignore[operator]
         for i, t in enumerate(timestamps_ms):
             if not math.isfinite(t):  # type: ignore[arg-type]

@@ -31,12 +31,19 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-)
-from prometheus_client.registry import Collector
+try:
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
+    from prometheus_client.registry import Collector
+except ModuleNotFoundError as _exc:
+    if (_exc.name or "").split(".")[0] != "prometheus_client":
+        raise
+    raise ModuleNotFoundError(
+        "kvtier.metrics needs prometheus_client, which is not installed: "
+        "pip install 'kvtier[metrics]'", name="prometheus_client") from None
 
 from kvtier.checks import _as_int
 from kvtier.manager import OffloadingManager

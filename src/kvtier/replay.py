@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass, replace
 
 from kvtier.admission_adaptive import ADMISSION_MODES
 from kvtier.checks import _as_int
-from kvtier.manager import OffloadingManager
+from kvtier.manager import MAX_BLOCKS, OffloadingManager
 from kvtier.oracle import NextUseOracle
 from kvtier.policies import get_policy
 from kvtier.trace import not_a_request
@@ -221,17 +221,18 @@ class ReplayResult:
 
 
 def parse_capacity(spec: str | int, unique_blocks: int | None = None) -> int:
-    """Parse a capacity: a block count (``"4000"``, ``4000``) or a percentage of the trace's
-    distinct blocks (``"10%"``, ``"2.5%"``; rounded, at least 1 block).
+    """Parse a capacity: a block count (``"4000"``, ``4000``, a numpy integer) or a percentage
+    of the trace's distinct blocks (``"10%"``, ``"2.5%"``; rounded, at least 1 block).
 
     Raises:
-        ValueError: not a positive count or percentage, or a percentage without
-            ``unique_blocks``.
+        ValueError: not a positive count or percentage, a percentage without
+            ``unique_blocks``, or more blocks than a tier can hold
+            (:data:`kvtier.manager.MAX_BLOCKS`).
     """
-    if isinstance(spec, bool):
-        raise ValueError(f"capacity must be a block count or a percentage, got {spec!r}")
-    if isinstance(spec, int):
-        value = spec
+    if not isinstance(spec, str):
+        value = _as_int(spec)  # numpy ints taken as the manager takes them; bools refused
+        if value is None:
+            raise ValueError(f"capacity must be a block count or a percentage, got {spec!r}")
     else:
         m = _CAPACITY_RE.match(spec)
         if m:
@@ -251,9 +252,16 @@ def parse_capacity(spec: str | int, unique_blocks: int | None = None) -> int:
             pct = float(p.group(1))
             if pct <= 0:
                 raise ValueError(f"capacity {spec!r} must be > 0%")
-            return max(1, round(unique_blocks * pct / 100.0))
+            blocks = unique_blocks * pct / 100.0  # inf for a percentage of 400 digits
+            if blocks > MAX_BLOCKS:
+                raise ValueError(f"capacity {spec!r} = {blocks:,.0f} blocks is above the "
+                                 f"most a tier can hold ({MAX_BLOCKS:,} blocks)")
+            return max(1, round(blocks))
     if value < 1:
         raise ValueError(f"capacity must be >= 1 block, got {spec!r}")
+    if value > MAX_BLOCKS:
+        raise ValueError(f"capacity {spec!r} is above the most blocks a tier can hold "
+                         f"({MAX_BLOCKS:,})")
     return value
 
 

@@ -66,8 +66,9 @@ class ThreadSafeManager:
 
     Raises:
         TypeError: ``lock`` does not have ``__enter__``/``__exit__``, or is a plain
-            (non-re-entrant) ``threading.Lock`` or a ``threading.Semaphore`` /
-            ``BoundedSemaphore``.
+            (non-re-entrant) ``threading.Lock``, a ``threading.Semaphore`` /
+            ``BoundedSemaphore``, or any other lock that the thread holding it cannot take
+            again (tried once, without blocking, e.g. ``threading.Condition(Lock())``).
     """
 
     def __init__(self, manager: OffloadingManager, lock: Any = None) -> None:
@@ -79,6 +80,11 @@ class ThreadSafeManager:
             raise TypeError(
                 f"lock is a {type(lock).__name__}, which is not re-entrant: a call made inside "
                 "`with m.lock:` would deadlock; pass a threading.RLock (or omit lock)")
+        elif not _reentrant(lock):
+            raise TypeError(
+                f"lock {lock!r} is not re-entrant (the thread holding it cannot take it again): "
+                "a call made inside `with m.lock:` would deadlock; pass a threading.RLock "
+                "(or omit lock)")
         if not all(callable(getattr(manager, m, None)) for m in ("lookup", "prepare_store",
                                                                  "complete_store", "stats")):
             raise TypeError(
@@ -132,6 +138,28 @@ class ThreadSafeManager:
 
     def __repr__(self) -> str:
         return f"ThreadSafeManager({self.manager!r})"
+
+
+def _reentrant(lock: Any) -> bool:
+    """False when ``lock`` is seen not to be re-entrant: taken once (without blocking), the
+    same thread cannot take it again (a ``threading.Condition`` over a plain ``Lock``, a
+    ``multiprocessing.Lock``). True when it can, or when it cannot be tried: no ``acquire``,
+    or held by another thread right now. Leaves the lock as it found it."""
+    acquire = getattr(lock, "acquire", None)
+    if not callable(acquire):
+        return True
+    try:
+        if not acquire(False):  # held elsewhere: cannot tell
+            return True
+    except TypeError:  # an acquire without a blocking argument
+        return True
+    try:
+        again = acquire(False)
+        if again:
+            lock.release()
+        return bool(again)
+    finally:
+        lock.release()
 
 
 def _locked(method: Callable[..., Any], lock: Any) -> Callable[..., Any]:

@@ -293,7 +293,9 @@ def _redis_tier(url: str, block_bytes: int) -> BlockTier:
         from kvtier.tiers.redis import RedisTier
     except ImportError as exc:
         raise ValueError(f"--tiers {_shown(url)}: the Redis tier (kvtier.tiers.redis.RedisTier) is "
-                         f"not available: {exc}") from None
+                         f"not available: {exc}" + ("" if "pip install" in str(exc) else
+                                                     " (install it: pip install 'kvtier[redis]')")
+                         ) from None
     try:
         query = dict(parse_qsl(urlsplit(url).query))
     except ValueError:
@@ -514,7 +516,7 @@ def replay_tiers_cli(command, tiers: str, demotion: str, capacity_given: bool = 
     names = ",".join(_shown(t.url) if t.kind == "redis" else f"{t.kind}:{t.capacity}"
                      for t in spec)
     out.print(results_table(results, f"kvtier replay --tiers {names} — demotion {demotion}"))
-    out.print(cli._trace_caption(info), highlight=False, soft_wrap=True)
+    out.print(cli._trace_caption(info), highlight=False, markup=False, soft_wrap=True)
     cli._write_json(json_out, {"trace": info,
                                "tiers": [{**t.__dict__, "url": t.url and _shown(t.url)}
                                          for t in spec],

@@ -383,6 +383,10 @@ class TraceReader:
             (a power of two up to 65,536) that fits the most of the lines that disagree, and
             how many of them it fits; else ``None``.
         strict: mismatches are errors instead of a warning.
+
+    Thread safety: none; a reader is one pass at a time on one thread (two threads
+    iterating one reader interleave its lines). Open one reader per thread, or per process as
+    ``kvtier sweep``'s workers do.
     """
 
     def __init__(
@@ -599,9 +603,11 @@ class TraceReader:
                 input_length = obj.get("input_length")
                 if input_length is None:
                     raise _LineError("missing field 'input_length' (tokens)")
-                if (input_length + block_tokens - 1) // block_tokens != len(ids) and not (
-                    _bad_length(input_length)
-                ):
+                if type(input_length) is not int or input_length < 0:  # before the arithmetic
+                    raise _LineError(
+                        f"'input_length' must be an int >= 0 (tokens), got {input_length!r}"
+                    )
+                if (input_length + block_tokens - 1) // block_tokens != len(ids):
                     if strict:
                         need = (input_length + block_tokens - 1) // block_tokens
                         raise _LineError(
@@ -637,15 +643,15 @@ class TraceReader:
                         f"token id {tokens[big]} (token {big}) does not fit in 63 bits"
                     ) from None
                 input_length = obj.get("input_length", len(tokens))
-                if input_length != len(tokens) and not _bad_length(input_length):
+                if _bad_length(input_length):
+                    raise _LineError(
+                        f"'input_length' must be an int >= 0 (tokens), got {input_length!r}"
+                    )
+                if input_length != len(tokens):
                     raise _LineError(
                         f"'input_length' {input_length} does not match the "
                         f"{len(tokens)} 'token_ids'"
                     )
-            if _bad_length(input_length):
-                raise _LineError(
-                    f"'input_length' must be an int >= 0 (tokens), got {input_length!r}"
-                )
             output_length = obj.get("output_length")
             if output_length is not None and _bad_length(output_length):
                 raise _LineError(
@@ -672,7 +678,13 @@ class TraceReader:
                 if digits.isdecimal() and digits.isascii() and (
                     digits[0] != "0" or part == "0"
                 ):  # canonical ASCII decimal: "01", "+1", "1_000" and "-0" stay strings
-                    append(int(part))
+                    try:
+                        append(int(part))
+                    except ValueError:  # more digits than sys.get_int_max_str_digits()
+                        raise _LineError(
+                            f"key of {len(digits):,} digits: more than Python converts to an "
+                            f"int ({sys.get_int_max_str_digits():,}, "
+                            "sys.set_int_max_str_digits)") from None
                 elif part[0] in "{[\"'":
                     raise _LineError(
                         f"{part[:20]!r} is not a block key (is this a JSON trace? read it "

@@ -191,6 +191,28 @@ def test_jobs_are_asynchronous_and_fifo():
     eng.close()
 
 
+def test_wait_and_close_take_an_infinite_timeout_and_refuse_a_bad_one():
+    """Found by a newcomer session: wait(float("inf")) with a job in flight raised
+    OverflowError ('timestamp out of range for platform time_t', from the Condition wait);
+    so did close(inf) and KVOffloader.wait(inf) above it. NaN spun on non-blocking waits."""
+    pool, kv, eng = make("cpu", 2, 8, 8)
+    gate = threading.Event()
+    eng._before_copy = lambda job_id, kind, t: gate.wait(10)
+    eng.submit_store(0, [1, 2], [0, 1])
+    for bad in (float("nan"), "5", True):
+        with pytest.raises(ValueError, match="wait: timeout must be None or a number"):
+            eng.wait(bad)
+        with pytest.raises(ValueError, match="close: timeout must be None or a number"):
+            eng.close(bad)
+    assert not eng.closed
+    threading.Timer(0.05, gate.set).start()
+    assert eng.wait(float("inf")) is True
+    assert eng.poll() == [TransferResult(0, True)]
+    eng.submit_store(1, [3], [2])
+    eng.close(float("inf"))
+    assert eng.closed
+
+
 def test_empty_job_finishes_ok():
     pool, kv, eng = make("cpu", 1, 4, 4)
     eng.submit_store("e", [], [])

@@ -228,6 +228,8 @@ def test_disk_config_errors_name_the_option(tmp_path, over, message):
     ({"url": None}, "url is required"),
     ({"namespace": "a{b}"}, "namespace"),
     ({"fingerprint": "x"}, "unknown option(s) fingerprint"),
+    # newcomer finding: the JSON string "false" was read as True (a cluster tier)
+    ({"cluster": "false"}, "cluster must be a bool, got 'false'"),
 ])
 def test_redis_config_errors_name_the_option(over, message, monkeypatch):
     monkeypatch.delenv("KVTIER_REDIS_URL", raising=False)

@@ -134,3 +134,29 @@ def test_plugin_error_survives_pickling():
     back = pickle.loads(pickle.dumps(err))
     assert str(back) == str(err) and (back.name, back.target, back.dist) == ("mine",
                                                                           "pkg.mod:Cls", "pkg")
+
+
+def test_a_policy_class_that_cannot_be_built_is_refused_at_registration():
+    """Found by a newcomer session: register_policy took a CachePolicy subclass that left
+    abstract hooks (here all of them), listed it among the CLI's choices, and only building
+    a manager with it failed ("Can't instantiate abstract class"): in a sweep, in every
+    worker. A plugin that does so is now skipped at load with the other broken plugins."""
+    from kvtier import CachePolicy
+
+    class Unfinished(CachePolicy):
+        def clear(self):
+            pass
+
+    before = registry.available_policies()
+    with pytest.raises(TypeError, match=r"policy 'unfinished': Unfinished is abstract "
+                                        r"\(not implemented: _evict, mark_evictable"):
+        registry.register_policy("unfinished", Unfinished)
+    assert registry.available_policies() == before
+
+
+@pytest.mark.parametrize("name", [["lru"], None, 5])
+def test_get_policy_names_a_name_that_is_not_a_str(name):
+    """Found by a newcomer session: get_policy(["lru"]) raised a bare "unhashable type:
+    'list'"."""
+    with pytest.raises(ValueError, match=re.escape(f"unknown policy {name!r}") + ".*known"):
+        registry.get_policy(name)

@@ -560,3 +560,26 @@ def test_a_new_tier_that_fails_to_open_leaves_no_layout_behind(tmp_path, monkeyp
     tier = DiskTier(tmp_path / "d", 8, 64)
     assert tier.read(["k"]) == [b"x" * 64]
     tier.close()
+
+
+def test_flush_takes_an_infinite_timeout_and_refuses_a_bad_one(tmp_path, monkeypatch):
+    """Found by a newcomer session: flush(float("inf")) with writes in flight raised
+    OverflowError ('timestamp out of range for platform time_t', from the Condition wait),
+    flush(float("nan")) spun on a non-blocking wait until the writes were done, and
+    flush("5") with writes in flight raised a bare TypeError from threading."""
+    gate = threading.Event()
+    real = disk_mod._pwrite_all
+
+    def slow(fd, data, offset):
+        gate.wait(10)
+        real(fd, data, offset)
+
+    monkeypatch.setattr(disk_mod, "_pwrite_all", slow)
+    with DiskTier(tmp_path, 8, BB, workers=2) as t:
+        assert t.write([1, 2], [blk(1), blk(2)]) == 2
+        for bad in (float("nan"), "5", True):
+            with pytest.raises(ValueError, match="flush: timeout must be None or a number"):
+                t.flush(bad)
+        threading.Timer(0.05, gate.set).start()
+        assert t.flush(float("inf")) is True
+        assert t.lookup_prefix([1, 2]) == 2

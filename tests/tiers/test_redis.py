@@ -346,6 +346,78 @@ def test_from_url_takes_tier_options_from_the_query(shared_redis_server, monkeyp
         RedisTier.from_url(shared_redis_server.url + "?block_bytes=big", fingerprint=FP)
 
 
+def test_from_url_takes_every_size_option_and_refuses_an_unknown_cluster_value():
+    """Found by a newcomer session: ``?write_batch_bytes=...`` (a constructor option) was
+    not taken out of the query by from_url but handed to redis-py ("bad Redis URL or client
+    option ... unexpected keyword argument 'write_batch_bytes'"), and ``?cluster=2`` or
+    ``?cluster=ja`` built a standalone tier in silence."""
+    url = "redis://127.0.0.1:1/0"
+    with RedisTier.from_url(url + "?write_batch_bytes=4096", block_bytes=BLOCK,
+                            fingerprint=FP) as tier:
+        assert tier.write_batch_bytes == 4096
+    for text, want in (("1", True), ("TRUE", True), ("on", True), ("0", False),
+                       ("false", False), ("No", False), ("off", False)):
+        with RedisTier.from_url(f"{url}?cluster={text}", block_bytes=BLOCK,
+                                fingerprint=FP) as tier:  # a cluster client connects lazily
+            assert tier.cluster is want
+    for text in ("2", "ja", ""):
+        with pytest.raises(ValueError, match=f"cluster={text!r} is not a valid cluster"):
+            RedisTier.from_url(f"{url}?cluster={text}", block_bytes=BLOCK, fingerprint=FP)
+    with pytest.raises(ValueError, match="write_batch_bytes must be an int > 0"):
+        RedisTier.from_url(url + "?write_batch_bytes=0", block_bytes=BLOCK, fingerprint=FP)
+
+
+@pytest.mark.parametrize("cluster", ["no", 1, None])
+def test_cluster_must_be_a_bool(cluster):
+    """Found by a newcomer session: ``cluster="no"`` was read as True (a cluster tier with
+    pipelined lookups)."""
+    with pytest.raises(ValueError, match="cluster must be a bool"):
+        RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP, cluster=cluster)
+
+
+def test_numpy_ints_are_taken_for_ttl_and_breaker_failures():
+    """Found by a newcomer session: ttl_s=np.int64(5) and breaker_failures=np.int64(5) were
+    refused ("must be ... an int") where block_bytes and the queue sizes take numpy ints."""
+    np = pytest.importorskip("numpy")
+    with RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP,
+                   ttl_s=np.int64(5), breaker_failures=np.int32(4)) as tier:
+        assert tier.ttl_s == 5 and type(tier.ttl_s) is int
+        assert tier.breaker.failure_threshold == 4
+        assert type(tier.breaker.failure_threshold) is int
+    for kw in ({"ttl_s": np.bool_(True)}, {"breaker_failures": np.bool_(True)},
+               {"ttl_s": 1.5}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP, **kw)
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), "5", True])
+def test_close_and_flush_refuse_a_bad_timeout_before_closing(timeout):
+    """Found by a newcomer session: ``close(float("nan"))`` marked the tier closed, then
+    Thread.join raised a bare 'Invalid value NaN (not a number)', so the clients were never
+    closed, and a second close() returned at once (already closed)."""
+    tier = RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP)
+    with pytest.raises(ValueError, match="flush: timeout must be None or a number of sec"):
+        tier.flush(timeout)
+    with pytest.raises(ValueError, match="close: timeout must be None or a number of sec"):
+        tier.close(timeout)
+    assert tier.lookup_prefix([1]) == 0  # still open
+    tier.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        tier.lookup_prefix([1])
+
+
+def test_an_infinite_timeout_waits_as_none_does(shared_redis_server):
+    """Found by a newcomer session: flush(float("inf")) with writes queued and
+    close(float("inf")) raised OverflowError ('timeout value is too large', from the
+    Condition / Thread.join underneath), close after marking the tier closed."""
+    tier = make_tier(shared_redis_server.url)
+    tier.write([1, 2], blocks_for([1, 2]))
+    assert tier.flush(float("inf")) is True
+    tier.close(float("inf"))
+    with pytest.raises(RuntimeError, match="closed"):
+        tier.lookup_prefix([1])
+
+
 def test_queue_bound_drops_and_counts(shared_redis_server):
     size = HEADER_BYTES + BLOCK
     with make_tier(shared_redis_server.url, max_queue_bytes=3 * size) as tier:
@@ -953,3 +1025,17 @@ def test_a_full_server_refuses_writes_but_keeps_serving_reads(redis_server, capl
         assert [r.levelno for r in oom] == [logging.WARNING] + [logging.DEBUG] * 5
     finally:
         tier.close()
+
+
+def test_import_without_redis_py_names_the_install_command():
+    """Found by a newcomer session: in a fresh `pip install -e .` (no redis extra),
+    `import kvtier.tiers.redis` said only "No module named 'redis'", where kvtier.dataplane
+    names its extra."""
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    code = ("import sys; sys.modules['redis'] = None\n"
+            "try:\n    import kvtier.tiers.redis\nexcept ModuleNotFoundError as e:\n"
+            "    print(e.name, '|', e)\n")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=60).stdout
+    assert out.startswith("redis |") and "pip install 'kvtier[redis]'" in out

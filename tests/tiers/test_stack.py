@@ -640,3 +640,16 @@ def test_tiers_replay_refuses_options_it_does_not_simulate(extra, message):
     result = CliRunner().invoke(app, ["replay", "--tiers", "host:2%,disk:20%", *extra])
     assert result.exit_code == 1
     assert message in result.output
+
+
+def test_a_redis_item_without_redis_py_says_how_to_install_it(monkeypatch):
+    """Found by a newcomer session: in a fresh `pip install -e .` (no redis extra),
+    `kvtier replay --tiers host:2%,disk:20%,redis://...` (docs/tiers.md's example) said only
+    "not available: No module named 'redis'"."""
+    import sys
+
+    from kvtier.tiersim import _redis_tier
+
+    monkeypatch.setitem(sys.modules, "kvtier.tiers.redis", None)  # import raises ImportError
+    with pytest.raises(ValueError, match=r"pip install 'kvtier\[redis\]'"):
+        _redis_tier("redis://127.0.0.1:1/0", 64)

@@ -96,6 +96,10 @@ class HostBlockPool:
         TypeError: ``dtype`` is not a ``torch.dtype``.
         PoolAllocationError: (a ``MemoryError``) the pool's size in bytes exceeds ``max_bytes``
             or the available host memory; raised before allocating anything.
+
+    Thread safety: the pool holds no state besides its tensor; which slot may be written or
+    read when is the manager's business (a slot is written only while its store is pending
+    and read only while pinned), and the transfer engine's worker copies under that rule.
     """
 
     def __init__(

@@ -45,6 +45,10 @@ class TieredOffloader:
 
     Raises:
         TypeError, ValueError: as :class:`~kvtier.tiers.stack.TierStack`.
+
+    Thread safety: none, as :class:`~kvtier.dataplane.KVOffloader`: call it from one thread
+    (the engine's); the lower tiers' own threads (disk writers, the Redis writer) never call
+    back into it.
     """
 
     def __init__(self, offloader: KVOffloader, lower: Sequence[BlockTier], *,

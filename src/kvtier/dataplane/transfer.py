@@ -54,6 +54,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from kvtier.checks import check_timeout
 from kvtier.dataplane.pool import HostBlockPool
 
 __all__ = ["TransferEngine", "TransferResult"]
@@ -619,12 +620,15 @@ class TransferEngine:
         """Block until every submitted job has finished (not necessarily polled).
 
         Args:
-            timeout: seconds to wait at most; ``None`` waits forever.
+            timeout: seconds to wait at most; ``None`` (or ``inf``) waits forever.
 
         Returns:
             ``True`` when nothing is in flight any more, ``False`` on timeout.
+
+        Raises:
+            ValueError: ``timeout`` is NaN, a bool or not a number.
         """
-        return self._backend.wait(timeout)
+        return self._backend.wait(check_timeout(timeout, "wait"))
 
     @property
     def in_flight(self) -> int:
@@ -650,6 +654,7 @@ class TransferEngine:
         """
         if self._closed:
             return
+        timeout = check_timeout(timeout, "close")  # before anything is stopped
         self.wait(timeout)
         self._closed = True
         self._backend.stop(timeout)

@@ -58,12 +58,17 @@ def register_policy(name: str, cls: type[CachePolicy]) -> type[CachePolicy]:
     """Register ``cls`` under ``name`` and return it.
 
     Raises:
-        TypeError: ``cls`` is not a :class:`CachePolicy` subclass.
+        TypeError: ``cls`` is not a :class:`CachePolicy` subclass, or leaves abstract hooks
+            unimplemented (it could not be built).
         ValueError: ``name`` is empty, has a comma or a space at either end (the CLI's
             ``-p a,b`` could not select it), or is already taken by another class.
     """
     if not isinstance(cls, type) or not issubclass(cls, CachePolicy):
         raise TypeError(f"policy {name!r}: {cls!r} is not a CachePolicy subclass")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:  # building a manager with it would fail: refuse it now, by name
+        raise TypeError(f"policy {name!r}: {cls.__name__} is abstract (not implemented: "
+                        f"{', '.join(missing)})")
     if not isinstance(name, str) or not name:
         raise ValueError(f"policy name must be a non-empty str, got {name!r}")
     if "," in name or name != name.strip():  # the CLI splits -p on commas and strips
@@ -114,8 +119,12 @@ def get_policy(name: str) -> type[CachePolicy]:
     Raises:
         PolicyPluginError: (a ``ValueError``) ``name`` is a plugin that failed to load; the
             message and ``.error`` give its error.
-        ValueError: no policy has that name (the message lists the known names).
+        ValueError: no policy has that name, or ``name`` is not a str (the message lists
+            the known names).
     """
+    if not isinstance(name, str):  # ValueError as for an unknown name (callers catch it)
+        raise ValueError(f"unknown policy {name!r}: a policy name is a str; known policies: "
+                         f"{', '.join(available_policies())}")
     cls = _REGISTRY.get(name)
     if cls is None:
         _load_entry_points()

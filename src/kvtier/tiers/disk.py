@@ -50,7 +50,7 @@ from typing import Any
 
 import xxhash
 
-from kvtier.checks import check_positive_int, key_list, unhashable_error
+from kvtier.checks import check_positive_int, check_timeout, key_list, unhashable_error
 from kvtier.manager import OffloadingManager
 from kvtier.policies import CachePolicy, get_policy
 from kvtier.tiers.base import BlockTier, Key, TierStats, encode_key
@@ -624,8 +624,13 @@ class DiskTier(BlockTier):
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every accepted write is done (or failed) and collect them.
 
-        Returns ``False`` when ``timeout`` seconds passed first.
+        Returns ``False`` when ``timeout`` seconds passed first (``None`` or ``inf``: wait as
+        long as it takes).
+
+        Raises:
+            ValueError: ``timeout`` is NaN, a bool or not a number.
         """
+        timeout = check_timeout(timeout, "flush")
         if self._closed:
             return True
         with self._cv:

@@ -51,12 +51,20 @@ from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import redis
 import xxhash
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from kvtier.checks import _as_int, key_list
+try:
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+except ModuleNotFoundError as _exc:
+    if (_exc.name or "").split(".")[0] != "redis":
+        raise
+    raise ModuleNotFoundError(
+        "kvtier.tiers.redis needs redis-py, which is not installed: pip install 'kvtier[redis]'",
+        name="redis") from None
+
+from kvtier.checks import _as_int, check_timeout, key_list
 from kvtier.tiers.base import (
     BlockTier,
     Key,
@@ -91,9 +99,10 @@ _TIER_QUERY_OPTIONS = {
     "write_timeout_s": float,
     "compression": str,
     "ttl_s": int,
-    "cluster": lambda v: v.lower() in ("1", "true", "yes", "on"),
+    "cluster": lambda v: _query_bool(v),
     "lookup_mode": str,
     "max_queue_bytes": int,
+    "write_batch_bytes": int,
     "breaker_failures": int,
     "breaker_cooldown_s": float,
 }
@@ -185,6 +194,17 @@ def layout_fingerprint(
     return join_fingerprint_fields(items)
 
 
+def _query_bool(text: str) -> bool:
+    """A URL query flag: 1/true/yes/on or 0/false/no/off (any case); anything else raises
+    ``ValueError`` (``?cluster=2`` built a standalone tier in silence)."""
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
 def _positive_seconds(value: object) -> bool:
     """``value`` is a finite int/float > 0 (not a bool): a timeout or cooldown in seconds
     (an infinite socket timeout made every call fail, an infinite cooldown never closed the
@@ -207,8 +227,10 @@ class CircuitBreaker:
     HALF_OPEN = "half_open"
 
     def __init__(self, failure_threshold: int = 3, cooldown_s: float = 1.0) -> None:
-        if type(failure_threshold) is not int or failure_threshold < 1:
+        threshold = _as_int(failure_threshold)  # numpy ints taken, kept as plain ints
+        if threshold is None or threshold < 1:
             raise ValueError(f"breaker_failures must be an int >= 1, got {failure_threshold!r}")
+        failure_threshold = threshold
         if not _positive_seconds(cooldown_s):
             raise ValueError(
                 f"breaker_cooldown_s must be a finite number > 0 seconds, got {cooldown_s!r}")
@@ -375,8 +397,13 @@ class RedisTier(BlockTier):
                 raise ValueError(f"{opt} must be a finite number > 0 seconds, got {val!r}")
         if compression not in ("none", "zstd"):
             raise ValueError(f"compression must be 'none' or 'zstd', got {compression!r}")
-        if ttl_s is not None and (type(ttl_s) is not int or ttl_s <= 0):
-            raise ValueError(f"ttl_s must be None or an int > 0 seconds, got {ttl_s!r}")
+        if ttl_s is not None:
+            ttl = _as_int(ttl_s)  # numpy ints taken, kept as plain ints
+            if ttl is None or ttl <= 0:
+                raise ValueError(f"ttl_s must be None or an int > 0 seconds, got {ttl_s!r}")
+            ttl_s = ttl
+        if type(cluster) is not bool and type(cluster).__name__ != "bool_":
+            raise ValueError(f"cluster must be a bool, got {cluster!r}")
         if lookup_mode is None:
             lookup_mode = "pipeline" if cluster else "script"
         if lookup_mode not in ("script", "pipeline"):
@@ -910,7 +937,14 @@ class RedisTier(BlockTier):
         return take
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every accepted write is done or failed; ``False`` on timeout."""
+        """Wait until every accepted write is done or failed; ``False`` on timeout.
+
+        ``timeout``: seconds, ``None`` or ``inf`` to wait as long as it takes.
+
+        Raises:
+            ValueError: ``timeout`` is NaN, a bool or not a number.
+        """
+        timeout = check_timeout(timeout, "flush")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._done:
             while self._queued_blocks or self._inflight:
@@ -947,7 +981,13 @@ class RedisTier(BlockTier):
 
     def close(self, timeout: float | None = 5.0) -> None:
         """Finish queued writes (up to ``timeout`` seconds; the rest are dropped and counted
-        as failed), stop the writer and close the connections. Idempotent."""
+        as failed), stop the writer and close the connections. Idempotent. ``timeout``:
+        seconds, ``None`` or ``inf`` to wait as long as it takes.
+
+        Raises:
+            ValueError: ``timeout`` is NaN, a bool or not a number (the tier stays open).
+        """
+        timeout = check_timeout(timeout, "close")
         with self._lock:
             if self._closed:
                 return

@@ -93,6 +93,9 @@ class TierStack:
         ValueError: an unknown demotion mode, repeated tier names, or a tier of another
             block size.
         TypeError: ``host`` is not an OffloadingManager or a tier is not a BlockTier.
+
+    Thread safety: none: one thread (the engine's) calls the stack and, through it, the host
+    manager, which is not thread-safe either; the lower tiers may run threads of their own.
     """
 
     def __init__(
