@@ -84,6 +84,17 @@ HEADER_BYTES = HEADER.size  # 40
 ENV_URL = "KVTIER_REDIS_URL"
 ENV_PASSWORD = "KVTIER_REDIS_PASSWORD"
 
+def _query_bool(text: str) -> bool:
+    """A URL query flag: 1/true/yes/on or 0/false/no/off (any case); anything else raises
+    ``ValueError`` (``?cluster=2`` built a standalone tier in silence)."""
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
 # Query parameters of a tier URL that are kvtier's, not redis-py's (removed before redis-py
 # parses the URL).
 _TIER_QUERY_OPTIONS = {
@@ -96,7 +107,7 @@ _TIER_QUERY_OPTIONS = {
     "write_timeout_s": float,
     "compression": str,
     "ttl_s": int,
-    "cluster": lambda v: _query_bool(v),
+    "cluster": _query_bool,
     "lookup_mode": str,
     "max_queue_bytes": int,
     "write_batch_bytes": int,
@@ -189,17 +200,6 @@ def layout_fingerprint(
         **extra,
     }
     return join_fingerprint_fields(items)
-
-
-def _query_bool(text: str) -> bool:
-    """A URL query flag: 1/true/yes/on or 0/false/no/off (any case); anything else raises
-    ``ValueError`` (``?cluster=2`` built a standalone tier in silence)."""
-    word = text.strip().lower()
-    if word in ("1", "true", "yes", "on"):
-        return True
-    if word in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(text)
 
 
 def _positive_seconds(value: object) -> bool:
