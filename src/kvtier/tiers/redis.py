@@ -66,6 +66,7 @@ from kvtier.tiers.base import (
     BlockTier,
     Key,
     TierStats,
+    block_nbytes,
     encode_key,
     join_fingerprint_fields,
 )
@@ -873,16 +874,19 @@ class RedisTier(BlockTier):
 
         Raises:
             ValueError: lengths differ, or a block is not ``block_bytes`` long (names it).
-            TypeError: a key has no stable encoding. RuntimeError: the tier is closed.
+            TypeError: a key has no stable encoding, or a block is not bytes-like (names
+            the key). RuntimeError: the tier is closed.
         """
         if type(keys) is not list and type(keys) is not tuple:  # a lone str: TypeError
             keys = key_list(keys, "RedisTier.write")
         self._check_open()
+        if type(blocks) is not list and type(blocks) is not tuple:  # any iterable, as DiskTier
+            blocks = list(blocks)
         if len(keys) != len(blocks):
             raise ValueError(f"write got {len(keys)} keys but {len(blocks)} blocks")
         rkeys = [self.redis_key(k) for k in keys]
         for i, b in enumerate(blocks):
-            n = memoryview(b).nbytes
+            n = block_nbytes(b, keys[i])
             if n != self.block_bytes:
                 raise ValueError(
                     f"block {i} (key {keys[i]!r}) is {n} bytes, the tier's blocks are "
