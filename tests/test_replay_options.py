@@ -53,6 +53,19 @@ def test_replay_options_take_numpy_ints_as_the_manager_does(trace):
         ReplayOptions(inflight=np.bool_(True))
 
 
+def test_a_numpy_capacity_gives_a_json_ready_result(trace):
+    """Found by a newcomer session: replay(trace, "lru", np.int64(1000)) (and run_grid with
+    numpy capacities) kept the numpy integer as ReplayResult.capacity, so
+    json.dumps(result.to_dict()), whose docstring says JSON-ready, raised 'Object of type
+    int64 is not JSON serializable'."""
+    import json
+
+    np = pytest.importorskip("numpy")
+    result = replay(trace, "lru", np.int64(1000))
+    assert result.capacity == 1000 and type(result.capacity) is int
+    json.dumps(result.to_dict())
+
+
 def test_trace_options_are_checked_when_made():
     with pytest.raises(TraceFormatError, match="unknown format 'xml'"):
         TraceOptions(fmt="xml")

@@ -31,3 +31,15 @@ def test_a_bad_worker_count_is_refused(workers):
 
     with pytest.raises(ValueError, match="workers must be an int >= 1"):
         run_grid(embedded_sample_path(), ["lru"], [10], workers=workers)
+
+
+@pytest.mark.parametrize(("policies", "capacities", "name"), [
+    ("lru", [10], "policies"), (["lru"], "100", "capacities"), (["lru"], 100, "capacities")])
+def test_a_lone_str_or_number_is_not_a_list(policies, capacities, name):
+    """Found by a newcomer session: run_grid(path, "lru", [10]) iterated the str and failed
+    with "unknown policy 'l'", and capacities "100" with 'num_blocks must be a positive int,
+    got '1''."""
+    from kvtier.trace import embedded_sample_path
+
+    with pytest.raises(TypeError, match=f"{name} must be a list"):
+        run_grid(embedded_sample_path(), policies, capacities, workers=1)

@@ -344,7 +344,7 @@ def replay(
     stats = manager.stats()
     return ReplayResult(
         policy=policy if isinstance(policy, str) else getattr(policy, "name", str(policy)),
-        capacity=capacity,
+        capacity=manager.num_blocks,  # a plain int (numpy capacities are taken)
         protocol=protocol,
         inflight=inflight,
         block_tokens=block_tokens,

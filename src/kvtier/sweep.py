@@ -97,7 +97,8 @@ def run_grid(
 
     Raises:
         kvtier.trace.TraceFormatError: bad trace. ValueError: bad policy or argument (e.g.
-            ``workers`` or ``limit`` not an int >= 1).
+            ``workers`` or ``limit`` not an int >= 1). TypeError: ``policies`` or
+            ``capacities`` is a lone str or number, not a list.
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                               or limit < 1):
@@ -105,6 +106,11 @@ def run_grid(
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 1):  # 0 or -3 ran in-process, 2.5 as 2 workers
         raise ValueError(f"workers must be an int >= 1 (processes) or None, got {workers!r}")
+    for name, value, what in (("policies", policies, "policy names"),
+                              ("capacities", capacities, "block counts")):
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            raise TypeError(f"{name} must be a list of {what}, not a single {value!r} (wrap it "
+                            "in a list)")
     trace = TraceOptions() if trace is None else trace
     options = ReplayOptions() if options is None else options
     points = [(p, c) for p in policies for c in capacities]

@@ -583,3 +583,14 @@ def test_flush_takes_an_infinite_timeout_and_refuses_a_bad_one(tmp_path, monkeyp
         threading.Timer(0.05, gate.set).start()
         assert t.flush(float("inf")) is True
         assert t.lookup_prefix([1, 2]) == 2
+
+
+def test_a_block_that_is_not_bytes_like_is_named(tmp_path):
+    """Found by a newcomer session: write([1], ["x" * 16]) raised a bare "memoryview: a
+    bytes-like object is required, not 'str'", naming neither the key nor the rule."""
+    with DiskTier(tmp_path, 4, BB) as t:
+        for bad in ("x" * BB, None, 5):
+            with pytest.raises(TypeError, match=rf"block for key 2 is a {type(bad).__name__}, "
+                                                "not a bytes-like object"):
+                t.write([1, 2], [blk(1), bad])
+        assert t.flush(5) and len(t) == 0 and t.stats().writes == 0

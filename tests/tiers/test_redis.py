@@ -1039,3 +1039,16 @@ def test_import_without_redis_py_names_the_install_command():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=60).stdout
     assert out.startswith("redis |") and "pip install 'kvtier[redis]'" in out
+
+
+def test_a_block_that_is_not_bytes_like_is_named_and_blocks_may_be_any_iterable():
+    """Found by a newcomer session: write([1], ["x" * BLOCK]) raised a bare "memoryview: a
+    bytes-like object is required, not 'str'", and a generator of blocks "object of type
+    'generator' has no len()" (DiskTier.write takes any iterable)."""
+    with RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP) as tier:
+        for bad in ("x" * BLOCK, None):
+            with pytest.raises(TypeError, match=rf"block for key 2 is a {type(bad).__name__}, "
+                                                "not a bytes-like object"):
+                tier.write([1, 2], [bytes(BLOCK), bad])
+        assert tier.stats().writes == 0
+        assert tier.write([1, 2], (b for b in blocks_for([1, 2]))) == 2

@@ -123,8 +123,9 @@ def get_policy(name: str) -> type[CachePolicy]:
             the known names).
     """
     if not isinstance(name, str):  # ValueError as for an unknown name (callers catch it)
-        raise ValueError(f"unknown policy {name!r}: a policy name is a str; known policies: "
-                         f"{', '.join(available_policies())}")
+        raise ValueError(  # noqa: TRY004
+            f"unknown policy {name!r}: a policy name is a str; known policies: "
+            f"{', '.join(available_policies())}")
     cls = _REGISTRY.get(name)
     if cls is None:
         _load_entry_points()

@@ -84,6 +84,20 @@ class TierStats:
     write_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
 
+def block_nbytes(block: Any, key: Key) -> int:
+    """Bytes in ``block``, a bytes-like object (``bytes``, ``bytearray``, ``memoryview``, a
+    numpy array...) to be written under ``key``.
+
+    Raises:
+        TypeError: ``block`` is not bytes-like (names the key and the block's type).
+    """
+    try:
+        return memoryview(block).nbytes
+    except TypeError:
+        raise TypeError(f"block for key {key!r} is a {type(block).__name__}, not a bytes-like "
+                        "object (bytes, bytearray, memoryview or an array)") from None
+
+
 def encode_key(key: Key) -> bytes:
     """A stable byte encoding of a block key, the same in every process and across restarts.
 

@@ -53,7 +53,7 @@ import xxhash
 from kvtier.checks import check_positive_int, check_timeout, key_list, unhashable_error
 from kvtier.manager import OffloadingManager
 from kvtier.policies import CachePolicy, get_policy
-from kvtier.tiers.base import BlockTier, Key, TierStats, encode_key
+from kvtier.tiers.base import BlockTier, Key, TierStats, block_nbytes, encode_key
 from kvtier.types import OffloadingEvent
 
 __all__ = ["FSYNC_MODES", "DiskTier", "DiskTierError", "decode_key"]
@@ -465,7 +465,8 @@ class DiskTier(BlockTier):
         Raises:
             ValueError: lengths differ, a block is not ``block_bytes`` long, an encoded key
                 is longer than 216 bytes, or the tier is closed. Nothing is written then.
-            TypeError: a key has no stable encoding or is not hashable. Nothing is written.
+            TypeError: a key has no stable encoding or is not hashable, or a block is not
+                bytes-like (names the key). Nothing is written.
         """
         if type(keys) is not list and type(keys) is not tuple:  # a lone str: TypeError
             keys = key_list(keys, "DiskTier.write")
@@ -480,7 +481,7 @@ class DiskTier(BlockTier):
             if len(kb) > MAX_KEY_BYTES:
                 raise ValueError(f"write: block key {key!r} encodes to {len(kb)} bytes; a disk "
                                  f"tier record holds at most {MAX_KEY_BYTES}")
-            nbytes = memoryview(block).nbytes
+            nbytes = block_nbytes(block, key)
             if nbytes != self.block_bytes:
                 raise ValueError(f"write: block for key {key!r} is {nbytes} bytes; this tier's "
                                  f"blocks are {self.block_bytes}")

@@ -69,6 +69,7 @@ from kvtier.tiers.base import (
     BlockTier,
     Key,
     TierStats,
+    block_nbytes,
     encode_key,
     join_fingerprint_fields,
 )
@@ -87,6 +88,17 @@ HEADER_BYTES = HEADER.size  # 40
 ENV_URL = "KVTIER_REDIS_URL"
 ENV_PASSWORD = "KVTIER_REDIS_PASSWORD"
 
+def _query_bool(text: str) -> bool:
+    """A URL query flag: 1/true/yes/on or 0/false/no/off (any case); anything else raises
+    ``ValueError`` (``?cluster=2`` built a standalone tier in silence)."""
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
 # Query parameters of a tier URL that are kvtier's, not redis-py's (removed before redis-py
 # parses the URL).
 _TIER_QUERY_OPTIONS = {
@@ -99,7 +111,7 @@ _TIER_QUERY_OPTIONS = {
     "write_timeout_s": float,
     "compression": str,
     "ttl_s": int,
-    "cluster": lambda v: _query_bool(v),
+    "cluster": _query_bool,
     "lookup_mode": str,
     "max_queue_bytes": int,
     "write_batch_bytes": int,
@@ -192,17 +204,6 @@ def layout_fingerprint(
         **extra,
     }
     return join_fingerprint_fields(items)
-
-
-def _query_bool(text: str) -> bool:
-    """A URL query flag: 1/true/yes/on or 0/false/no/off (any case); anything else raises
-    ``ValueError`` (``?cluster=2`` built a standalone tier in silence)."""
-    word = text.strip().lower()
-    if word in ("1", "true", "yes", "on"):
-        return True
-    if word in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(text)
 
 
 def _positive_seconds(value: object) -> bool:
@@ -877,16 +878,19 @@ class RedisTier(BlockTier):
 
         Raises:
             ValueError: lengths differ, or a block is not ``block_bytes`` long (names it).
-            TypeError: a key has no stable encoding. RuntimeError: the tier is closed.
+            TypeError: a key has no stable encoding, or a block is not bytes-like (names
+            the key). RuntimeError: the tier is closed.
         """
         if type(keys) is not list and type(keys) is not tuple:  # a lone str: TypeError
             keys = key_list(keys, "RedisTier.write")
         self._check_open()
+        if type(blocks) is not list and type(blocks) is not tuple:  # any iterable, as DiskTier
+            blocks = list(blocks)
         if len(keys) != len(blocks):
             raise ValueError(f"write got {len(keys)} keys but {len(blocks)} blocks")
         rkeys = [self.redis_key(k) for k in keys]
         for i, b in enumerate(blocks):
-            n = memoryview(b).nbytes
+            n = block_nbytes(b, keys[i])
             if n != self.block_bytes:
                 raise ValueError(
                     f"block {i} (key {keys[i]!r}) is {n} bytes, the tier's blocks are "
