@@ -109,6 +109,25 @@ def test_plot_writes_an_image(tmp_path):
 
 
 # -- the command ---------------------------------------------------------------------------
+def test_a_failed_plot_closes_its_figure(tmp_path):
+    """Found by a newcomer session: plot_analysis to a folder that does not exist or to an
+    unknown suffix raised and left its figure open in pyplot, one more per call (matplotlib
+    warns past 20 in a notebook); a lone TraceAnalysis is the only accepted result."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    r = analyze(_reqs([["a", "b"], ["a", "c"]]))
+    before = len(plt.get_fignums())
+    for out in (tmp_path / "no" / "a.png", tmp_path / "a.xyz"):
+        with pytest.raises((OSError, ValueError)):
+            plot_analysis(r, out)
+    assert len(plt.get_fignums()) == before
+    with pytest.raises(TypeError, match=r"result must be a TraceAnalysis \(from analyze\(\) "
+                                        r"or Analyzer\.result\(\)\), got list"):
+        plot_analysis([r], tmp_path / "a.png")
+    assert len(plt.get_fignums()) == before
+
+
 def test_analyze_command_json_and_plot(tmp_path):
     from typer.testing import CliRunner
 

@@ -39,6 +39,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kvtier.checks import unhashable_error
 from kvtier.trace import not_a_request
@@ -500,14 +501,27 @@ def plot_analysis(result: TraceAnalysis, out: str | os.PathLike, *, title: str =
         The path written.
 
     Raises:
-        OSError: the file cannot be written.
+        TypeError: ``result`` is not a :class:`TraceAnalysis`.
+        ValueError: matplotlib has no writer for ``out``'s suffix.
+        OSError: the file cannot be written. The figure is closed whatever happens.
     """
+    if not isinstance(result, TraceAnalysis):
+        raise TypeError("result must be a TraceAnalysis (from analyze() or "
+                        f"Analyzer.result()), got {type(result).__name__}")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), dpi=110)
+    try:  # a failed draw or save must not leave the figure open (pyplot keeps every one)
+        return _draw_analysis(fig, axes, result, out, title)
+    finally:
+        plt.close(fig)
+
+
+def _draw_analysis(fig: Any, axes: Any, result: TraceAnalysis, out: str | os.PathLike,
+                   title: str) -> Path:
     ax = axes[0][0]
     _hist_axes(ax, result.reuse_distances, "reuse distance (distinct blocks)",
                "reuse distance")
@@ -548,5 +562,4 @@ def plot_analysis(result: TraceAnalysis, out: str | os.PathLike, *, title: str =
     fig.tight_layout()
     out = Path(out)
     fig.savefig(out)
-    plt.close(fig)
     return out
