@@ -88,6 +88,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import xxhash
+
+from kvtier.integrations import require_vllm
+
+require_vllm(__name__)  # names the install command when vLLM is missing
+
 from vllm.v1.kv_offload.base import (
     Locality,
     LookupResult,
