@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvtier.checks import unhashable_error
+from kvtier.checks import _as_int, key_list, unhashable_error
 from kvtier.trace import not_a_request
 
 __all__ = ["Analyzer", "TraceAnalysis", "analyze", "percentile", "plot_analysis"]
@@ -180,11 +180,12 @@ class TraceAnalysis:
         re-references whose reuse distance is below ``capacity``. O(log n).
 
         Raises:
-            ValueError: ``capacity < 1``.
+            ValueError: ``capacity`` is not an int >= 1.
         """
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1 block, got {capacity!r}")
-        return bisect_left(self.reuse_distances, capacity)
+        number = _as_int(capacity)
+        if number is None or number < 1:
+            raise ValueError(f"capacity must be an int >= 1 (blocks), got {capacity!r}")
+        return bisect_left(self.reuse_distances, number)
 
     def lru_hit_ratio(self, capacity: int) -> float:
         """:meth:`lru_hits` / block_refs."""
@@ -288,8 +289,11 @@ class Analyzer:
 
         Raises:
             ValueError: ``timestamp`` is not a finite number (nor ``None``).
-            TypeError: a key is not hashable. Nothing is counted then.
+            TypeError: ``keys`` is a single str/bytes or not iterable, or a key is not
+                hashable. Nothing is counted then.
         """
+        if type(keys) is not list and type(keys) is not tuple:  # (the usual: no copy)
+            keys = key_list(keys, f"analyze: request {self._requests + 1}")
         # checked first, as the trace reader checks them: a NaN arrival dropped the
         # request's reuse times in silence, a str one failed half-way
         if timestamp is not None and type(timestamp) is not int and not (
