@@ -233,13 +233,38 @@ def make_requests(
     return prefix + tail_a, prefix + tail_b
 
 
+def _int_at_least(minimum: int):
+    """An argparse type: an int >= ``minimum`` (argparse names the option in its error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an int >= {minimum}, got {text!r}")
+        return value
+    return parse
+
+
+def _hidden_size(text: str) -> int:
+    value = _int_at_least(8)(text)
+    if value % 8:  # build_model's 4 attention heads, each of an even size (RoPE)
+        raise argparse.ArgumentTypeError(
+            f"must be a multiple of 8 (4 heads of an even size), got {value}")
+    return value
+
+
 def add_model_args(ap: argparse.ArgumentParser) -> None:
     """The prompt and model sizes, shared with benchmarks/bench_prefix_reuse.py."""
-    ap.add_argument("--prefix-tokens", type=int, default=2048)
-    ap.add_argument("--suffix-tokens", type=int, default=64)
-    ap.add_argument("--block-tokens", type=int, default=16)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--prefix-tokens", type=_int_at_least(0), default=2048,
+                    help="tokens A and B share (default 2048)")
+    ap.add_argument("--suffix-tokens", type=_int_at_least(0), default=64,
+                    help="tokens of each request after the shared prefix (default 64)")
+    ap.add_argument("--block-tokens", type=_int_at_least(1), default=16,
+                    help="tokens per KV block (default 16)")
+    ap.add_argument("--layers", type=_int_at_least(1), default=2, help="decoder layers")
+    ap.add_argument("--hidden", type=_hidden_size, default=128,
+                    help="hidden size, a multiple of 8 (default 128)")
 
 
 def main() -> None:
@@ -247,6 +272,8 @@ def main() -> None:
     add_model_args(ap)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.prefix_tokens + args.suffix_tokens < 1:
+        ap.error("--prefix-tokens 0 with --suffix-tokens 0: request B would have no token")
 
     model = build_model(num_layers=args.layers, hidden_size=args.hidden, seed=args.seed)
     a, b = make_requests(args.prefix_tokens, args.suffix_tokens, model.config.vocab_size, args.seed)

@@ -166,6 +166,25 @@ def test_collector_names_a_bad_tier_name_or_tier_list(tmp_path):
         assert c.tokens_per_block == 16 and type(c.tokens_per_block) is int
 
 
+def test_collector_names_a_bad_prefix_or_a_missing_tier_list():
+    """Found by a newcomer session: prefix=5 was taken and failed only at registration with a
+    bare "unsupported operand type(s) for +: 'int' and 'str'", prefix="bad name-" was taken and
+    exported under another name (prometheus_client escapes it to "bad_name_..."), and
+    tiers=None raised a bare "'NoneType' object is not iterable"."""
+    m = OffloadingManager(4)
+    for prefix in (5, None, "bad name-", "1x_"):
+        with pytest.raises(ValueError, match=r"prefix must be a str of letters, digits, '_' "
+                                             r"and ':' not starting with a digit, got "):
+            TierCollector({"host": m}, prefix=prefix)
+    with pytest.raises(TypeError, match=r"tiers must be a list of tiers \(e\.g\. \[disk, "
+                                        r"redis\]\), got NoneType"):
+        TierCollector({"host": m}, None)
+    reg = CollectorRegistry()
+    reg.register(TierCollector({"host": m}, prefix="my:kv_"))
+    assert b"my:kv_chunk_queries_total" in generate_latest(reg)
+    assert TierCollector({"host": m}, prefix="").prefix == ""
+
+
 def test_no_hit_tokens_without_block_size():
     reg = CollectorRegistry()
     reg.register(TierCollector({"host": OffloadingManager(4)}))

@@ -43,3 +43,39 @@ def test_a_lone_str_or_number_is_not_a_list(policies, capacities, name):
 
     with pytest.raises(TypeError, match=f"{name} must be a list"):
         run_grid(embedded_sample_path(), policies, capacities, workers=1)
+
+
+def test_plot_mrc_refuses_bad_input_and_closes_its_figure(tmp_path):
+    """Found by a newcomer session: plot_mrc([], ...) drew an empty image (matplotlib warned
+    'no positive values'), unique_blocks=-5 drew a top axis in negative %, a lone
+    ReplayResult raised "'ReplayResult' object is not iterable", and a failed save (no such
+    folder, unknown suffix) left its figure open, one more per call (matplotlib warns past
+    20 in a notebook)."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from kvtier.replay import replay
+    from kvtier.sweep import plot_mrc
+    from kvtier.synthetic import generate
+
+    trace = generate(sessions=20, seed=1)
+    results = [replay(trace, "lru", c) for c in (10, 100)]
+    open_before = len(plt.get_fignums())
+    with pytest.raises(ValueError, match=r"results must be a non-empty list of ReplayResult"):
+        plot_mrc([], tmp_path / "a.png")
+    with pytest.raises(TypeError, match=r"results must be a non-empty list of ReplayResult, "
+                                        r"got one ReplayResult"):
+        plot_mrc(results[0], tmp_path / "a.png")
+    with pytest.raises(TypeError, match=r"results\[1\] must be a ReplayResult, got int"):
+        plot_mrc([results[0], 3], tmp_path / "a.png")
+    for name in ("unique_blocks", "block_refs"):
+        for bad in (-5, 2.5, True):
+            with pytest.raises(ValueError, match=rf"{name} must be an int >= 0 or None, got "):
+                plot_mrc(results, tmp_path / "a.png", **{name: bad})
+    for out in (tmp_path / "no" / "a.png", tmp_path / "a.xyz"):
+        with pytest.raises((OSError, ValueError)):
+            plot_mrc(results, out)
+    assert len(plt.get_fignums()) == open_before
+    assert not (tmp_path / "a.png").exists()
+    assert plot_mrc(results, tmp_path / "b.png", unique_blocks=500, block_refs=900).exists()
+    assert len(plt.get_fignums()) == open_before

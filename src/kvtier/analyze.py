@@ -39,8 +39,9 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from kvtier.checks import unhashable_error
+from kvtier.checks import _as_int, key_list, unhashable_error
 from kvtier.trace import not_a_request
 
 __all__ = ["Analyzer", "TraceAnalysis", "analyze", "percentile", "plot_analysis"]
@@ -179,11 +180,12 @@ class TraceAnalysis:
         re-references whose reuse distance is below ``capacity``. O(log n).
 
         Raises:
-            ValueError: ``capacity < 1``.
+            ValueError: ``capacity`` is not an int >= 1.
         """
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1 block, got {capacity!r}")
-        return bisect_left(self.reuse_distances, capacity)
+        number = _as_int(capacity)
+        if number is None or number < 1:
+            raise ValueError(f"capacity must be an int >= 1 (blocks), got {capacity!r}")
+        return bisect_left(self.reuse_distances, number)
 
     def lru_hit_ratio(self, capacity: int) -> float:
         """:meth:`lru_hits` / block_refs."""
@@ -287,8 +289,11 @@ class Analyzer:
 
         Raises:
             ValueError: ``timestamp`` is not a finite number (nor ``None``).
-            TypeError: a key is not hashable. Nothing is counted then.
+            TypeError: ``keys`` is a single str/bytes or not iterable, or a key is not
+                hashable. Nothing is counted then.
         """
+        if type(keys) is not list and type(keys) is not tuple:  # (the usual: no copy)
+            keys = key_list(keys, f"analyze: request {self._requests + 1}")
         # checked first, as the trace reader checks them: a NaN arrival dropped the
         # request's reuse times in silence, a str one failed half-way
         if timestamp is not None and type(timestamp) is not int and not (
@@ -500,14 +505,27 @@ def plot_analysis(result: TraceAnalysis, out: str | os.PathLike, *, title: str =
         The path written.
 
     Raises:
-        OSError: the file cannot be written.
+        TypeError: ``result`` is not a :class:`TraceAnalysis`.
+        ValueError: matplotlib has no writer for ``out``'s suffix.
+        OSError: the file cannot be written. The figure is closed whatever happens.
     """
+    if not isinstance(result, TraceAnalysis):
+        raise TypeError("result must be a TraceAnalysis (from analyze() or "
+                        f"Analyzer.result()), got {type(result).__name__}")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), dpi=110)
+    try:  # a failed draw or save must not leave the figure open (pyplot keeps every one)
+        return _draw_analysis(fig, axes, result, out, title)
+    finally:
+        plt.close(fig)
+
+
+def _draw_analysis(fig: Any, axes: Any, result: TraceAnalysis, out: str | os.PathLike,
+                   title: str) -> Path:
     ax = axes[0][0]
     _hist_axes(ax, result.reuse_distances, "reuse distance (distinct blocks)",
                "reuse distance")
@@ -548,5 +566,4 @@ def plot_analysis(result: TraceAnalysis, out: str | os.PathLike, *, title: str =
     fig.tight_layout()
     out = Path(out)
     fig.savefig(out)
-    plt.close(fig)
     return out

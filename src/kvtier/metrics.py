@@ -28,6 +28,7 @@ Python int).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -52,6 +53,7 @@ from kvtier.tiers.base import LatencyHistogram, TierStats
 
 PREFIX = "kvtier:kv_offload_tiering_"
 TIER_LABEL = "tier"  # vLLM's TIER_LABEL
+_NAME_PREFIX = re.compile(r"(?:[a-zA-Z_:][a-zA-Z0-9_:]*)?")  # Prometheus metric-name syntax
 
 
 class TierCollector(Collector):
@@ -65,13 +67,15 @@ class TierCollector(Collector):
             pass the stack's manager in ``managers`` instead for pinned/pending blocks).
         tokens_per_block: tokens per block; when given, ``hit_tokens`` = lookup hits x this
             (vLLM's block size). Without it hit tokens are not exported.
-        prefix: metric name prefix (default ``"kvtier:kv_offload_tiering_"``).
+        prefix: metric name prefix (default ``"kvtier:kv_offload_tiering_"``): letters,
+            digits, ``_`` and ``:``, not starting with a digit (Prometheus's name syntax).
 
     Raises:
-        ValueError: two sources share a tier name, or ``tokens_per_block`` is not an int >= 1.
+        ValueError: two sources share a tier name, ``tokens_per_block`` is not an int >= 1,
+            or ``prefix`` is not a valid metric-name prefix.
         TypeError: ``managers`` is not a mapping, a tier name of it is not a non-empty str,
-            a manager is not an OffloadingManager, ``tiers`` is one tier rather than a list,
-            or a tier has no ``stats()``.
+            a manager is not an OffloadingManager, ``tiers`` is one tier rather than a list
+            (or None), or a tier has no ``stats()``.
     """
 
     def __init__(
@@ -95,9 +99,17 @@ class TierCollector(Collector):
                     f"managers[{name!r}] must be an OffloadingManager or a ThreadSafeManager "
                     f"(a KVOffloader's is .manager), got {type(m).__name__}"
                 )
+        if not isinstance(prefix, str) or not _NAME_PREFIX.fullmatch(prefix):
+            # checked here: prometheus_client would fail at registration (5) or escape the
+            # name into another one ("bad name-" -> "bad_name_...")
+            raise ValueError(
+                "prefix must be a str of letters, digits, '_' and ':' not starting with a "
+                f"digit, got {prefix!r}")
         if callable(getattr(tiers, "stats", None)):  # one tier (or stack), not a list
             raise TypeError(f"tiers must be a list of tiers (e.g. [disk, redis]), got one "
                             f"{type(tiers).__name__}")
+        if tiers is None:
+            raise TypeError("tiers must be a list of tiers (e.g. [disk, redis]), got NoneType")
         sources = list(tiers)
         names = list(managers)
         for t in sources:

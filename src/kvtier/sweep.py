@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+from kvtier.checks import _as_int
 from kvtier.replay import ReplayOptions, ReplayResult, log_grid, replay
 from kvtier.trace import TraceOptions, TraceWarning
 
@@ -172,20 +173,39 @@ def plot_mrc(
     unique_blocks: int | None = None,
     block_refs: int | None = None,
 ) -> Path:
-    """Draw miss ratio (1 - block hit ratio) vs tier size, one line per policy, to a PNG.
+    """Draw miss ratio (1 - block hit ratio) vs tier size, one line per policy, to an image.
     ``belady`` (the offline policy) is drawn as a black dashed line.
 
     Args:
-        results: replay results (any mix of policies and capacities).
-        out: PNG path to write.
+        results: replay results (any mix of policies and capacities; at least one).
+        out: image path to write; its suffix picks matplotlib's format (``.png``, ``.svg``).
         title: figure title.
-        unique_blocks: the trace's distinct blocks; adds a top axis in % of them.
+        unique_blocks: the trace's distinct blocks; adds a top axis in % of them (0 or
+            ``None``: no such axis).
         block_refs: the trace's block references; with ``unique_blocks`` draws the
             compulsory-miss floor ``unique_blocks / block_refs`` (an infinite cache).
 
     Returns:
         The path written.
+
+    Raises:
+        ValueError: ``results`` is empty, ``unique_blocks`` / ``block_refs`` is not an int
+            >= 0 (nor ``None``), or matplotlib has no writer for ``out``'s suffix.
+        TypeError: ``results`` is not a list of ReplayResult.
+        OSError: ``out`` cannot be written. The figure is closed whatever happens.
     """
+    if isinstance(results, ReplayResult) or not isinstance(results, Sequence):
+        raise TypeError("results must be a non-empty list of ReplayResult, got one "
+                        f"{type(results).__name__}")
+    if not results:
+        raise ValueError("results must be a non-empty list of ReplayResult, got none")
+    for i, r in enumerate(results):
+        if not isinstance(r, ReplayResult):
+            raise TypeError(f"results[{i}] must be a ReplayResult, got {type(r).__name__}")
+    for name, value in (("unique_blocks", unique_blocks), ("block_refs", block_refs)):
+        if value is not None and (isinstance(value, bool) or _as_int(value) is None
+                                  or value < 0):
+            raise ValueError(f"{name} must be an int >= 0 or None, got {value!r}")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -237,8 +257,10 @@ def plot_mrc(
     if title:
         fig.suptitle(title, fontsize=9)
     ax.legend(fontsize=8, ncol=2 if len(by_policy) > 5 else 1)
-    fig.tight_layout()
     out = Path(out)
-    fig.savefig(out)
-    plt.close(fig)
+    try:
+        fig.tight_layout()
+        fig.savefig(out)
+    finally:  # a failed save must not leave the figure open (pyplot keeps every one)
+        plt.close(fig)
     return out

@@ -95,3 +95,23 @@ def test_divergence_inside_a_block_restores_only_whole_shared_blocks(model):
     r = pr.run_prefix_reuse(model, a, b, BT, tier_blocks=16)
     assert r.restored_blocks == 2 and r.restored_tokens == 32
     assert torch.allclose(r.logits_reuse, r.logits_full, rtol=RTOL, atol=ATOL), r.max_abs_diff
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prefix-tokens", "-16"], "--prefix-tokens: must be an int >= 0, got '-16'"),
+    (["--block-tokens", "0"], "--block-tokens: must be an int >= 1, got '0'"),
+    (["--layers", "0"], "--layers: must be an int >= 1, got '0'"),
+    (["--hidden", "100"], ("--hidden: must be a multiple of 8 (4 heads of an even size), "
+                           "got 100")),
+    (["--prefix-tokens", "0", "--suffix-tokens", "0"], "request B would have no token"),
+])
+def test_example_refuses_bad_sizes_by_name(argv, message, monkeypatch, capsys):
+    """Found by a newcomer session running the example: --prefix-tokens -16 ran as 0,
+    --block-tokens 0 died in a ZeroDivisionError, --layers 0 in KVOffloader's "kv_caches must
+    be a tensor or a non-empty sequence", --hidden 100 in transformers' RoPE validator and an
+    empty prompt in torch's embedding ('indices' of type Float)."""
+    monkeypatch.setattr(sys, "argv", ["prefix_reuse.py", *argv])
+    with pytest.raises(SystemExit) as exit_:
+        pr.main()
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err

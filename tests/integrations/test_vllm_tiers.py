@@ -206,7 +206,11 @@ def test_spec_builds_disk_tier_from_config_dict(tmp_path):
     ({"directory": ""}, "directory"),
     ({"capcity_blocks": 8}, "unknown option(s) capcity_blocks"),
     ({"workers": 0}, "workers must be a positive int"),
-    ({"fingerprint_extra": ["rev"]}, "fingerprint_extra"),
+    ({"fingerprint_extra": ["rev"]}, "KvtierDiskTier: fingerprint_extra"),
+    # newcomer findings: the JSON string "false" turned events on; an unhashable locality
+    # raised a bare "unhashable type: 'list'"
+    ({"enable_kv_events": "false"}, "enable_kv_events must be a bool, got 'false'"),
+    ({"locality": ["LOCAL"]}, "locality must be LOCAL or REMOTE, got ['LOCAL']"),
 ])
 def test_disk_config_errors_name_the_option(tmp_path, over, message):
     entry = disk_entry(tmp_path, **over)
@@ -230,6 +234,9 @@ def test_disk_config_errors_name_the_option(tmp_path, over, message):
     ({"fingerprint": "x"}, "unknown option(s) fingerprint"),
     # newcomer finding: the JSON string "false" was read as True (a cluster tier)
     ({"cluster": "false"}, "cluster must be a bool, got 'false'"),
+    ({"enable_kv_events": "yes"}, "KvtierRedisTier: enable_kv_events must be a bool"),
+    ({"locality": ["REMOTE"]}, "KvtierRedisTier: locality must be LOCAL or REMOTE"),
+    ({"fingerprint_extra": {"a": [1]}}, "KvtierRedisTier: fingerprint_extra"),
 ])
 def test_redis_config_errors_name_the_option(over, message, monkeypatch):
     monkeypatch.delenv("KVTIER_REDIS_URL", raising=False)
@@ -242,6 +249,34 @@ def test_redis_config_errors_name_the_option(over, message, monkeypatch):
         spec.get_manager()
     assert message in str(err.value)
     assert "secret" not in str(err.value)
+
+
+@pytest.mark.parametrize("cls, over", [
+    ("disk", {"fingerprint_extra": {"a": [1]}}),
+    ("disk", {"directory": "FILE"}),
+    ("redis", {"fingerprint_extra": {"a": [1]}}),
+])
+def test_a_tier_that_fails_to_build_releases_the_primary_rows(tmp_path, cls, over):
+    """Found by a newcomer session: a bad fingerprint_extra (either tier) or a directory that
+    is a file was refused after the tier had taken its byte view of vLLM's primary buffer, and
+    the view was kept, so vLLM logged 'Keeping /dev/shm/... mapped: buffers are still
+    exported' instead of unmapping the CPU tier."""
+    spec = make_spec([])
+    buf = bytearray(N_CHUNKS * spec.kv_bytes_per_chunk)
+    view = memoryview(buf).cast("B", (N_CHUNKS, spec.kv_bytes_per_chunk))
+    if over.get("directory") == "FILE":
+        (tmp_path / "file").write_text("x")
+        over = {"directory": str(tmp_path / "file")}
+    if cls == "disk":
+        opts = {"directory": str(tmp_path / "kv"), "capacity_blocks": 4, **over}
+        with pytest.raises((ValueError, OSError)) as err:
+            KvtierDiskTier(spec, view, "KvtierDiskTier", **opts)
+    else:
+        with pytest.raises(ValueError) as err:
+            KvtierRedisTier(spec, view, "KvtierRedisTier", url="redis://127.0.0.1:1/0", **over)
+    assert "fingerprint_extra" in str(err.value) or "file" in str(err.value)
+    view.release()
+    buf.append(0)  # BufferError while the tier still exports a view of the buffer
 
 
 def test_fingerprint_separates_models_and_layouts():

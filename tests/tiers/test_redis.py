@@ -367,6 +367,20 @@ def test_from_url_takes_every_size_option_and_refuses_an_unknown_cluster_value()
         RedisTier.from_url(url + "?write_batch_bytes=0", block_bytes=BLOCK, fingerprint=FP)
 
 
+def test_from_url_names_a_repeated_query_option_and_the_rule_of_a_bad_one():
+    """Found by a newcomer session: ``?block_bytes=64&block_bytes=128`` built a tier of 128
+    bytes in silence (the last one won), and a bad value said only "is not a valid
+    block_bytes" without the rule."""
+    url = "redis://127.0.0.1:1/0"
+    with pytest.raises(ValueError, match=r"Redis URL option block_bytes is given twice in the "
+                                         r"query \('64', '128'\): give it once"):
+        RedisTier.from_url(url + "?block_bytes=64&block_bytes=128", fingerprint=FP)
+    for query, rule in (("block_bytes=big", "an int"), ("timeout_s=fast", "a number"),
+                        ("cluster=maybe", "1/true/yes/on or 0/false/no/off")):
+        with pytest.raises(ValueError, match=rf"is not a valid \w+: {rule}$"):
+            RedisTier.from_url(f"{url}?{query}", block_bytes=BLOCK, fingerprint=FP)
+
+
 @pytest.mark.parametrize("cluster", ["no", 1, None])
 def test_cluster_must_be_a_bool(cluster):
     """Found by a newcomer session: ``cluster="no"`` was read as True (a cluster tier with

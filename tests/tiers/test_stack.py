@@ -394,6 +394,13 @@ def test_bad_stack_arguments():
         _host_stack(2, [SimTier("disk", 2, block_bytes=8), SimTier("disk", 2, block_bytes=8)])
     with pytest.raises(ValueError, match="stores blocks of 64 bytes"):
         _host_stack(2, [SimTier("disk", 2)])
+    # newcomer finding: one tier where a list belongs (TieredOffloader(off, disk), as
+    # docs/tiers.md spells [disk]) raised a bare "'SimTier' object is not iterable", None
+    # "'NoneType' object is not iterable"
+    for wrong, name in ((SimTier("disk", 2, block_bytes=8), "SimTier"), (None, "NoneType")):
+        with pytest.raises(TypeError, match=rf"lower must be a list of tiers \(e\.g\. "
+                                            rf"\[disk\]\), got {name}"):
+            _host_stack(2, wrong)
 
 
 # -- simulation (kvtier replay --tiers) ------------------------------------------------------

@@ -29,6 +29,10 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from kvtier.integrations import require_vllm
+
+require_vllm(__name__)  # names the install command when vLLM is missing
+
 from vllm.v1.kv_offload.base import (
     LookupResult,
     OffloadingManager,

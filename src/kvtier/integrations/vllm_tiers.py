@@ -88,6 +88,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import xxhash
+
+from kvtier.integrations import require_vllm
+
+require_vllm(__name__)  # names the install command when vLLM is missing
+
 from vllm.v1.kv_offload.base import (
     Locality,
     LookupResult,
@@ -209,6 +214,22 @@ def _check_positive_int(tier: str, name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{tier}: {name} must be a positive int, got {value!r}")
     return value
+
+
+def _check_common(tier: str, fingerprint_extra: Any, enable_kv_events: Any,
+                  locality: Any) -> None:
+    """The options both tiers take, checked before the tier touches vLLM's buffer."""
+    try:
+        _check_extra(fingerprint_extra)
+    except ValueError as exc:
+        raise ValueError(f"{tier}: {exc}") from None
+    if not isinstance(enable_kv_events, bool):  # the JSON string "false" is truthy
+        # a config error, ValueError as every other option's
+        raise ValueError(  # noqa: TRY004
+            f"{tier}: enable_kv_events must be a bool, got {enable_kv_events!r}")
+    if locality is not None and (not isinstance(locality, str)
+                                 or locality not in Locality.__members__):
+        raise ValueError(f"{tier}: locality must be LOCAL or REMOTE, got {locality!r}")
 
 
 def _check_seconds(tier: str, name: str, value: Any) -> float:
@@ -620,8 +641,7 @@ class KvtierDiskTier(KvtierSecondaryTier):
                                  "block's next use): use it in 'kvtier replay'")
         elif not (isinstance(policy, type) and issubclass(policy, CachePolicy)):
             raise ValueError(f"{name}: policy must be a kvtier policy name, got {policy!r}")
-        if locality is not None and locality not in Locality.__members__:
-            raise ValueError(f"{name}: locality must be LOCAL or REMOTE, got {locality!r}")
+        _check_common(name, fingerprint_extra, enable_kv_events, locality)
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector,
                          enable_kv_events=enable_kv_events, locality=locality)
         fingerprint = vllm_layout_fingerprint(offloading_spec, self.block_size_bytes,
@@ -629,16 +649,17 @@ class KvtierDiskTier(KvtierSecondaryTier):
         self.fingerprint = fingerprint
         fp_id = xxhash.xxh3_64_hexdigest(fingerprint.encode())
         self.path = Path(directory) / f"vllm-{fp_id}"
-        self.path.mkdir(parents=True, exist_ok=True)
-        layout_file = self.path / "vllm_layout.json"
-        if not layout_file.exists():  # for operators: what these blocks are
-            tmp = layout_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"fingerprint": fingerprint}, indent=1) + "\n")
-            os.replace(tmp, layout_file)
-        try:
+        try:  # from here on a failure gives vLLM its buffer back (no view of ours kept)
+            self.path.mkdir(parents=True, exist_ok=True)  # e.g. directory is a file
+            layout_file = self.path / "vllm_layout.json"
+            if not layout_file.exists():  # for operators: what these blocks are
+                tmp = layout_file.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"fingerprint": fingerprint}, indent=1) + "\n")
+                os.replace(tmp, layout_file)
+            # e.g. DiskTierError: the directory is open in another engine
             tier = DiskTier(self.path, capacity_blocks, self.block_size_bytes, policy=policy,
                             fsync=fsync, workers=workers, name=f"{tier_type}")
-        except BaseException:  # e.g. DiskTierError: the directory is open in another engine
+        except BaseException:
             self._release_rows()
             raise
         try:
@@ -711,8 +732,7 @@ class KvtierRedisTier(KvtierSecondaryTier):
         for opt in ("max_queue_bytes", "breaker_failures"):
             if opt in options:
                 _check_positive_int(name, opt, options[opt])
-        if locality is not None and locality not in Locality.__members__:
-            raise ValueError(f"{name}: locality must be LOCAL or REMOTE, got {locality!r}")
+        _check_common(name, fingerprint_extra, enable_kv_events, locality)
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector,
                          enable_kv_events=enable_kv_events, locality=locality)
         self.fingerprint = vllm_layout_fingerprint(offloading_spec, self.block_size_bytes,

@@ -171,7 +171,8 @@ class BlockTier(ABC):
 
         Asynchronous where the tier says so: a block becomes readable only once its write is
         done. The caller may reuse the buffers after the call returns (the tier copies or
-        finishes with them first).
+        finishes with them first). A key named twice in one call is written once, with its
+        first block; the repeat counts in ``writes_skipped`` (disk and Redis tiers).
 
         Raises:
             ValueError: a block is not ``block_bytes`` long, or keys and blocks differ in length.

@@ -119,6 +119,9 @@ _TIER_QUERY_OPTIONS = {
     "breaker_cooldown_s": float,
 }
 
+# what a query value must look like, by converter (for the error message)
+_QUERY_RULES = {int: "an int", float: "a number", _query_bool: "1/true/yes/on or 0/false/no/off"}
+
 # Standalone prefix lookup in one command: the number of leading KEYS that exist. EXISTS does
 # not touch the keys' LRU/LFU data (only reads do).
 _PREFIX_SCRIPT = """
@@ -550,7 +553,8 @@ class RedisTier(BlockTier):
                                block_bytes=2 << 20, fingerprint=layout_fingerprint(...))
 
         Raises:
-            ValueError: no URL given and none in the environment; a bad option value (named).
+            ValueError: no URL given and none in the environment; a bad option value (named,
+                with its rule); a tier option given twice in the query.
         """
         if url is None:
             url = os.environ.get(ENV_URL)
@@ -568,11 +572,16 @@ class RedisTier(BlockTier):
             if conv is None:
                 rest.append((key, value))
                 continue
+            if key in from_query:  # the last one would win in silence
+                given = tuple(v for k, v in pairs if k == key)
+                raise ValueError(f"Redis URL option {key} is given twice in the query "
+                                 f"{given}: give it once")
             try:
                 from_query[key] = conv(value)
             except ValueError:
                 raise ValueError(
-                    f"Redis URL option {key}={value!r} is not a valid {key}"
+                    f"Redis URL option {key}={value!r} is not a valid {key}: "
+                    f"{_QUERY_RULES.get(conv, 'a str')}"
                 ) from None
         parts = parts._replace(query=urlencode(rest))
         password = os.environ.get(ENV_PASSWORD)

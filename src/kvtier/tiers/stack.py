@@ -33,7 +33,7 @@ Not thread-safe: call it from the engine's thread (the thread that owns the host
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -92,7 +92,8 @@ class TierStack:
     Raises:
         ValueError: an unknown demotion mode, repeated tier names, or a tier of another
             block size.
-        TypeError: ``host`` is not an OffloadingManager or a tier is not a BlockTier.
+        TypeError: ``host`` is not an OffloadingManager, ``lower`` is one tier (or None)
+            rather than a list, or a tier is not a BlockTier.
 
     Thread safety: none: one thread (the engine's) calls the stack and, through it, the host
     manager, which is not thread-safe either; the lower tiers may run threads of their own.
@@ -115,6 +116,10 @@ class TierStack:
             raise ValueError(
                 f"demotion must be one of {', '.join(DEMOTION_MODES)}, got {demotion!r}"
             )
+        if lower is None or isinstance(lower, (BlockTier, str, bytes)) or not isinstance(
+                lower, Iterable):
+            raise TypeError(f"lower must be a list of tiers (e.g. [disk]), got "
+                            f"{type(lower).__name__}")
         lower = list(lower)
         names = [host_name]
         for tier in lower:
