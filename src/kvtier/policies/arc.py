@@ -367,10 +367,10 @@ class ARCPolicy(CachePolicy):
             if live is not None:
                 victims = list(islice(live, n))
                 if len(victims) == n and self._held.isdisjoint(victims):
-                    if len(ghost) >= self.capacity:
+                    if len(ghost) >= self.capacity >= n:
                         # a full ghost list drops its oldest entry per victim: the same as
-                        # adding them all and trimming (n <= capacity, and no victim is a
-                        # ghost: a resident key is in no ghost list)
+                        # adding them all and trimming (no victim is a ghost: a resident key
+                        # is in no ghost list; full-ghost case alone: 2,473 -> 2,405)
                         pop = ghost.popitem
                         for key in victims:
                             del live[key]
@@ -427,7 +427,11 @@ class ARCPolicy(CachePolicy):
         # the orders share one held set, so their own __len__ does not count a list's
         # evictable blocks: resident minus held, less the evictable protected keys
         t1, t2, held = self._t1, self._t2, self._held
-        eligible = t1.size() + t2.size() - len(held)
+        # the sizes read here, not by LogicalOrder.size: two frames less per evict call
+        # (vLLM spec replay, docs/performance.md, "Request mode, round 5")
+        eligible = len(t1.live) + len(t1.aside) + len(t2.live) + len(t2.aside) - len(held)
+        if not protected:
+            return eligible
         for key in protected:
             if key not in held and (t1.has(key) or t2.has(key)):
                 eligible -= 1
