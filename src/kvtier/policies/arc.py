@@ -154,16 +154,16 @@ class ARCPolicy(CachePolicy):
             self._pinned.difference_update(keys)
 
     def mark_evictable(self, keys: Sequence[Key]) -> None:
-        t1, t2 = self._t1, self._t2
-        if t1.aside or t2.aside:  # blocks set aside by a walk go back in place
+        if self._t1.aside or self._t2.aside:  # blocks set aside by a walk go back in place
             # the shared held set once, then each list with blocks aside (was release on
-            # both: two held-set passes and two frames, vLLM spec policy log: mark_evictable
-            # 567 -> X per block reference, docs/performance.md, "Request mode, round 5")
+            # both: two held-set passes and two frames; vLLM spec policy log:
+            # mark_evictable 567 -> 468 per block reference with LogicalOrder.requeue's
+            # check, docs/performance.md, "Request mode, round 5")
             self._held.difference_update(keys)
-            if t1.aside:
-                t1.requeue(keys)
-            if t2.aside:
-                t2.requeue(keys)
+            if self._t1.aside:
+                self._t1.requeue(keys)
+            if self._t2.aside:
+                self._t2.requeue(keys)
             return
         # no loop: the keys leave the (shared) held set in C (a loop with a set.discard per
         # key: +362 instructions per block reference of a replay, docs/performance.md, "ARC
@@ -273,11 +273,12 @@ class ARCPolicy(CachePolicy):
         # (vLLM spec policy log: 1,980 -> 1,424 per block reference, docs/performance.md,
         # "Request mode, round 3")
         if len(inserted) + len(reused) == len(keys):
-            # no block set aside, and every key inserted or reused (the usual request; inserted and reused are
+            # every key inserted or reused (the usual request; inserted and reused are
             # disjoint subsets of keys, see CachePolicy.on_request_finished, so the counts
             # tell): no `in inserted` test per key, none at all for a T2 key, and the
             # move_to_end methods bound once (vLLM spec policy log: on_request_finished
-            # 1,451 -> X per block reference, docs/performance.md, "Request mode, round 5")
+            # 1,451 -> 1,176 per block reference, 1,311 with the methods looked up per key,
+            # docs/performance.md, "Request mode, round 5")
             to_end1, to_end2 = t1_live.move_to_end, t2_live.move_to_end
             for key in reversed(keys):
                 if key in t1_live:
@@ -355,7 +356,7 @@ class ARCPolicy(CachePolicy):
             # there that became evictable again (request mode's usual eviction, ~24
             # victims): LogicalOrder.take's usual case spelled out, the victims leaving
             # their order and entering the ghost list in one loop (vLLM spec policy log:
-            # _evict 2,543 -> X per block reference, docs/performance.md, "Request mode,
+            # _evict 2,543 -> 2,336 per block reference, docs/performance.md, "Request mode,
             # round 5"); anything else goes to the phases below, nothing changed yet
             quota = len(t1.live) + len(t1.aside) - self._floor + 1
             if quota >= n:
@@ -365,28 +366,31 @@ class ARCPolicy(CachePolicy):
             else:
                 live = None
             if live is not None:
-                victims = list(islice(live, n))
-                if len(victims) == n and self._held.isdisjoint(victims):
+                # the victims, named `first` (the phases' first take, here the only one): a
+                # new local would cost the one-victim path above ~8 instructions a call
+                # (one-key store + complete, docs/performance.md, "Request mode, round 5")
+                first = list(islice(live, n))
+                if len(first) == n and self._held.isdisjoint(first):
                     if len(ghost) >= self.capacity >= n:
                         # a full ghost list drops its oldest entry per victim: the same as
                         # adding them all and trimming (no victim is a ghost: a resident key
                         # is in no ghost list; full-ghost case alone: 2,473 -> 2,405)
                         pop = ghost.popitem
-                        for key in victims:
+                        for key in first:
                             del live[key]
                             pop(False)
                             ghost[key] = None
                     else:
-                        for key in victims:
+                        for key in first:
                             del live[key]
                             ghost[key] = None
                         if len(ghost) > self.capacity:
                             for _ in range(len(ghost) - self.capacity):
                                 ghost.popitem(False)
                     if self._pinned:
-                        self._pinned.difference_update(victims)
+                        self._pinned.difference_update(first)
                     self.examined += n
-                    return victims
+                    return first
         quota = len(t1.live) + len(t1.aside) - self._floor + 1
         first, examined = t1.take(quota if quota < n else n, protected)
         from_t2: list[Key] = []

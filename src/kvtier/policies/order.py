@@ -167,7 +167,7 @@ class LogicalOrder:
         updates once (the keys must not be held any more)."""
         aside, heap = self.aside, self.heap
         # usually none of them was set aside: one C-level pass tells, not an aside.get per
-        # key (vLLM spec policy log: ARC mark_evictable 567 -> X per block reference,
+        # key (vLLM spec policy log: ARC mark_evictable 567 -> 468 per block reference,
         # docs/performance.md, "Request mode, round 5")
         if not aside.keys().isdisjoint(keys):
             for key in keys:
