@@ -244,3 +244,66 @@ def test_a_failed_store_leaves_no_pin_behind():
     arc.insert(["k"])  # stored again: pending
     arc.touch(["k"])
     assert arc.snapshot()["pending"] == {"k"} and (arc.t1_size, arc.t2_size) == (1, 0)
+
+
+def _general_evict(arc: ARCPolicy, n: int) -> list:
+    """The three phases alone (a protected key nobody has sends _evict past its fast path)."""
+    return arc._evict(n, frozenset({"not a key"}))
+
+
+@pytest.mark.parametrize("ghost_full", [False, True])
+def test_several_victims_from_one_list_match_the_three_phases(ghost_full):
+    # _evict's fast path (several victims from one list's old end, ghost list trimmed in the
+    # same loop when full) leaves the same state as the general three phases
+    def build() -> ARCPolicy:
+        arc = ARCPolicy(8)
+        keys = list(range(8))
+        arc.insert(keys)
+        arc.mark_evictable(keys)
+        if ghost_full:  # B1 full: 8 victims, then 8 new keys
+            assert arc.evict(8) == list(reversed(range(8)))
+            keys = list(range(10, 18))
+            arc.insert(keys)
+            arc.mark_evictable(keys)
+        return arc
+
+    fast, general = build(), build()
+    assert fast.evict(3) == _general_evict(general, 3)
+    assert fast.snapshot() == general.snapshot()
+    assert fast.examined == general.examined
+    assert len(fast._b1) == (8 if ghost_full else 3)
+
+
+def test_several_victims_with_a_held_block_among_the_oldest_match_the_three_phases():
+    def build() -> ARCPolicy:
+        arc = ARCPolicy(8)
+        arc.insert(list(range(8)))
+        arc.mark_evictable([k for k in range(8) if k != 6])  # 6 (second oldest) pending
+        return arc
+
+    fast, general = build(), build()
+    assert fast.evict(3) == _general_evict(general, 3) == [7, 5, 4]
+    assert fast.snapshot() == general.snapshot()
+
+
+def test_mark_evictable_puts_a_block_set_aside_back_where_it_was():
+    arc = ARCPolicy(8)
+    arc.insert(list(range(8)))
+    arc.mark_evictable([k for k in range(8) if k != 7])  # 7 (the oldest) pending
+    assert arc.evict(2) == [6, 5]  # 7 met and set aside
+    assert 7 in arc._t1.aside
+    arc.mark_evictable([3, 7])  # completes: 7 is the oldest again
+    assert arc.evict(1) == [7]
+
+
+@pytest.mark.parametrize("covered", [True, False])
+def test_request_finished_promotes_reused_and_refreshes_inserted(covered):
+    arc = ARCPolicy(8)
+    arc.insert([1, 2, 3, 4])
+    arc.mark_evictable([1, 2, 3, 4])
+    arc.touch([4])  # 4 to T2
+    keys = (1, 2, 3, 4) if covered else (1, 2, 3, 4, 9)  # 9: neither inserted nor reused
+    arc.on_request_finished(keys, {2, 3}, {1, 4})
+    snap = arc.snapshot()
+    assert snap["t1"] == [3, 2]  # 2 and 3 refreshed, 2 most recent
+    assert snap["t2"] == [4, 1]  # 4 refreshed, then 1 promoted (keys[0] most recent)

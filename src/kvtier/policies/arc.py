@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
+from itertools import islice
 
 from kvtier.policies.base import CachePolicy, Key
 from kvtier.policies.order import LogicalOrder
@@ -154,8 +155,15 @@ class ARCPolicy(CachePolicy):
 
     def mark_evictable(self, keys: Sequence[Key]) -> None:
         if self._t1.aside or self._t2.aside:  # blocks set aside by a walk go back in place
-            self._t1.release(keys)
-            self._t2.release(keys)
+            # the shared held set once, then each list with blocks aside (was release on
+            # both: two held-set passes and two frames; vLLM spec policy log:
+            # mark_evictable 567 -> 468 per block reference with LogicalOrder.requeue's
+            # check, docs/performance.md, "Request mode, round 5")
+            self._held.difference_update(keys)
+            if self._t1.aside:
+                self._t1.requeue(keys)
+            if self._t2.aside:
+                self._t2.requeue(keys)
             return
         # no loop: the keys leave the (shared) held set in C (a loop with a set.discard per
         # key: +362 instructions per block reference of a replay, docs/performance.md, "ARC
@@ -264,6 +272,32 @@ class ARCPolicy(CachePolicy):
         # is resident and in that list, so the usual key costs 3 membership tests, not 6
         # (vLLM spec policy log: 1,980 -> 1,424 per block reference, docs/performance.md,
         # "Request mode, round 3")
+        if len(inserted) + len(reused) == len(keys):
+            # every key inserted or reused (the usual request; inserted and reused are
+            # disjoint subsets of keys, see CachePolicy.on_request_finished, so the counts
+            # tell): no `in inserted` test per key, none at all for a T2 key, and the
+            # move_to_end methods bound once (vLLM spec policy log: on_request_finished
+            # 1,451 -> 1,176 per block reference, 1,311 with the methods looked up per key,
+            # docs/performance.md, "Request mode, round 5")
+            to_end1, to_end2 = t1_live.move_to_end, t2_live.move_to_end
+            for key in reversed(keys):
+                if key in t1_live:
+                    if key in reused:  # T1 -> T2's MRU end (see below)
+                        del t1_live[key]
+                        t2_live[key] = None
+                    else:  # only inserted: refreshed within T1
+                        to_end1(key)
+                elif key in t2_live:
+                    to_end2(key)
+                elif aside:
+                    if key in t2_aside:
+                        t2.use(key)
+                    elif key in t1_aside:
+                        if key in reused:
+                            t2.append(key, t1.discard(key))
+                        else:
+                            t1.use(key)
+            return
         for key in reversed(keys):
             if key in t1_live:
                 if key in reused:  # T1 -> T2's MRU end, pinned or not (one held set for
@@ -317,6 +351,46 @@ class ARCPolicy(CachePolicy):
                 self.examined += 1
             # every block of the preferred list is held, now aside: the phases below take
             # the victim from the other list
+        elif not protected:
+            # several victims, all from one list's old end, none held, and no block set aside
+            # there that became evictable again (request mode's usual eviction, ~24
+            # victims): LogicalOrder.take's usual case spelled out, the victims leaving
+            # their order and entering the ghost list in one loop (vLLM spec policy log:
+            # _evict 2,543 -> 2,336 per block reference, docs/performance.md, "Request mode,
+            # round 5"); anything else goes to the phases below, nothing changed yet
+            quota = len(t1.live) + len(t1.aside) - self._floor + 1
+            if quota >= n:
+                live, ghost = (None if t1.heap else t1.live), self._b1
+            elif quota <= 0:
+                live, ghost = (None if t2.heap else t2.live), self._b2
+            else:
+                live = None
+            if live is not None:
+                # the victims, named `first` (the phases' first take, here the only one): a
+                # new local would cost the one-victim path above ~8 instructions a call
+                # (one-key store + complete, docs/performance.md, "Request mode, round 5")
+                first = list(islice(live, n))
+                if len(first) == n and self._held.isdisjoint(first):
+                    if len(ghost) >= self.capacity >= n:
+                        # a full ghost list drops its oldest entry per victim: the same as
+                        # adding them all and trimming (no victim is a ghost: a resident key
+                        # is in no ghost list; full-ghost case alone: 2,473 -> 2,405)
+                        pop = ghost.popitem
+                        for key in first:
+                            del live[key]
+                            pop(False)
+                            ghost[key] = None
+                    else:
+                        for key in first:
+                            del live[key]
+                            ghost[key] = None
+                        if len(ghost) > self.capacity:
+                            for _ in range(len(ghost) - self.capacity):
+                                ghost.popitem(False)
+                    if self._pinned:
+                        self._pinned.difference_update(first)
+                    self.examined += n
+                    return first
         quota = len(t1.live) + len(t1.aside) - self._floor + 1
         first, examined = t1.take(quota if quota < n else n, protected)
         from_t2: list[Key] = []
@@ -357,7 +431,11 @@ class ARCPolicy(CachePolicy):
         # the orders share one held set, so their own __len__ does not count a list's
         # evictable blocks: resident minus held, less the evictable protected keys
         t1, t2, held = self._t1, self._t2, self._held
-        eligible = t1.size() + t2.size() - len(held)
+        # the sizes read here, not by LogicalOrder.size: two frames less per evict call
+        # (vLLM spec replay, docs/performance.md, "Request mode, round 5")
+        eligible = len(t1.live) + len(t1.aside) + len(t2.live) + len(t2.aside) - len(held)
+        if not protected:
+            return eligible
         for key in protected:
             if key not in held and (t1.has(key) or t2.has(key)):
                 eligible -= 1

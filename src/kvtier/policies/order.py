@@ -158,17 +158,26 @@ class LogicalOrder:
         """Members became evictable (store completed, last pin released): they keep their
         place; those set aside meanwhile go back to the old end, in their order."""
         self.held.difference_update(keys)
-        aside = self.aside
-        if aside:
-            heap = self.heap
+        if self.aside:
+            self.requeue(keys)
+
+    def requeue(self, keys: Collection[Key]) -> None:
+        """:meth:`release`'s second half: the members of ``keys`` set aside go back to the
+        old end, in their order; for a policy whose orders share one held set, which it
+        updates once (the keys must not be held any more)."""
+        aside, heap = self.aside, self.heap
+        # usually none of them was set aside: one C-level pass tells, not an aside.get per
+        # key (vLLM spec policy log: ARC mark_evictable 567 -> 468 per block reference,
+        # docs/performance.md, "Request mode, round 5")
+        if not aside.keys().isdisjoint(keys):
             for key in keys:
                 number = aside.get(key)
                 if number is not None:
                     heappush(heap, (number, key))
-            if len(heap) > 2 * len(aside) + _COMPACT_SLACK:
-                held = self.held
-                self.heap = [(n, k) for k, n in aside.items() if k not in held]
-                heapify(self.heap)
+        if len(heap) > 2 * len(aside) + _COMPACT_SLACK:
+            held = self.held
+            self.heap = [(n, k) for k, n in aside.items() if k not in held]
+            heapify(self.heap)
 
     def clear(self) -> None:
         self.live.clear()
