@@ -156,10 +156,6 @@ def test_spec_options_are_validated_at_construction(extra, words):
         assert word in str(err.value)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kvtier.integrations.vllm.parse_options lists available_policies() in its kvtier_policy "
-    "error, 'belady' included, which it then refuses as offline (newcomer finding; vllm.py is "
-    "being changed by another session)"))
 def test_the_kvtier_policy_error_lists_only_policies_an_engine_can_run():
     base = {"cpu_bytes_to_use": 64 * 4096, "spec_name": "KVTierOffloadingSpec",
             "spec_module_path": kv.MODULE_PATH, "kvtier_policy": "nope"}
@@ -169,10 +165,6 @@ def test_the_kvtier_policy_error_lists_only_policies_an_engine_can_run():
     assert "belady" not in str(err.value)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kvtier.integrations.vllm.parse_options checks only kvtier_* keys for typos, so a "
-    "misspelt store_threshold / max_tracker_size (no kvtier_ prefix) is ignored and the "
-    "default used (newcomer finding; vllm.py is being changed by another session)"))
 @pytest.mark.parametrize("typo", ["store_treshold", "max_tracker_sise", "store-threshold"])
 def test_a_misspelt_spec_option_without_the_kvtier_prefix_is_named(typo):
     base = {"cpu_bytes_to_use": 64 * 4096, "spec_name": "KVTierOffloadingSpec",

@@ -49,6 +49,7 @@ Requires ``vllm==0.33.0`` (import-only set: ``pip install --no-deps vllm==0.33.0
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -735,7 +736,9 @@ class KVTierOffloadingSpec(CPUOffloadingSpec):
 
     Raises:
         ValueError: at construction (engine start), an option of the wrong type or range, an
-            unknown ``kvtier_*`` option, an unknown or offline policy (``belady``), or
+            unknown ``kvtier_*`` option, a key that is a near miss of an option
+            (``store_treshold``, ``store-threshold``: difflib ratio >= 0.8), an unknown or
+            offline policy (``belady``), or
             ``eviction_policy`` / ``cache_policy_module_path`` (those select vLLM's own manager's policy; use
             ``kvtier_policy``). The message names the option.
     """
@@ -781,19 +784,28 @@ def parse_options(extra_config: Mapping[str, Any]) -> dict[str, Any]:
                 f"KVTierOffloadingSpec: {key!r} selects the policy of vLLM's own manager; "
                 "with spec_name KVTierOffloadingSpec set 'kvtier_policy' instead"
             )
-    unknown = sorted(
-        k for k in extra_config if k.startswith("kvtier_") and k not in KVTierOffloadingSpec.OPTIONS
-    )
+    options = KVTierOffloadingSpec.OPTIONS
+    unknown = sorted(k for k in extra_config if k.startswith("kvtier_") and k not in options)
     if unknown:
         raise ValueError(
             f"KVTierOffloadingSpec: unknown option(s) {', '.join(map(repr, unknown))}; "
-            f"known: {', '.join(KVTierOffloadingSpec.OPTIONS)}"
+            f"known: {', '.join(options)}"
         )
+    # the config is shared with vLLM's own keys, so only a near miss of an option is an error
+    for key in extra_config:
+        if isinstance(key, str) and key not in options:
+            near = difflib.get_close_matches(key.replace("-", "_").lower(), options, 1, 0.8)
+            if near:
+                raise ValueError(
+                    f"KVTierOffloadingSpec: unknown option {key!r}; did you mean {near[0]!r}? "
+                    f"known: {', '.join(options)}"
+                )
+    online = [p for p in available_policies() if not getattr(get_policy(p), "needs_future", False)]
     policy = extra_config.get("kvtier_policy", "lru")
     if not isinstance(policy, str) or policy not in available_policies():
         raise ValueError(
             f"KVTierOffloadingSpec: kvtier_policy must be one of "
-            f"{', '.join(available_policies())}, got {policy!r}"
+            f"{', '.join(online)}, got {policy!r}"
         )
     if getattr(get_policy(policy), "needs_future", False):
         raise ValueError(
