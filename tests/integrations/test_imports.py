@@ -36,10 +36,6 @@ def test_import_without_vllm_names_the_install_command(module):
     assert "pip install 'kvtier[vllm]'" in out and "pip install --no-deps vllm==0.33.0" in out
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kvtier.integrations.vllm imports vLLM without the guard (vllm.py is being changed by "
-    "another session): proposed fix, `require_vllm(__name__)` from kvtier.integrations "
-    "before its first vllm import"))
 def test_import_of_the_vllm_adapter_without_vllm_names_the_install_command():
     out = _import_without_vllm("kvtier.integrations.vllm")
     assert "pip install 'kvtier[vllm]'" in out

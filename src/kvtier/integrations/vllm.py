@@ -56,6 +56,11 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
+
+from kvtier.integrations import require_vllm
+
+require_vllm(__name__)  # names the install command when vLLM is missing
+
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
 )
