@@ -103,7 +103,7 @@ class _Request:
 
     No ``__init__``: :meth:`OffloadingManager.on_new_request` sets the three attributes (an
     ``__init__`` was one Python frame per request; docs/performance.md, "Request mode, round
-    5").
+    5 (manager and adapter)").
     """
 
     __slots__ = ("keys", "inserted", "reused")
@@ -445,6 +445,7 @@ class OffloadingManager:
             if rec is not None and not rec.keys and len(keys) <= self.num_blocks:
                 # the request's first keys, nothing inserted yet (_record_load's first case
                 # spelled out, _FRAMES): the usual load comes first in its request
+                # (docs/performance.md, "Request mode, round 5 (manager and adapter)")
                 rec.keys = dict.fromkeys(keys)
                 rec.reused.update(keys)
             elif rec is not None:
@@ -649,8 +650,9 @@ class OffloadingManager:
                 pass
         try:
             # the usual offer names no stored key: one C-level disjointness pass and a copy,
-            # not a filter calling __contains__ per key (docs/performance.md, "Request mode,
-            # round 5"); isdisjoint stops at the first stored key
+            # not a filter calling __contains__ per key (spec replay -124 with prepare_load's
+            # first record, docs/performance.md, "Request mode, round 5 (manager and
+            # adapter)"); isdisjoint stops at the first stored key
             if slot_of.keys().isdisjoint(keys):
                 new_keys = list(keys)
             else:

@@ -394,7 +394,8 @@ _K_HIT, _K_MISS = KVTierLookupResult.HIT, KVTierLookupResult.MISS
 _V_HIT, _V_MISS = LookupResult.HIT, LookupResult.MISS
 
 # a dtype instance, not the type np.int32: np.fromiter skips the type -> dtype conversion
-# (-150 instructions per spec, callgrind; docs/performance.md, "Request mode, round 5")
+# (-150 instructions per spec, callgrind; docs/performance.md, "Request mode, round 5
+# (manager and adapter)")
 _INT32 = np.dtype(np.int32)
 _fromiter = np.fromiter
 _new_spec = object.__new__
@@ -468,7 +469,9 @@ def _plain_layout_known() -> bool:
 # _PLAIN: per request, the adapter reads its handle from vLLM's ReqContext four times and
 # returns a RequestOffloadingContext and a PrepareStoreOutput: with the probe above it reads
 # ``req_context._state`` directly and builds the two dataclasses without their __init__, a
-# Python frame less each (seven per request; docs/performance.md, "Request mode, round 5").
+# Python frame less each (seven per request; with the manager's record without __init__,
+# spec replay -122 per block reference: docs/performance.md, "Request mode, round 5 (manager
+# and adapter)").
 # Else vLLM's methods and constructors.
 _FAST_PLAIN = _plain_layout_known()
 
@@ -535,7 +538,7 @@ class KVTierOffloadingManager(OffloadingManager):
     # The per-request paths read the ReqContext's handle inline (directly from its state dict
     # with _FAST_PLAIN) and open a request only when it has none (or a stale one): one
     # Python frame less per call, and no dataclass __init__ (docs/performance.md, "Request
-    # mode, round 4" and "round 5")
+    # mode, round 4" and "round 5 (manager and adapter)")
     def _open(self, req_context: ReqContext) -> _RequestAccess:
         """``prepare_load`` / ``prepare_store`` of a request that has no current handle (not
         opened by ``on_new_request``, or opened before ``reset_cache``): open it now."""
