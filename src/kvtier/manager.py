@@ -438,18 +438,7 @@ class OffloadingManager:
             self.policy.mark_non_evictable(newly_pinned)
         self._loads += len(slots)
         if req_context is not None and self._requests:  # request mode only
-            try:
-                rec = self._requests.get(req_context)
-            except TypeError:  # not hashable: explicit mode, the context is ignored
-                rec = None
-            if rec is not None and not rec.keys and len(keys) <= self.num_blocks:
-                # the request's first keys, nothing inserted yet (_record_load's first case
-                # spelled out, _FRAMES): the usual load comes first in its request
-                # (docs/performance.md, "Request mode, round 5 (manager and adapter)")
-                rec.keys = dict.fromkeys(keys)
-                rec.reused.update(keys)
-            elif rec is not None:
-                self._record_load(req_context, keys)
+            self._record_load(req_context, keys)
         return slots
 
     def complete_load(self, keys: Sequence[Hashable], req_context: Any = None) -> None:
