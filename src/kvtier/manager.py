@@ -58,6 +58,7 @@ _PLAIN_KEY_TYPES = frozenset({int, str, bytes})
 # ``_output((keys, block_ids, evicted))`` builds a PrepareStoreOutput in C, without the
 # NamedTuple's Python-level ``__new__`` (and without a Python frame)
 _output = partial(tuple.__new__, PrepareStoreOutput)
+_new_record = object.__new__
 
 # _FRAMES: on request mode's usual path (prepare_store, prepare_load, on_request_finished)
 # the small private helpers are spelled out where they would be one Python frame each
@@ -99,14 +100,17 @@ class _Request:
     ``inserted`` / ``reused`` subsets of them: newly stored, loaded or found ready (not after
     storing it itself). ``inserted`` is also the set of keys already used once for ghost
     learning (a store's new keys are touched, then all of them inserted).
+
+    No ``__init__``: :meth:`OffloadingManager.on_new_request` sets the three attributes (an
+    ``__init__`` was one Python frame per request; docs/performance.md, "Request mode, round
+    5 (manager and adapter)").
     """
 
     __slots__ = ("keys", "inserted", "reused")
 
-    def __init__(self) -> None:
-        self.keys: dict[Hashable, None] = {}
-        self.inserted: set[Hashable] = set()
-        self.reused: set[Hashable] = set()
+    keys: dict[Hashable, None]
+    inserted: set[Hashable]
+    reused: set[Hashable]
 
 
 def _overrides(policy: CachePolicy, hook: str) -> bool:
@@ -634,7 +638,14 @@ class OffloadingManager:
             except TypeError:  # not hashable: explicit mode, the context is ignored
                 pass
         try:
-            new_keys = list(filterfalse(slot_of.__contains__, keys))  # not stored yet, in order
+            # the usual offer names no stored key: one C-level disjointness pass and a copy,
+            # not a filter calling __contains__ per key (spec replay -124 with prepare_load's
+            # first record, docs/performance.md, "Request mode, round 5 (manager and
+            # adapter)"); isdisjoint stops at the first stored key
+            if slot_of.keys().isdisjoint(keys):
+                new_keys = list(keys)
+            else:
+                new_keys = list(filterfalse(slot_of.__contains__, keys))  # in order
         except TypeError:
             raise unhashable_error(keys, "prepare_store") from None
         num_resident = len(keys) - len(new_keys)  # occurrences of keys already stored
@@ -881,7 +892,11 @@ class OffloadingManager:
             early[oldest] = None
             if len(early) > log.max_open:
                 del early[next(iter(early))]
-        self._requests[req_context] = _Request()
+        rec = _new_record(_Request)  # no __init__ frame (see _Request)
+        rec.keys = {}
+        rec.inserted = set()
+        rec.reused = set()
+        self._requests[req_context] = rec
 
     def on_request_finished(self, req_context: Hashable) -> None:
         """Close request ``req_context`` and apply its use: one policy call,

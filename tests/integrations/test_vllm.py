@@ -549,6 +549,53 @@ def test_spec_manager_specs_are_vllms_own_objects():
         assert got.flags.c_contiguous
 
 
+def _plain_protocol_run(m: kv.KVTierOffloadingManager) -> list:
+    """A few requests through vLLM's call protocol; what the manager answered."""
+    seen = []
+    for i, ids in enumerate(((1, 2, 3), (1, 2, 4, 5), (1, 6, 7, 8, 9), (2, 3))):
+        ctx = ReqContext(str(i))
+        seen.append(m.on_new_request(ctx))
+        h = 0
+        for k in keys(*ids):
+            if m.lookup(k, ctx) is not VLookup.HIT:
+                break
+            h += 1
+        if h:
+            seen.append(m.prepare_load(keys(*ids)[:h], ctx).block_ids.tolist())
+        out = m.prepare_store(keys(*ids)[h:], ctx)
+        seen.append(None if out is None else
+                    (out.keys_to_store, out.store_spec.block_ids.tolist(), out.evicted_keys))
+        if h:
+            m.complete_load(keys(*ids)[:h], ctx)
+        if out is not None:
+            m.complete_store(out.keys_to_store, ctx)
+        m.on_request_finished(ctx)
+    return seen
+
+
+def test_spec_manager_plain_objects_are_vllms_own(monkeypatch):
+    # the adapter builds RequestOffloadingContext and PrepareStoreOutput without their
+    # __init__ and keeps its handle in ReqContext's state dict directly (_PLAIN,
+    # docs/performance.md "Request mode, round 5"): the objects must be the ones vLLM's
+    # constructors make, the handle where get_state finds it, and the answers the same as
+    # with vLLM's own constructors and methods
+    assert kv._FAST_PLAIN  # vLLM 0.33's layout is recognised
+    m = spec_manager(4, "arc")
+    ctx = ReqContext("r")
+    rctx = m.on_new_request(ctx)
+    ref = RequestOffloadingContext()
+    assert type(rctx) is RequestOffloadingContext and rctx == ref and vars(rctx) == vars(ref)
+    handle = ctx.get_state(kv._RequestAccess)
+    assert handle is not None and m.manager.stats().requests_open == 1
+    out = m.prepare_store(keys(1, 2), ctx)
+    ref_out = VPrepareStoreOutput(out.keys_to_store, out.store_spec, out.evicted_keys)
+    assert type(out) is VPrepareStoreOutput and vars(out) == vars(ref_out) and out == ref_out
+    assert ctx.get_state(kv._RequestAccess) is handle  # no second request opened
+    fast = _plain_protocol_run(spec_manager(4, "arc"))
+    monkeypatch.setattr(kv, "_FAST_PLAIN", False)
+    assert _plain_protocol_run(spec_manager(4, "arc")) == fast
+
+
 def test_spec_manager_handles_are_per_manager_and_reset():
     # a request's handle in its ReqContext belongs to one manager and one reset generation
     a, b = spec_manager(8, "lru"), spec_manager(8, "lru")

@@ -71,6 +71,7 @@ from vllm.v1.kv_offload.base import (
     OffloadingEvent,
     OffloadingManager,
     OffloadKey,
+    OffloadPolicy,
     PrepareStoreOutput,
     ReqContext,
     RequestOffloadingContext,
@@ -398,9 +399,14 @@ _LOOKUP = {
 _K_HIT, _K_MISS = KVTierLookupResult.HIT, KVTierLookupResult.MISS
 _V_HIT, _V_MISS = LookupResult.HIT, LookupResult.MISS
 
-_INT32 = np.int32
+# a dtype instance, not the type np.int32: np.fromiter skips the type -> dtype conversion
+# (-150 instructions per spec, callgrind; docs/performance.md, "Request mode, round 5
+# (manager and adapter)")
+_INT32 = np.dtype(np.int32)
 _fromiter = np.fromiter
 _new_spec = object.__new__
+_new = object.__new__
+_CHUNK_LEVEL = OffloadPolicy.CHUNK_LEVEL
 
 
 def _spec_layout_known() -> bool:
@@ -433,13 +439,47 @@ class _RequestAccess:
     mode; vLLM's ``ReqContext`` is not hashable; identity hash). ``epoch``: the manager's
     epoch object when it was opened (one per manager and ``reset_cache``: a handle of another
     manager, or from before a reset, is stale); ``finished``: closed by
-    ``on_request_finished``. No ``__init__``: ``KVTierOffloadingManager._open`` sets both
+    ``on_request_finished``. No ``__init__``: ``KVTierOffloadingManager.on_new_request`` sets both
     (a dataclass ``__init__`` was one Python frame more per request)."""
 
     __slots__ = ("epoch", "finished")
 
     epoch: object
     finished: bool
+
+
+def _plain_layout_known() -> bool:
+    """Whether vLLM's ``PrepareStoreOutput`` and ``RequestOffloadingContext`` are plain
+    dataclasses whose ``__init__`` only sets their fields, and ``ReqContext``'s request state
+    is the dict ``_state`` keyed by the value's type (vLLM 0.33), so the adapter may build the
+    first two without their ``__init__`` and read and write the state without
+    ``get_state`` / ``set_state`` (see ``_PLAIN``)."""
+    out = PrepareStoreOutput([1], None, [2])
+    fast_out = _new(PrepareStoreOutput)
+    fast_out.keys_to_store, fast_out.store_spec, fast_out.evicted_keys = [1], None, [2]
+    ctx = RequestOffloadingContext()
+    fast_ctx = _new(RequestOffloadingContext)
+    fast_ctx.policy = _CHUNK_LEVEL
+    req = ReqContext("probe")
+    token = _RequestAccess()
+    req.set_state(token)
+    state = vars(req).get("_state")
+    return (
+        vars(out) == vars(fast_out) and out == fast_out
+        and vars(ctx) == vars(fast_ctx) and ctx == fast_ctx
+        and isinstance(state, dict) and state.get(_RequestAccess) is token
+        and req.get_state(_RequestAccess) is token and len(state) == 1
+    )
+
+
+# _PLAIN: per request, the adapter reads its handle from vLLM's ReqContext four times and
+# returns a RequestOffloadingContext and a PrepareStoreOutput: with the probe above it reads
+# ``req_context._state`` directly and builds the two dataclasses without their __init__, a
+# Python frame less each (seven per request; with the manager's record without __init__,
+# spec replay -122 per block reference: docs/performance.md, "Request mode, round 5 (manager
+# and adapter)").
+# Else vLLM's methods and constructors.
+_FAST_PLAIN = _plain_layout_known()
 
 
 class KVTierOffloadingManager(OffloadingManager):
@@ -501,23 +541,34 @@ class KVTierOffloadingManager(OffloadingManager):
         self._lookup = self.manager.lookup
 
     # -- per-request state -------------------------------------------------------------------
-    # The per-request paths read the ReqContext's handle inline and open a request through
-    # _open only when it has none (or a stale one): one Python frame less per call, and no
-    # dataclass __init__ (docs/performance.md, "Request mode, round 4")
+    # The per-request paths read the ReqContext's handle inline (directly from its state dict
+    # with _FAST_PLAIN) and open a request only when it has none (or a stale one): one
+    # Python frame less per call, and no dataclass __init__ (docs/performance.md, "Request
+    # mode, round 4" and "round 5 (manager and adapter)")
     def _open(self, req_context: ReqContext) -> _RequestAccess:
-        """A new request (or one from before reset_cache, which vLLM's manager also starts
-        afresh): open it in kvtier's manager under a new handle."""
-        state = _RequestAccess()
-        state.epoch = self._epoch
-        state.finished = False
-        req_context.set_state(state)
-        self.manager.on_new_request(state)
-        return state
+        """``prepare_load`` / ``prepare_store`` of a request that has no current handle (not
+        opened by ``on_new_request``, or opened before ``reset_cache``): open it now."""
+        self.on_new_request(req_context)
+        return req_context.get_state(_RequestAccess)
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
-        state = req_context.get_state(_RequestAccess)
+        state = (req_context._state.get(_RequestAccess) if _FAST_PLAIN  # see _PLAIN
+                 else req_context.get_state(_RequestAccess))
         if state is None or state.epoch is not self._epoch:
-            self._open(req_context)
+            # a new request (or one from before reset_cache, which vLLM's manager also starts
+            # afresh): open it in kvtier's manager under a new handle
+            state = _RequestAccess()
+            state.epoch = self._epoch
+            state.finished = False
+            if _FAST_PLAIN:
+                req_context._state[_RequestAccess] = state
+            else:
+                req_context.set_state(state)
+            self.manager.on_new_request(state)
+        if _FAST_PLAIN:  # no dataclass __init__
+            out = _new(RequestOffloadingContext)
+            out.policy = _CHUNK_LEVEL
+            return out
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
@@ -525,7 +576,8 @@ class KVTierOffloadingManager(OffloadingManager):
         ``on_request_finished(keys, inserted, reused)``, keys head first in the order the
         request first named them (vLLM sorts by the scheduler's token positions instead,
         which equals that order whenever a request names its blocks head first)."""
-        state = req_context.get_state(_RequestAccess)
+        state = (req_context._state.get(_RequestAccess) if _FAST_PLAIN  # see _PLAIN
+                 else req_context.get_state(_RequestAccess))
         if state is None or state.epoch is not self._epoch or state.finished:
             return
         state.finished = True
@@ -553,7 +605,8 @@ class KVTierOffloadingManager(OffloadingManager):
         """
         if type(keys) is not list:
             keys = list(keys)
-        state = req_context.get_state(_RequestAccess)
+        state = (req_context._state.get(_RequestAccess) if _FAST_PLAIN  # see _PLAIN
+                 else req_context.get_state(_RequestAccess))
         if state is None or state.epoch is not self._epoch:
             state = self._open(req_context)
         slots = self.manager.prepare_load(keys, state)
@@ -578,7 +631,8 @@ class KVTierOffloadingManager(OffloadingManager):
         Returns ``None`` (nothing changed in the tier) when not enough blocks can be evicted.
         """
         keys = list(keys)
-        token = req_context.get_state(_RequestAccess)
+        token = (req_context._state.get(_RequestAccess) if _FAST_PLAIN  # see _PLAIN
+                 else req_context.get_state(_RequestAccess))
         if token is None or token.epoch is not self._epoch:
             token = self._open(req_context)
         m = self.manager
@@ -612,6 +666,12 @@ class KVTierOffloadingManager(OffloadingManager):
             spec.block_ids = _fromiter(block_ids, _INT32, len(block_ids))
         else:
             spec = CPULoadStoreSpec(block_ids)
+        if _FAST_PLAIN:  # see _PLAIN: no dataclass __init__
+            result = _new(PrepareStoreOutput)
+            result.keys_to_store = stored
+            result.store_spec = spec
+            result.evicted_keys = out.evicted_keys
+            return result
         return PrepareStoreOutput(stored, spec, out.evicted_keys)
 
     def _record_offer(self, keys: Sequence[OffloadKey]) -> None:
