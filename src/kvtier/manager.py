@@ -137,8 +137,11 @@ class OffloadingManager:
             says otherwise) or ``"adaptive"``: :class:`~kvtier.admission_adaptive.
             DuelingAdmission` learns online whether to store every new block or only those
             seen before, and :meth:`prepare_store` stores the leading keys it admits (never a
-            block after one it refused in the same call). Cannot be combined with
-            ``store_threshold >= 2``.
+            block after one it refused in the same call); or ``"tinylfu"``:
+            :class:`~kvtier.admission_tinylfu.TinyLFUAdmission` (a frequency sketch with a
+            doorkeeper; a new block is stored when its estimate beats the recent victims'
+            mean; Einziger, Friedman and Manes, ACM ToS 2017), also prefix-closed. Cannot be combined with
+            ``store_threshold >= 2``. Figures: docs/policies.md, "Admission".
         max_open_requests: request mode's memory cap: at most this many requests open at
             once (>= 1). Opening one more first finishes the oldest open request early (its
             use applied as by :meth:`on_request_finished`); a later finish of that context
