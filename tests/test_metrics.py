@@ -241,22 +241,3 @@ def test_http_scrape():
     finally:
         server.shutdown()
         thread.join(10)
-
-
-def test_import_without_prometheus_client_names_the_install_command():
-    """Found by a newcomer session: in a fresh `pip install -e .` (no metrics extra),
-    `import kvtier.metrics` said only "No module named 'prometheus_client'", where
-    kvtier.dataplane names its extra."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    code = ("import sys; sys.modules['prometheus_client'] = None\n"
-            "try:\n    import kvtier.metrics\nexcept ModuleNotFoundError as e:\n"
-            "    print(e.name, '|', e)\n")
-    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=60).stdout
-    assert out.startswith("prometheus_client |") and "pip install 'kvtier[metrics]'" in out

@@ -1041,20 +1041,6 @@ def test_a_full_server_refuses_writes_but_keeps_serving_reads(redis_server, capl
         tier.close()
 
 
-def test_import_without_redis_py_names_the_install_command():
-    """Found by a newcomer session: in a fresh `pip install -e .` (no redis extra),
-    `import kvtier.tiers.redis` said only "No module named 'redis'", where kvtier.dataplane
-    names its extra."""
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    code = ("import sys; sys.modules['redis'] = None\n"
-            "try:\n    import kvtier.tiers.redis\nexcept ModuleNotFoundError as e:\n"
-            "    print(e.name, '|', e)\n")
-    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=60).stdout
-    assert out.startswith("redis |") and "pip install 'kvtier[redis]'" in out
-
-
 def test_a_block_that_is_not_bytes_like_is_named_and_blocks_may_be_any_iterable():
     """Found by a newcomer session: write([1], ["x" * BLOCK]) raised a bare "memoryview: a
     bytes-like object is required, not 'str'", and a generator of blocks "object of type
