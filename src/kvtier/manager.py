@@ -1043,7 +1043,15 @@ class OffloadingManager:
     # -- whole-tier operations -----------------------------------------------------------
     def reset_cache(self) -> None:
         """Drop every block, ghost list, admission count, event and counter, and forget the
-        open requests (request mode; a later finish of one of them raises)."""
+        open requests (request mode; a later finish of one of them raises).
+
+        Pinned blocks and blocks whose store is in flight are dropped too and their slots
+        become free: the caller must let those copies finish (or abandon them) first, since
+        a later ``complete_load`` of their keys raises
+        :class:`~kvtier.errors.BlockStateError`, a later ``complete_store`` ignores them (as
+        any key that is not pending), and a new store may reuse the slots while the old copy
+        still writes them (``KVOffloader.reset_cache`` waits for its jobs before it calls
+        this)."""
         self.policy.clear()
         self._init_state()
 
