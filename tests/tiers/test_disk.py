@@ -141,7 +141,8 @@ def test_read_of_a_key_without_an_encoding_names_it_and_counts_nothing(tmp_path,
         assert t.read([1, 2]) == [blk(1), blk(2)]
 
 
-def test_write_is_readable_only_when_done(tmp_path, monkeypatch):
+def hold_writes(monkeypatch) -> threading.Event:
+    """Make the tier's block writes wait (at most 10 s) until the returned event is set."""
     gate = threading.Event()
     real = disk_mod._pwrite_all
 
@@ -150,6 +151,11 @@ def test_write_is_readable_only_when_done(tmp_path, monkeypatch):
         real(fd, data, offset)
 
     monkeypatch.setattr(disk_mod, "_pwrite_all", slow)
+    return gate
+
+
+def test_write_is_readable_only_when_done(tmp_path, monkeypatch):
+    gate = hold_writes(monkeypatch)
     with DiskTier(tmp_path, 8, BB, workers=2) as t:
         assert t.write([1, 2, 3], [blk(1), blk(2), blk(3)]) == 3
         assert t.lookup_prefix([1, 2, 3]) == 0
@@ -567,14 +573,7 @@ def test_flush_takes_an_infinite_timeout_and_refuses_a_bad_one(tmp_path, monkeyp
     OverflowError ('timestamp out of range for platform time_t', from the Condition wait),
     flush(float("nan")) spun on a non-blocking wait until the writes were done, and
     flush("5") with writes in flight raised a bare TypeError from threading."""
-    gate = threading.Event()
-    real = disk_mod._pwrite_all
-
-    def slow(fd, data, offset):
-        gate.wait(10)
-        real(fd, data, offset)
-
-    monkeypatch.setattr(disk_mod, "_pwrite_all", slow)
+    gate = hold_writes(monkeypatch)
     with DiskTier(tmp_path, 8, BB, workers=2) as t:
         assert t.write([1, 2], [blk(1), blk(2)]) == 2
         for bad in (float("nan"), "5", True):
