@@ -679,3 +679,36 @@ def test_disk_store_events_name_only_the_chunks_the_disk_holds(tmp_path):
         assert sorted(stored) == sorted(k for k in keys if k in sec.tier)
     finally:
         m.shutdown()
+
+
+def test_a_store_job_the_disk_keeps_only_the_head_of_fails(tmp_path):
+    """Found by newcomer sessions: a cascade of 5 chunks into a 2-slot disk tier stored the 2
+    head chunks and reported the job success=True, though vLLM's JobResult contract says
+    "True if all keys succeeded; False if all or some failed": vLLM counted no cascade
+    failure and its back-pressure detector saw a completed store. Now the job fails; the
+    chunks the disk does hold still get their stored event, and a later job whose chunks are
+    all on the disk (present ones skipped) succeeds."""
+    entry = disk_entry(tmp_path, capacity_blocks=2, enable_kv_events=True)
+    m = make_spec([entry], kv_events=True).get_manager()
+    sec = m.secondary_tiers[0]
+    keys, blocks = keys_and_blocks(5, "head", sec.block_size_bytes)
+    label = ("1:KvtierDiskTier",)
+    try:
+        offload(m, keys, blocks, "a")
+        assert len(sec.tier) == 2
+        stats = m.get_stats()
+        assert counter(stats, TieringOffloadingMetrics.CASCADE_JOB_FAILURES, label) == 1
+        stored = [k for e in sec.take_events() if not e.removed for k in e.keys]
+        assert sorted(stored) == sorted(k for k in keys if k in sec.tier)
+        held = [k for k in keys if k in sec.tier]
+        import numpy as np
+        from vllm.v1.kv_offload.tiering.base import TransferJob
+
+        sec.submit_store(TransferJob(job_id=9000, keys=held, chunk_ids=np.array([0, 1], np.int32),
+                                     is_promotion=False, req_context=ReqContext(req_id="again")))
+        sec.drain_jobs()
+        (result,) = sec.get_finished_jobs()
+        assert result.job_id == 9000 and result.success
+    finally:
+        m.shutdown()
+

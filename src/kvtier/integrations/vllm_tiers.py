@@ -51,7 +51,8 @@ How vLLM's contract maps onto the :class:`~kvtier.tiers.base.BlockTier` API:
   Redis) is not copied: the load job reports ``success=False`` with the keys that did load in
   ``successful_keys``, and the failed keys are remembered as a miss (vLLM then recomputes
   them). A store job is ``success=False`` when the tier failed or dropped a block (I/O error,
-  Redis down or its queue full). Nothing raises into the scheduler for a backend failure.
+  Redis down or its queue full, or a disk tier that could not make room for all of the job's
+  blocks and kept its head). Nothing raises into the scheduler for a backend failure.
 * **Recency.** vLLM's ``touch`` reaches the disk tier's policy (queued; applied by the tier's
   threads before its next job or lookup); Redis keeps its own LRU/LFU.
 * **Metrics.** Every job reports ``transfer_time`` (seconds on the I/O thread) and
@@ -524,14 +525,17 @@ class KvtierSecondaryTier(SecondaryTierManager):
             self._tier.flush()
             after = self._tier.stats()
             self._snapshot = after
-            failed = self._store_failed(before, after)
-            stored = list(item.keys)
-            if self._events is not None and not failed and hasattr(type(self._tier),
-                                                                     "__contains__"):
-                # the disk keeps a job's head when it cannot make room for all of it
-                stored = [k for k in stored if k in self._tier]
+            if hasattr(type(self._tier), "__contains__"):  # the disk: asked without I/O
+                # a job succeeds when the tier holds all of its chunks (vLLM's JobResult:
+                # "False if all or some failed"): the disk keeps a job's head when it cannot
+                # make room for all of it, and skips the chunks it holds already
+                stored = [k for k in item.keys if k in self._tier]
+                failed = len(set(item.keys)) - len(set(stored))
+            else:
+                failed = self._store_failed(before, after)
+                stored = [] if failed else list(item.keys)
         elapsed = time.perf_counter() - t0
-        if self._events is not None and not failed and stored:
+        if self._events is not None and stored:
             self._events.append(OffloadingEvent(keys=stored, medium=self.medium,
                                                 removed=False, locality=self.locality))
         written = after.bytes_written - before.bytes_written
