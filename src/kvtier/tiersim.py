@@ -160,16 +160,18 @@ class SimTier(BlockTier):
             raise ValueError(f"write: {len(keys)} keys but {len(blocks)} blocks")
         m = self.manager
         st = self._stats
-        new = [k for k in dict.fromkeys(keys) if k not in m]
+        first = list(dict.fromkeys(keys))
+        new = [k for k in first if k not in m]
+        present = [k for k in first if k in m]  # protected by naming them, as on the disk
         st.writes_skipped += len(keys) - len(new)
         ms = m.stats()
-        room = ms.free + ms.evictable
+        room = ms.free + ms.evictable - sum(1 for k in present if m.ref_count(k) == 0)
         if len(new) > room:
             st.writes_skipped += len(new) - room
             new = new[:room]
         if not new:
             return 0
-        out = m.prepare_store(new)
+        out = m.prepare_store(new + present)
         if out is None:  # cannot happen with every block evictable; counted if it does
             st.writes_skipped += len(new)
             return 0

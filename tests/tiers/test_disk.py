@@ -210,6 +210,30 @@ def test_more_blocks_than_capacity_keeps_the_head(tmp_path):
         assert t.stats().writes_skipped == 2
 
 
+def test_a_write_never_evicts_its_own_present_keys(tmp_path):
+    """Found by a newcomer session: a full 2-slot LRU tier holding 2 (least recent) and 1;
+    write([2, 3]) skipped 2 as present but then evicted it to make room for 3 (only the new
+    keys were named in the manager's prepare_store, so the present ones were not protected):
+    lookup_prefix([2, 3]) fell from 1 to 0 -- the call lost its own head to store its tail.
+    Now the call's present keys are protected, as in the manager; the victim is 1."""
+    with DiskTier(tmp_path, 2, BB, policy="lru") as t:
+        t.write([1, 2], [blk(1), blk(2)])  # keys[0] ends most recent: 2 is the LRU victim
+        assert t.flush(10)
+        assert t.write([2, 3], [blk(2), blk(3)]) == 1
+        assert t.flush(10)
+        assert 2 in t and 3 in t and 1 not in t
+        assert t.lookup_prefix([2, 3]) == 2
+        assert t.read([2, 3]) == [blk(2), blk(3)]
+        st = t.stats()
+        assert (st.evictions, st.writes_skipped) == (1, 1)
+        # room counts only what can be evicted outside the call: present keys 3 and 2
+        # fill the tier, so nothing new fits and the present ones stay
+        assert t.write([3, 2, 4], [blk(3), blk(2), blk(4)]) == 0
+        assert t.flush(10)
+        assert 2 in t and 3 in t and 4 not in t
+        assert t.stats().writes_skipped == 4
+
+
 def test_a_key_repeated_in_one_write_keeps_its_first_block(tmp_path):
     # the same rule as the Redis tier (test_redis.py): first occurrence written, repeats skipped
     with DiskTier(tmp_path, 4, BB) as t:
@@ -433,8 +457,10 @@ def test_random_operations_against_a_model(tmp_path, seed):
                 t.write(keys, [blk(k, bb) for k in keys])
                 assert t.flush(10)
                 new = [k for k in keys if k not in model]
-                for _ in range(len(model) + len(new) - cap):  # the shortfall, LRU first
-                    model.popitem(last=False)
+                # the shortfall, LRU first, never a key the call names (present ones kept)
+                victims = [k for k in model if k not in keys]
+                for k in victims[:max(0, len(model) + len(new) - cap)]:
+                    del model[k]
                 # the manager completes a batch in reverse: keys[0] ends most recent
                 for k in reversed(new):
                     model[k] = blk(k, bb)

@@ -660,3 +660,26 @@ def test_a_redis_item_without_redis_py_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "kvtier.tiers.redis", None)  # import raises ImportError
     with pytest.raises(ValueError, match=r"pip install 'kvtier\[redis\]'"):
         _redis_tier("redis://127.0.0.1:1/0", 64)
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo"])
+def test_sim_tier_keeps_the_disk_tiers_bookkeeping(tmp_path, policy):
+    """SimTier (``--tiers``) says it keeps DiskTier's bookkeeping: the same writes leave the
+    same blocks in both, including writes that name blocks already present (found by a
+    newcomer session: both evicted a call's own present keys to store its new ones; the
+    disk tier protects them now, and the simulation must too)."""
+    import random
+
+    rng = random.Random(7)
+    sim = SimTier("disk", 6, policy=policy, block_bytes=8)
+    with DiskTier(tmp_path, 6, 8, policy=policy) as disk:
+        for _ in range(120):
+            keys = [rng.randrange(14) for _ in range(rng.randrange(1, 9))]
+            blocks = [bytes(8)] * len(keys)
+            assert sim.write(keys, blocks) == disk.write(keys, blocks)
+            assert disk.flush(10)
+            assert [k for k in range(14) if k in sim] == [k for k in range(14) if k in disk]
+            st_sim, st_disk = sim.stats(), disk.stats()
+            assert (st_sim.writes_skipped, st_sim.evictions) == (
+                st_disk.writes_skipped, st_disk.evictions)
+

@@ -455,8 +455,9 @@ class DiskTier(BlockTier):
     def write(self, keys: Sequence[Key], blocks: Sequence[bytes | bytearray | memoryview]) -> int:
         """Queue ``blocks[i]`` for writing under ``keys[i]``; returns the blocks accepted.
 
-        Keys already stored (or being written) are skipped (``writes_skipped``); so are the
-        new keys the manager cannot make room for (slots pending), the call's head kept. The
+        Keys already stored (or being written) are skipped (``writes_skipped``) and never
+        evicted to make room for the call's new keys; so are the new keys the manager cannot
+        make room for (slots pending), the call's head kept. The
         call's blocks become readable together once every worker batch of the call has
         written (and, per ``fsync``, synced) them and a later call collected that; the
         call's ``keys[0]`` then ends most recent in the policy. ``bytes`` blocks are kept by reference (immutable); others are copied
@@ -502,14 +503,18 @@ class DiskTier(BlockTier):
                 i = first[key]
                 jobs.append((key, encoded[i], logical, blocks[i], True))
             self._rewriting.update(redo)
+        # the call's present keys are named in prepare_store too, which protects them: a
+        # write must not evict its own head to store its tail (found by a newcomer session)
+        present = [k for k in first if k in m]
         if new:
             ms = m.stats()
-            room = ms.free + ms.evictable  # blocks that can be made room for now
+            # blocks that can be made room for now, the call's own evictable ones excepted
+            room = ms.free + ms.evictable - sum(1 for k in present if m.ref_count(k) == 0)
             if len(new) > room:  # keep the head of the batch (a prefix's head is worth most)
                 st.writes_skipped += len(new) - room
                 new = new[:room]
         if new:
-            out = m.prepare_store(new)
+            out = m.prepare_store(new + present)
             if out is None:
                 st.writes_skipped += len(new)
             else:
