@@ -183,10 +183,13 @@ class TierCollector(Collector):
                                 "refused connections, server errors), labeled by tier."),
             "breaker_opens": c("breaker_opens", "Times a tier's circuit breaker opened, "
                                "labeled by tier."),
-            "read_latency_seconds": h("read_latency_seconds", "Latency of one read call, "
-                                      "seconds, labeled by tier."),
-            "write_latency_seconds": h("write_latency_seconds", "Latency of one write call "
-                                       "(a batch), seconds, labeled by tier."),
+            "read_latency_seconds": h("read_latency_seconds", "Latency of one read, seconds "
+                                      "(disk tier: one block; Redis tier: one server call), "
+                                      "labeled by tier."),
+            "write_latency_seconds": h("write_latency_seconds", "Latency of one write, "
+                                       "seconds (disk tier: a write call until its last "
+                                       "block is written; Redis tier: one batch sent), "
+                                       "labeled by tier."),
             "used_blocks": g("used_blocks", "Blocks held (pending and ready; absent where the "
                              "backend owns capacity), labeled by tier."),
             "pinned_blocks": g("pinned_blocks", "Blocks pinned by loads in flight, labeled by "

@@ -239,7 +239,8 @@ class DiskTier(BlockTier):
         self._bad: set[Hashable] = set()  # ready in the manager but failed verification
         self._rewriting: set[Hashable] = set()
         self._done: queue.SimpleQueue = queue.SimpleQueue()
-        self._calls: dict[int, list] = {}  # write call -> [batches left, finished batches]
+        # write call -> [batches left, finished batches, longest batch latency so far]
+        self._calls: dict[int, list] = {}
         self._call_ids = itertools.count()
         self._cv = threading.Condition()
         self._in_flight = 0
@@ -538,7 +539,7 @@ class DiskTier(BlockTier):
         with self._cv:
             self._in_flight += n_batches
         call = next(self._call_ids)
-        self._calls[call] = [n_batches, []]
+        self._calls[call] = [n_batches, [], 0.0]
         t0 = time.perf_counter()
         for start in range(0, len(jobs), per):
             batch = [(kb, self._phys[lg], b) for _, kb, lg, b, _ in jobs[start : start + per]]
@@ -586,7 +587,6 @@ class DiskTier(BlockTier):
                 (call, start, meta), checksums, ok, nbytes, latency = done.get_nowait()
             except queue.Empty:
                 break
-            st.write_latency.observe(latency)
             if ok:
                 for (key, logical, redo), checksum in zip(meta, checksums):
                     self._hash[logical] = checksum
@@ -594,9 +594,13 @@ class DiskTier(BlockTier):
             entry = self._calls[call]
             entry[0] -= 1
             entry[1].append((start, ok, meta))
+            entry[2] = max(entry[2], latency)
             if entry[0]:
                 continue
             del self._calls[call]
+            # one observation per call, until its last batch was done: the batches overlap,
+            # and summing them counted the call's time once per worker (newcomer session)
+            st.write_latency.observe(entry[2])
             entry[1].sort(key=lambda e: e[0])
             for success in (True, False):
                 metas = [x for _, ok_, meta_ in entry[1] if ok_ is success for x in meta_]
