@@ -712,3 +712,22 @@ def test_a_store_job_the_disk_keeps_only_the_head_of_fails(tmp_path):
     finally:
         m.shutdown()
 
+
+def test_a_changed_capacity_names_the_option_and_the_way_out(tmp_path):
+    """Found by a newcomer session: an engine restarted with another capacity_blocks on the
+    same directory failed with the DiskTier's "num_blocks is 8 there, 16 asked", naming an
+    argument the operator never wrote and no way out. Now the error names capacity_blocks,
+    the old value and the tier's directory to delete; the primary rows are given back."""
+    from kvtier.tiers.disk import DiskTierError
+
+    m = make_spec([disk_entry(tmp_path, capacity_blocks=8)]).get_manager()
+    path = m.secondary_tiers[0].path
+    m.shutdown()
+    with pytest.raises(DiskTierError) as info:
+        make_spec([disk_entry(tmp_path, capacity_blocks=16)]).get_manager()
+    text = str(info.value)
+    assert "capacity_blocks is 16" in text and "made with capacity_blocks 8" in text
+    assert str(path) in text and "num_blocks" not in text
+    m = make_spec([disk_entry(tmp_path, capacity_blocks=8)]).get_manager()  # the old value
+    m.shutdown()
+

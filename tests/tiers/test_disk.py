@@ -289,8 +289,9 @@ def test_layout_mismatch_and_second_opener_are_refused(tmp_path):
     t.close()
     with pytest.raises(DiskTierError, match="block_bytes is 4096 there, 8192 asked"):
         DiskTier(tmp_path, 4, 8192)
-    with pytest.raises(DiskTierError, match="num_blocks is 4 there, 5 asked"):
+    with pytest.raises(DiskTierError, match="num_blocks is 4 there, 5 asked") as info:
         DiskTier(tmp_path, 5, BB)
+    assert info.value.differences == {"num_blocks": (4, 5)}  # for adapters naming options
     DiskTier(tmp_path, 4, BB).close()  # the refusals left the lock free
 
 

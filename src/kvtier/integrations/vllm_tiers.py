@@ -117,7 +117,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.policies import CachePolicy, get_policy
 from kvtier.tiers.base import BlockTier, TierStats, join_fingerprint_fields
-from kvtier.tiers.disk import FSYNC_MODES, DiskTier
+from kvtier.tiers.disk import FSYNC_MODES, DiskTier, DiskTierError
 from kvtier.tiers.redis import RedisTier
 
 if TYPE_CHECKING:
@@ -597,7 +597,9 @@ class KvtierDiskTier(KvtierSecondaryTier):
 
     Raises:
         ValueError: a missing, bad or unknown option (named).
-        kvtier.tiers.disk.DiskTierError: the directory is already open (another process or DiskTier).
+        kvtier.tiers.disk.DiskTierError: the directory is already open (another process or
+            DiskTier), or its tier was made with another ``capacity_blocks`` (named with the
+            old value and the directory to delete for a fresh start).
     """
 
     medium: ClassVar[Medium] = Medium.STORAGE
@@ -663,6 +665,16 @@ class KvtierDiskTier(KvtierSecondaryTier):
             # e.g. DiskTierError: the directory is open in another engine
             tier = DiskTier(self.path, capacity_blocks, self.block_size_bytes, policy=policy,
                             fsync=fsync, workers=workers, name=f"{tier_type}")
+        except DiskTierError as exc:
+            self._release_rows()
+            old = exc.differences.get("num_blocks", (None,))[0]
+            if old is None:
+                raise
+            # the operator wrote capacity_blocks, not DiskTier's num_blocks
+            raise DiskTierError(
+                f"{name}: capacity_blocks is {capacity_blocks}, but the disk tier in "
+                f"{self.path} was made with capacity_blocks {old}: set it back to {old}, or "
+                "delete that directory to start the tier empty (its blocks are lost)") from None
         except BaseException:
             self._release_rows()
             raise

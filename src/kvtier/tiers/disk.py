@@ -74,7 +74,14 @@ _hash64 = xxhash.xxh3_64_intdigest
 
 class DiskTierError(OSError):
     """The tier directory cannot be used: held by another process, or made for another
-    block size / slot count / format. Names the directory and what differs."""
+    block size / slot count / format. Names the directory and what differs.
+
+    Attributes:
+        differences: for a directory made for another layout, ``{field: (value there,
+            value asked)}`` (e.g. ``{"num_blocks": (4, 5)}``); empty otherwise.
+    """
+
+    differences: dict[str, tuple[Any, Any]] = {}  # noqa: RUF012  (read-only default)
 
 
 def decode_key(data: bytes) -> Key:
@@ -269,7 +276,9 @@ class DiskTier(BlockTier):
             diff = {k: (meta.get(k), v) for k, v in want.items() if meta.get(k) != v}
             if diff:
                 text = ", ".join(f"{k} is {a!r} there, {b!r} asked" for k, (a, b) in diff.items())
-                raise DiskTierError(f"disk tier {self.path} was made for another layout: {text}")
+                err = DiskTierError(f"disk tier {self.path} was made for another layout: {text}")
+                err.differences = diff
+                raise err
         flags = os.O_RDWR | os.O_CREAT
         data_fd = os.open(self.path / "blocks.dat", flags, 0o644)
         self._fds.append(data_fd)
