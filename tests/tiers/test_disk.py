@@ -83,6 +83,12 @@ def test_bad_input_raises_and_changes_nothing(tmp_path):
         DiskTier(tmp_path / "x", 4, BB, fsync="always")
     with pytest.raises(ValueError, match="num_blocks must be a positive int"):
         DiskTier(tmp_path / "y", 0, BB)
+    # found by a newcomer session: a slot file past the largest file offset raised a bare
+    # OverflowError ("Python int too large to convert to C long") from ftruncate
+    with pytest.raises(ValueError,
+                       match=r"num_blocks x block_bytes = 4 x 4611686018427387904 bytes"):
+        DiskTier(tmp_path / "z", 4, 2**62)
+    assert not (tmp_path / "z").exists()
     t.close()  # idempotent
     with pytest.raises(ValueError, match="closed"):
         t.lookup_prefix([1])

@@ -69,6 +69,7 @@ FSYNC_MODES = ("none", "batch")
 _HEAD = struct.Struct("<4sHHQQQ")  # magic, version, key length, seq, data length, checksum
 _RECORD_HASH_AT = RECORD_BYTES - 8
 _EMPTY = bytes(RECORD_BYTES)
+_MAX_FILE_BYTES = 2**63 - 1  # the largest off_t: the slot file's size must fit
 _hash64 = xxhash.xxh3_64_intdigest
 
 
@@ -202,6 +203,10 @@ class DiskTier(BlockTier):
         num_blocks = check_positive_int("num_blocks", num_blocks, "slots")
         block_bytes = check_positive_int("block_bytes", block_bytes, "bytes")
         workers = check_positive_int("workers", workers, "threads")
+        if num_blocks * block_bytes > _MAX_FILE_BYTES:  # ftruncate's off_t (OverflowError)
+            raise ValueError(
+                f"num_blocks x block_bytes = {num_blocks} x {block_bytes} bytes is more than a "
+                f"file can hold ({_MAX_FILE_BYTES} bytes)")
         if fsync not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
         if not isinstance(name, str) or not name:
