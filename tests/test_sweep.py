@@ -79,3 +79,31 @@ def test_plot_mrc_refuses_bad_input_and_closes_its_figure(tmp_path):
     assert not (tmp_path / "a.png").exists()
     assert plot_mrc(results, tmp_path / "b.png", unique_blocks=500, block_refs=900).exists()
     assert len(plt.get_fignums()) == open_before
+
+
+def test_plot_mrc_shows_belady_at_a_single_capacity(tmp_path, monkeypatch):
+    """Found by a newcomer session: `kvtier sweep -p lru,belady -c 100 --plot x.png` drew
+    LRU's point and a legend entry for belady, but no belady point: the offline reference was
+    a dashed line without markers, and one point makes no line. It has markers now."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.figure
+
+    from kvtier.replay import replay
+    from kvtier.sweep import plot_mrc
+    from kvtier.synthetic import generate
+
+    lines = {}
+    save = matplotlib.figure.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        lines.update({line.get_label(): line for line in fig.axes[0].lines})
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    trace = generate(sessions=20, seed=1)
+    results = [replay(trace, "lru", 100), replay(trace, "belady", 100)]
+    plot_mrc(results, tmp_path / "one.png")
+    belady = lines["belady (offline)"]
+    assert len(belady.get_xdata()) == 1
+    assert belady.get_marker() not in (None, "", " ", "None")
+    assert belady.get_linestyle() == "--"

@@ -174,7 +174,7 @@ def plot_mrc(
     block_refs: int | None = None,
 ) -> Path:
     """Draw miss ratio (1 - block hit ratio) vs tier size, one line per policy, to an image.
-    ``belady`` (the offline policy) is drawn as a black dashed line.
+    ``belady`` (the offline policy) is drawn as a black dashed line with ``x`` markers.
 
     Args:
         results: replay results (any mix of policies and capacities; at least one).
@@ -223,8 +223,10 @@ def plot_mrc(
     for policy, rs in sorted(by_policy.items(), key=lambda kv: ("-" in kv[0], kv[0])):
         if policy == "belady":  # the offline reference: a black dashed line
             rs = sorted(rs, key=lambda r: r.capacity)
+            # small markers: a single capacity makes no line (before, no belady point at all)
             ax.plot([r.capacity for r in rs], [r.miss_ratio for r in rs], color="black",
-                    linestyle="--", linewidth=1.6, label="belady (offline)", zorder=5)
+                    linestyle="--", linewidth=1.6, marker="x", markersize=4,
+                    label="belady (offline)", zorder=5)
             continue
         i = bases.index(policy.rsplit("-", 1)[-1])
         wrapped = "-" in policy
