@@ -683,3 +683,29 @@ def test_sim_tier_keeps_the_disk_tiers_bookkeeping(tmp_path, policy):
             assert (st_sim.writes_skipped, st_sim.evictions) == (
                 st_disk.writes_skipped, st_disk.evictions)
 
+
+
+def test_flush_timeout_bounds_the_whole_call():
+    """Found by a newcomer session: TierStack.flush(timeout) (and TieredOffloader.flush)
+    gave each lower tier the whole timeout in turn, so with two tiers whose writes hang a
+    flush(0.3) returned after 0.6 s. The timeout now bounds the call: each tier gets what
+    is left of it."""
+    import time
+
+    class Hung(SimTier):
+        waited: list
+
+        def flush(self, timeout=None):
+            self.waited.append(timeout)
+            time.sleep(timeout)
+            return False
+
+    tiers = [Hung("disk", 4, block_bytes=8), Hung("far", 4, block_bytes=8)]
+    for t in tiers:
+        t.waited = []
+    _, stack, _ = _host_stack(2, tiers)
+    t0 = time.monotonic()
+    assert stack.flush(0.3) is False
+    assert time.monotonic() - t0 < 0.5
+    assert tiers[0].waited[0] == pytest.approx(0.3, abs=0.05)
+    assert tiers[1].waited[0] < 0.05  # what was left

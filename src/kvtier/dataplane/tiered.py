@@ -181,7 +181,8 @@ class TieredOffloader:
             self.stack.stored(keys)
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait for the lower tiers' writes (demotions included)."""
+        """Wait for the lower tiers' writes (demotions included); ``False`` when ``timeout``
+        seconds (for the whole call, :meth:`TierStack.flush`) passed first."""
         return self.stack.flush(timeout)
 
     def take_events(self) -> list[TierEvent]:

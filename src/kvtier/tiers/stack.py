@@ -33,10 +33,12 @@ Not thread-safe: call it from the engine's thread (the thread that owns the host
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from kvtier.checks import check_timeout
 from kvtier.manager import OffloadingManager
 from kvtier.tiers.base import BlockTier, TierStats
 
@@ -384,9 +386,19 @@ class TierStack:
         return out
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Write pending demotions, then wait for every lower tier's writes."""
+        """Write pending demotions, then wait for every lower tier's writes; ``False`` when
+        ``timeout`` seconds (for the whole call: each tier gets what is left of it; ``None``
+        or ``inf``: no limit) passed first.
+
+        Raises:
+            ValueError: ``timeout`` is NaN, a bool or not a number.
+        """
+        timeout = check_timeout(timeout, "flush")
         self.flush_demotions()
-        return all([tier.flush(timeout) for tier in self.lower])
+        if timeout is None:
+            return all([tier.flush(None) for tier in self.lower])
+        deadline = time.monotonic() + timeout
+        return all([tier.flush(max(deadline - time.monotonic(), 0.0)) for tier in self.lower])
 
     def close(self) -> None:
         """Write pending demotions, close every lower tier. Idempotent."""
