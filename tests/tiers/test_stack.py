@@ -709,3 +709,28 @@ def test_flush_timeout_bounds_the_whole_call():
     assert time.monotonic() - t0 < 0.5
     assert tiers[0].waited[0] == pytest.approx(0.3, abs=0.05)
     assert tiers[1].waited[0] < 0.05  # what was left
+
+
+def test_a_promotion_whose_slot_write_fails_leaves_no_pending_host_block(tmp_path):
+    """Found by a newcomer session: when write_slot raised during a promotion (here a lower
+    tier handing back a block of the wrong size, which the pool's slot refuses), the host's
+    prepare_store had already made the promoted blocks pending and nothing completed them:
+    their slots leaked and every later lookup answered HIT_PENDING for them. Now the
+    promotion's store is dropped (complete_store(success=False)) before the error goes up."""
+    g = torch.Generator().manual_seed(0)
+    kv = [torch.randn(8, *BLOCK, generator=g) for _ in range(3)]
+    off = KVOffloader.create(kv, 4, "lru")
+
+    class Liar(SimTier):
+        def read(self, keys):
+            return [None if b is None else b[:-1] for b in super().read(keys)]
+
+    liar = Liar("disk", 8, block_bytes=off.pool.block_nbytes)
+    liar.write(["x0", "x1"], [bytes(off.pool.block_nbytes)] * 2)
+    tiered = TieredOffloader(off, [liar])
+    with pytest.raises(ValueError):
+        tiered.restore_prefix(["x0", "x1"], [0, 1])
+    st = off.manager.stats()
+    assert (st.pending, st.pinned, st.used) == (0, 0, 0)
+    assert off.manager.lookup_prefix(["x0"]) == 0
+    tiered.close()

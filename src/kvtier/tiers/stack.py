@@ -241,6 +241,11 @@ class TierStack:
             can hold, promoted even when that evicts host blocks further on in the prefix
             (a prefix is only usable from its first block), or the host's own leading run
             when that is longer.
+
+        Raises:
+            what ``write_slot`` raises (e.g. a lower tier returned a block of the wrong
+            size): the promotion's host store is dropped first (no block left pending);
+            host blocks it evicted stay evicted (and are demoted as usual).
         """
         keys = list(keys)
         n = found.hits
@@ -278,8 +283,14 @@ class TierStack:
             if out is None:  # the policy refused after all (cannot happen with exact counts)
                 return first_host
         write = self._write_slot
-        for key, slot in zip(out.keys_to_store, out.block_ids):
-            write(slot, data[key])
+        try:
+            for key, slot in zip(out.keys_to_store, out.block_ids):
+                write(slot, data[key])
+        except BaseException:
+            # the blocks are pending in the host: drop them, or their slots leak and they
+            # answer HIT_PENDING for ever (found by a newcomer session)
+            self.host.complete_store(out.keys_to_store, success=False)
+            raise
         self.host.complete_store(out.keys_to_store)
         for key in out.keys_to_store:
             self.promoted[source[key]] += 1
