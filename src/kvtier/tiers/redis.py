@@ -146,6 +146,16 @@ def _no_client_setinfo() -> dict[str, Any]:
 _NO_CLIENT_SETINFO = _no_client_setinfo()
 
 
+def _unsplit(parts: Any) -> str:
+    """``urlunsplit(parts)``, keeping the ``//`` of a URL with an empty host: urlunsplit
+    writes ``unix:///tmp/redis.sock`` back as ``unix:/tmp/redis.sock``, which redis-py
+    refuses ("must specify one of the following schemes")."""
+    url = urlunsplit(parts)
+    if not parts.netloc and not url.startswith(f"{parts.scheme}://"):
+        url = f"{parts.scheme}://{url[len(parts.scheme) + 1:]}"
+    return url
+
+
 def redact_url(url: str) -> str:
     """``url`` with its password (if any) replaced by ``***``; user, host, port, path and
     query are kept. Never raises (an unparsable URL becomes ``"<unparsable redis URL>"``)."""
@@ -154,14 +164,14 @@ def redact_url(url: str) -> str:
         if parts.password is None:
             # a query parameter named password is redacted too
             query = _redact_query(parts.query)
-            return urlunsplit(parts._replace(query=query))
+            return _unsplit(parts._replace(query=query))
         host = parts.hostname or ""
         if ":" in host:
             host = f"[{host}]"
         netloc = f"{parts.username or ''}:***@{host}"
         if parts.port is not None:
             netloc += f":{parts.port}"
-        return urlunsplit(parts._replace(netloc=netloc, query=_redact_query(parts.query)))
+        return _unsplit(parts._replace(netloc=netloc, query=_redact_query(parts.query)))
     except ValueError:
         return "<unparsable redis URL>"
 
@@ -585,7 +595,7 @@ class RedisTier(BlockTier):
                 ) from None
         parts = parts._replace(query=urlencode(rest))
         password = os.environ.get(ENV_PASSWORD)
-        if password and parts.password is None and parts.scheme in ("redis", "rediss"):
+        if password and parts.password is None:  # unix:// too: unix://:pw@/path works
             from urllib.parse import quote
 
             host = parts.hostname or ""
@@ -595,7 +605,7 @@ class RedisTier(BlockTier):
             if parts.port is not None:
                 netloc += f":{parts.port}"
             parts = parts._replace(netloc=netloc)
-        return cls(urlunsplit(parts), **{**from_query, **options})
+        return cls(_unsplit(parts), **{**from_query, **options})
 
     def __repr__(self) -> str:
         return (
