@@ -709,6 +709,10 @@ def test_a_store_job_the_disk_keeps_only_the_head_of_fails(tmp_path):
         sec.drain_jobs()
         (result,) = sec.get_finished_jobs()
         assert result.job_id == 9000 and result.success
+        # it wrote nothing: 0 bytes, which vLLM's back-pressure detector skips (None made
+        # vLLM assume the whole job's bytes were written in the job's few microseconds,
+        # an optimistic write-speed sample)
+        assert result.transfer_bytes == 0
     finally:
         m.shutdown()
 

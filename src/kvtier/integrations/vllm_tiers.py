@@ -538,9 +538,11 @@ class KvtierSecondaryTier(SecondaryTierManager):
         if self._events is not None and stored:
             self._events.append(OffloadingEvent(keys=stored, medium=self.medium,
                                                 removed=False, locality=self.locality))
+        # the bytes this job wrote: 0 when every chunk was there already, which vLLM's
+        # back-pressure detector skips (None would make it assume the whole job's bytes)
         written = after.bytes_written - before.bytes_written
         return JobResult(job_id=item.job.job_id, success=failed == 0, transfer_time=elapsed,
-                         transfer_bytes=written or None)
+                         transfer_bytes=written)
 
     def _load(self, item: _Job) -> tuple[JobResult, list[OffloadKey]]:
         bb = self.block_size_bytes
