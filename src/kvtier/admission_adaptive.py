@@ -639,7 +639,8 @@ class DuelingAdmission:
 
     def admit(self, new_keys: Sequence[Hashable], room: int | None = None) -> int:
         """How many leading ``new_keys`` (a store call's keys not yet in the tier, head to
-        tail) to store. Changes nothing.
+        tail) to store. Changes only the record of stores in flight (the admitted blocks
+        are assumed stored; :meth:`undo_admit` takes that back when the store fails).
 
         Second sight answers the length of the leading run of keys looked up before the
         current request (within the doorkeeper's window); admit-all answers
@@ -660,6 +661,11 @@ class DuelingAdmission:
             self._flight.append((self._calls, count))
             self._flight_blocks += count
         return count
+
+    def undo_admit(self) -> None:
+        """The store that the last :meth:`admit` (answering > 0) admitted blocks for got no
+        slots (``prepare_store`` returned ``None``): forget it, as if never asked."""
+        self._flight_blocks -= self._flight.pop()[1]
 
     def _admit_selective(self, new_keys: Sequence[Hashable], n: int) -> int:
         last = self._last

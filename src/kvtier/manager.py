@@ -604,7 +604,7 @@ class OffloadingManager:
                 evicted_keys = []
             else:
                 if not self._evictable:
-                    return None  # fast fail: the policy is not asked
+                    return self._no_room()  # fast fail: the policy is not asked
                 # the manager's evictable count is exact and nothing is protected, so the
                 # policy's recount (CachePolicy.evict) is skipped (docs/performance.md)
                 victims = self.policy._evict(1, ())
@@ -706,7 +706,7 @@ class OffloadingManager:
         evicted_keys = []
         if shortfall > 0:
             if shortfall > self._evictable:
-                return None  # fast fail: the policy is not asked
+                return self._no_room()  # fast fail: the policy is not asked
             # only the call's keys that are already stored can be victims, so only they are
             # passed as protected; usually there are none
             # (a set, not a list: membership by hash, never `==` between keys of different
@@ -721,7 +721,7 @@ class OffloadingManager:
                 if protected:
                     protected = protected_set(protected)
                     if self.policy.count_eligible(protected) < shortfall:
-                        return None
+                        return self._no_room()
                 if rec.inserted:
                     self._learn_misses(rec, new_keys)
                 else:  # nothing used for ghost learning yet: all of them (_FRAMES)
@@ -730,7 +730,7 @@ class OffloadingManager:
             elif protected:
                 victims = self.policy.evict(shortfall, protected)
                 if victims is None:
-                    return None
+                    return self._no_room()
             else:  # the manager's count is exact: no recount (see the one-key path)
                 victims = self.policy._evict(shortfall, ())
             # SlotAllocator.release spelled out (_FRAMES)
@@ -775,6 +775,13 @@ class OffloadingManager:
         if self._on_store is not None:
             self._on_store(keys)
         return _output((new_keys, block_ids, evicted_keys))
+
+    def _no_room(self) -> None:
+        """:meth:`prepare_store`'s ``None`` (not enough evictable blocks): the admission
+        takes back its answer for the call, so that the failed store changes nothing."""
+        if self.admission is not None:  # (asked whenever it is set and the call got here)
+            self.admission.undo_admit()
+        return None
 
     def complete_store(
         self, keys: Sequence[Hashable], req_context: Any = None, success: bool = True
