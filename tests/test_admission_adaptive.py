@@ -207,6 +207,20 @@ def test_state_is_bounded_whatever_the_trace_length():
     assert a.generations >= 200_000 // (a.window + longest) - 1
 
 
+@pytest.mark.parametrize("keys_per_store", [1, 3])
+def test_stores_without_lookups_keep_the_in_flight_fifo_bounded(keys_per_store):
+    # the FIFO of store calls is trimmed at each lookup; a caller that stores without looking
+    # up (an offload-only writer) grew it by one entry per store call, without bound
+    # (docs/policies.md, "Admission": at most c + L entries)
+    m = OffloadingManager(100, "lru", admission="adaptive")
+    for start in range(0, 20_000 * keys_per_store, keys_per_store):
+        out = m.prepare_store(list(range(start, start + keys_per_store)))
+        m.complete_store(out.keys_to_store)
+        assert len(m.admission._flight) <= 100 + keys_per_store
+    m.lookup(-1)  # nothing pending: the next lookup empties it, as before
+    assert not m.admission._flight
+
+
 def test_sampling_rate_and_shadow_size():
     small = DuelingAdmission(100)
     assert small.rate == 1.0 and small.shadow_capacity == 100

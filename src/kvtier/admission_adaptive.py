@@ -652,6 +652,9 @@ class DuelingAdmission:
         (the engine's protocol); for any other call, every earlier lookup counts.
         """
         n = len(new_keys)
+        flight = self._flight
+        if flight and self._flight_blocks - flight[0][1] >= self.num_blocks:
+            self._drop_completed()  # stores without lookups: keep the FIFO bounded
         if not self.selective and (room is None or n <= room):
             self._flight.append((self._calls, n))
             self._flight_blocks += n
@@ -661,6 +664,18 @@ class DuelingAdmission:
             self._flight.append((self._calls, count))
             self._flight_blocks += count
         return count
+
+    def _drop_completed(self) -> None:
+        """Drop the oldest store calls that later calls of ``num_blocks`` blocks or more
+        follow: at most ``num_blocks`` blocks are pending and stores complete oldest first,
+        so they have completed, and the next lookup's :meth:`_observe_depth` would drop them
+        too (the FIFO is trimmed at lookups; without them it grew by one entry per store
+        call). Leaves at most ``num_blocks`` + one call's blocks of entries."""
+        flight = self._flight
+        total = self._flight_blocks
+        while flight and total - flight[0][1] >= self.num_blocks:
+            total -= flight.popleft()[1]
+        self._flight_blocks = total
 
     def undo_admit(self) -> None:
         """The store that the last :meth:`admit` (answering > 0) admitted blocks for got no
@@ -715,6 +730,15 @@ class DuelingAdmission:
             "state_keys": self.state_size(),
         }
 
+    def _live_flight(self) -> tuple:
+        """The FIFO of store calls less the ones :meth:`_drop_completed` would drop (they
+        change nothing the admission does)."""
+        flight = list(self._flight)
+        total = self._flight_blocks
+        while flight and total - flight[0][1] >= self.num_blocks:
+            total -= flight.pop(0)[1]
+        return tuple(flight)
+
     def snapshot(self) -> dict:
         """A comparable copy of the whole state (for tests)."""
         return {
@@ -728,7 +752,7 @@ class DuelingAdmission:
             "counters": (self.psel, self._s2, self._ha, self._filling, self._settle, self._kept,
                          self._warm, self.selective, self.switches, self.sampled_refs,
                          self.shadow_hits_all, self.shadow_hits_second, self.generations,
-                         self._calls, self._depth, tuple(self._flight)),
+                         self._calls, self._depth, self._live_flight()),
             "pending": (dict(self._mini_a.held), dict(self._mini_b.held)),
         }
 
