@@ -338,19 +338,21 @@ class OffloadingManager:
         Raises:
             TypeError: an examined key is not hashable (nothing is counted). Keys after the
                 first MISS or HIT_PENDING are not examined, so not checked, unless admission
-                is on (``store_threshold >= 2``: every key is counted, so every key is
-                hashed first).
+                is on: ``store_threshold >= 2`` and ``admission="tinylfu"`` count every key,
+                so hash every key first; ``"adaptive"`` hashes every key, or only a sample
+                of them while admit-all leads by far.
         """
         if type(keys) is not list and type(keys) is not tuple:
             keys = key_list(keys, "lookup_prefix")
         slot_of = self._slot_of
         pending = self._pending_keys
         hits = 0
-        try:
-            if self._tracker is not None:
+        if self._tracker is not None:
+            try:
                 self._tracker.record(keys)  # validates every key before counting anything
-            if self.admission is not None:  # validates every key before counting anything
-                self.admission.record(keys, len(slot_of) - self._evictable, len(pending))
+            except TypeError:
+                raise unhashable_error(keys, "lookup_prefix") from None
+        try:
             for key in keys:
                 if key not in slot_of:
                     self._misses += 1
@@ -359,10 +361,31 @@ class OffloadingManager:
                     self._pending_hits += 1
                     break
                 hits += 1
+            # after the loop: adaptive admission may hash only a sample of the keys, so the
+            # keys the loop examines are checked before it counts anything
+            if self.admission is not None:  # validates the keys it hashes before counting
+                self.admission.record(keys, len(slot_of) - self._evictable, len(pending))
         except TypeError:
+            self._uncount_prefix_end(keys, hits)
             raise unhashable_error(keys, "lookup_prefix") from None
         self._hits += hits
         return hits
+
+    def _uncount_prefix_end(self, keys: Sequence[Hashable], hits: int) -> None:
+        """lookup_prefix's error path: when the admission raised after the loop had counted
+        the key that ended the prefix (a MISS or HIT_PENDING at ``keys[hits]``), take that
+        count back; when the loop itself raised, it counted nothing."""
+        if hits >= len(keys):
+            return
+        key = keys[hits]
+        try:
+            stored = key in self._slot_of
+        except TypeError:  # the loop raised here: nothing was counted
+            return
+        if not stored:
+            self._misses -= 1
+        else:
+            self._pending_hits -= 1
 
     # -- loads ---------------------------------------------------------------------------
     def _slots_of(self, keys: Sequence[Hashable], method: str) -> list[int]:
