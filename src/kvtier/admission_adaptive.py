@@ -133,7 +133,7 @@ __all__ = [
 
 ADMISSION_MODES = ("all", "adaptive", "tinylfu")
 """Accepted ``admission`` names: ``"all"`` stores every new block, ``"adaptive"`` is
-:class:`DuelingAdmission`."""
+:class:`DuelingAdmission`, ``"tinylfu"`` :class:`kvtier.admission_tinylfu.TinyLFUAdmission`."""
 
 WINDOW_FACTOR = 8
 """Doorkeeper generation, in distinct keys per tier block. 8 keeps a key's first sight for

@@ -804,7 +804,6 @@ class OffloadingManager:
         takes back its answer for the call, so that the failed store changes nothing."""
         if self.admission is not None:  # (asked whenever it is set and the call got here)
             self.admission.undo_admit()
-        return None
 
     def complete_store(
         self, keys: Sequence[Hashable], req_context: Any = None, success: bool = True
