@@ -584,7 +584,7 @@ class OffloadingManager:
         Returns:
             A :class:`~kvtier.types.PrepareStoreOutput` (empty when there is nothing to
             store), or ``None`` when not enough blocks can be evicted; then *nothing* changed:
-            policy order, ghost lists, adaptive target, counters, free list.
+            policy order, ghost lists, adaptive target, counters, free list, admission.
 
         Raises:
             TypeError: a key is not hashable (nothing changed).
