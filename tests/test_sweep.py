@@ -79,3 +79,16 @@ def test_plot_mrc_refuses_bad_input_and_closes_its_figure(tmp_path):
     assert not (tmp_path / "a.png").exists()
     assert plot_mrc(results, tmp_path / "b.png", unique_blocks=500, block_refs=900).exists()
     assert len(plt.get_fignums()) == open_before
+
+
+def test_numpy_limit_and_workers_are_taken():
+    import numpy as np
+
+    from kvtier.trace import embedded_sample_path
+
+    results = run_grid(embedded_sample_path(), ["lru"], [100], workers=np.int64(1),
+                       limit=np.int64(5))
+    assert results[0].requests == 5
+    for kw in ({"limit": np.bool_(True)}, {"workers": np.int64(0)}, {"limit": 2.0}):
+        with pytest.raises(ValueError, match="limit|workers"):
+            run_grid(embedded_sample_path(), ["lru"], [100], **kw)
