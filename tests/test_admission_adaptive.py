@@ -207,6 +207,20 @@ def test_state_is_bounded_whatever_the_trace_length():
     assert a.generations >= 200_000 // (a.window + longest) - 1
 
 
+@pytest.mark.parametrize("keys_per_store", [1, 3])
+def test_stores_without_lookups_keep_the_in_flight_fifo_bounded(keys_per_store):
+    # the FIFO of store calls is trimmed at each lookup; a caller that stores without looking
+    # up (an offload-only writer) grew it by one entry per store call, without bound
+    # (docs/policies.md, "Admission": at most c + L entries)
+    m = OffloadingManager(100, "lru", admission="adaptive")
+    for start in range(0, 20_000 * keys_per_store, keys_per_store):
+        out = m.prepare_store(list(range(start, start + keys_per_store)))
+        m.complete_store(out.keys_to_store)
+        assert len(m.admission._flight) <= 100 + keys_per_store
+    m.lookup(-1)  # nothing pending: the next lookup empties it, as before
+    assert not m.admission._flight
+
+
 def test_sampling_rate_and_shadow_size():
     small = DuelingAdmission(100)
     assert small.rate == 1.0 and small.shadow_capacity == 100
@@ -282,6 +296,38 @@ def test_bad_arguments_and_unhashable_keys_change_nothing():
         m.lookup_prefix([1, [2], 3])
     with pytest.raises(TypeError, match="not hashable"):
         m.lookup([4])
+    assert m.snapshot() == before
+
+
+@pytest.mark.parametrize("keys", [[1, {}], [1, 2, {}], [1, 2, 3, {}], [1, 2, 3, 4, {}]])
+def test_an_unhashable_key_the_lookup_examines_changes_nothing_while_admit_all_leads(keys):
+    # while admit-all leads by far the doorkeeper is not kept, so the admission hashes only
+    # the sampled depths (stride 4 here) and counted the lookup before the manager reached
+    # the unhashable key and raised (docs/manager.md: bad input changes nothing)
+    m = OffloadingManager(100_000, "lru", admission="adaptive")
+    assert m.admission.stride > 1
+    out = m.prepare_store([1, 2, 3, 4])
+    m.complete_store(out.keys_to_store)
+    m.admission.psel = m.admission._keep_above - 1.0  # admit-all far ahead
+    m.lookup_prefix([7])
+    before = m.snapshot()
+    with pytest.raises(TypeError, match=r"block key \{\} is not hashable"):
+        m.lookup_prefix(keys)
+    assert m.snapshot() == before
+
+
+@pytest.mark.parametrize("admission", ["adaptive", "tinylfu"])
+@pytest.mark.parametrize("keys", [[9, {}], [1, 9, {}], [1, "p", {}], [1, 2, {}]])
+def test_an_unhashable_key_after_the_prefix_ends_raises_and_counts_nothing(admission, keys):
+    # the admission hashes every key (it counts them all) and raises after the manager's
+    # loop counted the miss or pending hit that ended the prefix: taken back
+    m = OffloadingManager(8, "lru", admission=admission)
+    out = m.prepare_store([1, 2])
+    m.complete_store(out.keys_to_store)
+    m.prepare_store(["p"])  # pending
+    before = m.snapshot()
+    with pytest.raises(TypeError, match=r"block key \{\} is not hashable"):
+        m.lookup_prefix(keys)
     assert m.snapshot() == before
 
 

@@ -295,3 +295,25 @@ def test_analyzer_add_and_lru_hits_name_bad_arguments():
                                              r"got "):
             r.lru_hits(bad)
     assert r.lru_hits(2) == 1
+
+
+def test_numpy_windows_are_taken_as_plain_numbers():
+    # a finite number of seconds and an int of requests, numpy's included (as the manager,
+    # CostModel and SyntheticSpec take them); they were refused as "not a finite number"
+    import numpy as np
+
+    reqs = _reqs([[1, 2], [1, 3], [1], [2]], [0, 1000, 61000, 125000])
+    for window_s in (np.int64(60), np.float32(60.0)):
+        an = Analyzer(window_s=window_s)
+        assert type(an.window_s) is float and an.window_s == 60.0
+        r = analyze(reqs, window_s=window_s)
+        assert [w["requests"] for w in r.windows] == [
+            w["requests"] for w in analyze(reqs, window_s=60).windows]
+    an = Analyzer(window_requests=np.int64(2))
+    assert type(an.window_requests) is int and an.window_requests == 2
+    for bad in (np.bool_(True), np.float64("nan"), np.int64(0)):
+        with pytest.raises(ValueError, match="window"):
+            Analyzer(window_s=bad)
+    for bad in (np.bool_(True), np.float64(2.0), np.int64(0)):
+        with pytest.raises(ValueError, match="window_requests"):
+            Analyzer(window_requests=bad)

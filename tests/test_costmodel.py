@@ -125,6 +125,10 @@ def test_more_instances_than_requests_queue_no_request():
     ([1000, 1000], [1, True], None, 3, r"hit_blocks\[1\] is True"),
     ([1000, 1000], [1, 2], None, 3.0, "stored_blocks must be an int"),
     ([1000, 1000], [1, 2], [float("nan"), 1000], 3, r"timestamps_ms\[0\] is nan"),
+    # not numbers: a str failed with a bare TypeError from the ms -> s division, and a bool
+    # was taken as 1 ms
+    ([1000, 1000], [1, 2], [0, "1000"], 3, r"timestamps_ms\[1\] is '1000'"),
+    ([1000, 1000], [1, 2], [0, True], 3, r"timestamps_ms\[1\] is True"),
 ])
 def test_evaluate_refuses_negative_or_nonfinite_inputs(lengths, hits, stamps, stored, match):
     """Found by a newcomer session: evaluate() took negative hit counts, lengths and stored

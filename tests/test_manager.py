@@ -522,3 +522,49 @@ def test_complete_store_refuses_a_numpy_bool_context_and_names_a_pending_block_o
     with pytest.raises(BlockStateError, match="still in flight"):
         m.complete_load([1])
     assert m.snapshot() == before
+
+
+# a store that cannot get its slots: (setup, the failing call) for each None-returning path
+def _one_key_all_pinned(m):
+    store(m, ["a"])
+    m.prepare_load(["a"])
+    return ["d"], None
+
+
+def _shortfall_over_evictable(m):
+    store(m, ["a"])
+    m.prepare_load(["a"])
+    return ["c", "d"], None
+
+
+def _only_a_protected_block_evictable(m):
+    store(m, ["a"])
+    return ["a", "d"], None
+
+
+def _request_mode_only_a_protected_block(m):
+    store(m, ["a"])
+    m.on_new_request("r")
+    return ["a", "d"], "r"
+
+
+@pytest.mark.parametrize("admission", ["adaptive", "tinylfu"])
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo", "prefix-lru"])
+@pytest.mark.parametrize("setup", [_one_key_all_pinned, _shortfall_over_evictable,
+                                   _only_a_protected_block_evictable,
+                                   _request_mode_only_a_protected_block])
+def test_a_store_that_returns_none_leaves_the_admission_unchanged(admission, policy, setup):
+    # prepare_store's None changes nothing (docs/manager.md, "Atomic stores"), the
+    # admission's state included: its record of the stores in flight (adaptive) and of the
+    # blocks admitted (TinyLFU) counted a store that never happened
+    m = OffloadingManager(1, policy, admission=admission)
+    keys, ctx = setup(m)
+    for _ in range(3):
+        m.lookup_prefix(keys)  # seen before: admitted by every rule
+    before = m.snapshot()
+    assert m.prepare_store(keys, ctx) is None
+    after = m.snapshot()
+    if ctx is not None:  # a failed store still records the request's keys (as vLLM)
+        before.pop("requests")
+        after.pop("requests")
+    assert after == before

@@ -4,7 +4,9 @@ Runs on every registered policy. The model keeps, per stored key, its ref count
 (-1 pending, 0 evictable, >0 pinned) and, for LRU, a use stamp set only by a use (a store or
 a touch: logical recency, pins and completions never move a block), so LRU's victims are
 predicted exactly; for every other policy the contract is checked: atomic failure, only evictable and
-unprotected victims, exactly the shortfall evicted, and all counts consistent.
+unprotected victims, exactly the shortfall evicted, and all counts consistent. A second test
+adds the admission modes and request mode, whose choices the model cannot predict, and checks
+the rules that hold whatever they decide (a None store and a refused call change nothing).
 """
 
 from __future__ import annotations
@@ -228,3 +230,70 @@ def test_random_operations_match_reference_model(policy, capacity, ops):
 @given(capacity=st.integers(min_value=1, max_value=4), ops=OPS)
 def test_random_operations_match_reference_model_always_demoting(policy, capacity, ops):
     run(policy, capacity, ops)
+
+
+# Admission and request mode on top: the model cannot predict what admission stores, so this
+# checks the rules that hold whatever it decides. A store that returns None and a call that
+# raises change nothing (request mode: a failed store still records its offer, as vLLM);
+# what a store returns is consistent with the state before it.
+ADMISSION_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("store"), KEY_LISTS, st.sampled_from([None, "r"])),
+        st.tuples(st.just("store"), KEY_LISTS, st.sampled_from([None, "r"])),
+        st.tuples(st.just("lookup_prefix"), KEY_LISTS),
+        st.tuples(st.just("prepare_load"), KEY_LISTS),
+        st.tuples(st.just("complete_load"), KEY_LISTS),
+        st.tuples(st.just("complete_store"), KEY_LISTS, st.booleans()),
+        st.tuples(st.just("touch"), KEY_LISTS),
+        st.tuples(st.just("request"),),
+    ),
+    min_size=10,
+    max_size=60,
+)
+
+
+@pytest.mark.parametrize("admission", [{"store_threshold": 2}, {"admission": "adaptive"},
+                                       {"admission": "tinylfu"}], ids=str)
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo", "prefix-lru"])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(capacity=st.integers(min_value=1, max_value=3), ops=ADMISSION_OPS)
+def test_admission_and_request_mode_keep_the_atomic_rules(policy, admission, capacity, ops):
+    m = OffloadingManager(capacity, policy, **admission)
+    for op in ops:
+        before = m.snapshot()
+        name = op[0]
+        if name == "store":
+            keys, ctx = op[1], op[2]
+            out = m.prepare_store(keys, ctx)
+            after = m.snapshot()
+            if out is None:
+                if ctx in [r[0] for r in before["requests"]]:
+                    before.pop("requests")
+                    after.pop("requests")
+                assert after == before
+                continue
+            assert len(set(out.keys_to_store)) == len(out.keys_to_store)
+            for k in out.keys_to_store:
+                assert k in keys and k not in before["slot_of"]
+            for k in out.evicted_keys:
+                assert k not in keys and k in before["slot_of"]
+                assert k not in before["pending_keys"] and m.ref_count(k) is None
+            m.complete_store(out.keys_to_store, success=True)
+        elif name == "request":
+            open_ = [r[0] for r in before["requests"]]
+            if "r" in open_:
+                m.on_request_finished("r")
+            else:
+                m.on_new_request("r")
+        elif name in ("prepare_load", "complete_load"):
+            try:
+                getattr(m, name)(op[1])
+            except BlockStateError:
+                assert m.snapshot() == before
+        elif name == "complete_store":
+            m.complete_store(op[1], success=op[2])
+        else:
+            getattr(m, name)(op[1])
+        s = m.stats()
+        assert s.used == len(m.snapshot()["slot_of"]) <= capacity
+        assert m.policy.count_eligible() == s.evictable

@@ -107,3 +107,16 @@ def test_plot_mrc_shows_belady_at_a_single_capacity(tmp_path, monkeypatch):
     assert len(belady.get_xdata()) == 1
     assert belady.get_marker() not in (None, "", " ", "None")
     assert belady.get_linestyle() == "--"
+
+
+def test_numpy_limit_and_workers_are_taken():
+    import numpy as np
+
+    from kvtier.trace import embedded_sample_path
+
+    results = run_grid(embedded_sample_path(), ["lru"], [100], workers=np.int64(1),
+                       limit=np.int64(5))
+    assert results[0].requests == 5
+    for kw in ({"limit": np.bool_(True)}, {"workers": np.int64(0)}, {"limit": 2.0}):
+        with pytest.raises(ValueError, match="limit|workers"):
+            run_grid(embedded_sample_path(), ["lru"], [100], **kw)

@@ -336,3 +336,14 @@ def test_find_shared_trace_looks_in_every_parent_then_names_the_usual_place(tmp_
     # the environment variable overrides the search, existing or not
     monkeypatch.setenv("KVTIER_SHARED_TRACE", str(tmp_path / "elsewhere.jsonl"))
     assert find_shared_trace(checkout) == tmp_path / "elsewhere.jsonl"
+
+
+def test_chain_block_hashes_takes_a_numpy_block_size():
+    # numpy integers are taken as the readers take them; bools and non-positive sizes are not
+    import numpy as np
+
+    tokens = list(range(8))
+    assert chain_block_hashes(tokens, np.int64(4)) == chain_block_hashes(tokens, 4)
+    for bad in (True, np.bool_(True), 0, np.int64(0), 4.0):
+        with pytest.raises(ValueError, match="block_tokens"):
+            chain_block_hashes(tokens, bad)

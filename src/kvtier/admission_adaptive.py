@@ -133,7 +133,7 @@ __all__ = [
 
 ADMISSION_MODES = ("all", "adaptive", "tinylfu")
 """Accepted ``admission`` names: ``"all"`` stores every new block, ``"adaptive"`` is
-:class:`DuelingAdmission`."""
+:class:`DuelingAdmission`, ``"tinylfu"`` :class:`kvtier.admission_tinylfu.TinyLFUAdmission`."""
 
 WINDOW_FACTOR = 8
 """Doorkeeper generation, in distinct keys per tier block. 8 keeps a key's first sight for
@@ -639,7 +639,8 @@ class DuelingAdmission:
 
     def admit(self, new_keys: Sequence[Hashable], room: int | None = None) -> int:
         """How many leading ``new_keys`` (a store call's keys not yet in the tier, head to
-        tail) to store. Changes nothing.
+        tail) to store. Changes only the record of stores in flight (the admitted blocks
+        are assumed stored; :meth:`undo_admit` takes that back when the store fails).
 
         Second sight answers the length of the leading run of keys looked up before the
         current request (within the doorkeeper's window); admit-all answers
@@ -651,6 +652,9 @@ class DuelingAdmission:
         (the engine's protocol); for any other call, every earlier lookup counts.
         """
         n = len(new_keys)
+        flight = self._flight
+        if flight and self._flight_blocks - flight[0][1] >= self.num_blocks:
+            self._drop_completed()  # stores without lookups: keep the FIFO bounded
         if not self.selective and (room is None or n <= room):
             self._flight.append((self._calls, n))
             self._flight_blocks += n
@@ -660,6 +664,23 @@ class DuelingAdmission:
             self._flight.append((self._calls, count))
             self._flight_blocks += count
         return count
+
+    def _drop_completed(self) -> None:
+        """Drop the oldest store calls that later calls of ``num_blocks`` blocks or more
+        follow: at most ``num_blocks`` blocks are pending and stores complete oldest first,
+        so they have completed, and the next lookup's :meth:`_observe_depth` would drop them
+        too (the FIFO is trimmed at lookups; without them it grew by one entry per store
+        call). Leaves at most ``num_blocks`` + one call's blocks of entries."""
+        flight = self._flight
+        total = self._flight_blocks
+        while flight and total - flight[0][1] >= self.num_blocks:
+            total -= flight.popleft()[1]
+        self._flight_blocks = total
+
+    def undo_admit(self) -> None:
+        """The store that the last :meth:`admit` (answering > 0) admitted blocks for got no
+        slots (``prepare_store`` returned ``None``): forget it, as if never asked."""
+        self._flight_blocks -= self._flight.pop()[1]
 
     def _admit_selective(self, new_keys: Sequence[Hashable], n: int) -> int:
         last = self._last
@@ -709,6 +730,15 @@ class DuelingAdmission:
             "state_keys": self.state_size(),
         }
 
+    def _live_flight(self) -> tuple:
+        """The FIFO of store calls less the ones :meth:`_drop_completed` would drop (they
+        change nothing the admission does)."""
+        flight = list(self._flight)
+        total = self._flight_blocks
+        while flight and total - flight[0][1] >= self.num_blocks:
+            total -= flight.pop(0)[1]
+        return tuple(flight)
+
     def snapshot(self) -> dict:
         """A comparable copy of the whole state (for tests)."""
         return {
@@ -722,7 +752,7 @@ class DuelingAdmission:
             "counters": (self.psel, self._s2, self._ha, self._filling, self._settle, self._kept,
                          self._warm, self.selective, self.switches, self.sampled_refs,
                          self.shadow_hits_all, self.shadow_hits_second, self.generations,
-                         self._calls, self._depth, tuple(self._flight)),
+                         self._calls, self._depth, self._live_flight()),
             "pending": (dict(self._mini_a.held), dict(self._mini_b.held)),
         }
 

@@ -110,6 +110,7 @@ class TinyLFUAdmission:
         self._admitted = 0  # blocks admitted: the tier has >= num_blocks - this free slots
         self.admitted = 0
         self.refused = 0
+        self._last_admit = (0, 0)  # (keys offered, admitted) by the last admit: undo_admit
 
     def _cells(self, key: Hashable) -> list[int]:
         h = hash(key) & _MASK64
@@ -179,7 +180,17 @@ class TinyLFUAdmission:
         self._admitted += count
         self.admitted += count
         self.refused += n - count
+        self._last_admit = (n, count)
         return count
+
+    def undo_admit(self) -> None:
+        """The store that the last :meth:`admit` answered got no slots (``prepare_store``
+        returned ``None``): take its counts back, as if never asked."""
+        n, count = self._last_admit
+        self._last_admit = (0, 0)
+        self._admitted -= count
+        self.admitted -= count
+        self.refused -= n - count
 
     def state_size(self) -> int:
         """Doorkeeper keys held now (the sketch is a fixed ``4 * width`` bytes)."""

@@ -254,14 +254,16 @@ class Analyzer:
     """
 
     def __init__(self, window_s: float = 60.0, window_requests: int = 1000) -> None:
-        if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) \
+        # numpy numbers are taken (as by the manager), kept as a plain float / int
+        if isinstance(window_s, bool) or type(window_s).__name__ == "bool_" \
+                or not isinstance(window_s, numbers.Real) \
                 or not 0 < window_s < math.inf:  # inf printed "working set per infs"
             raise ValueError(f"window_s must be a finite number > 0 (seconds), got {window_s!r}")
-        if isinstance(window_requests, bool) or not isinstance(window_requests, int) \
-                or window_requests < 1:
+        requests = _as_int(window_requests)
+        if requests is None or requests < 1:
             raise ValueError(f"window_requests must be an int >= 1, got {window_requests!r}")
         self.window_s = float(window_s)
-        self.window_requests = window_requests
+        self.window_requests = requests
         self._fenwick = _Fenwick()
         self._last_pos: dict = {}   # key -> 1-based position of its last reference
         self._last_ts: dict = {}    # key -> timestamp (ms) of its last reference

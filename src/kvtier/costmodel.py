@@ -305,8 +305,8 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
         ValueError: ``input_lengths``, ``hit_blocks`` (and ``timestamps_ms``) differ in
             length, an input length is ``None``, an input length, hit count or
             ``stored_blocks`` is negative or not an int (numpy integers are taken; floats and
-            bools are not), or a timestamp is not finite (the message names
-            the list and the position).
+            bools are not), or a timestamp is not a finite number (a bool is not; the
+            message names the list and the position).
     """
     n = len(hit_blocks)
     if len(input_lengths) != n or (timestamps_ms is not None and len(timestamps_ms) != n):
@@ -346,10 +346,12 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
             f"{first + 1}); no queue is modeled (TTFT = each request's own prefill and load "
             "time)", stacklevel=2)
     if timestamps_ms is not None and n and not unstamped:
+        for i, t in enumerate(timestamps_ms):  # checked before the ms -> s division
+            if (isinstance(t, bool) or type(t).__name__ == "bool_"
+                    or not isinstance(t, numbers.Real) or not math.isfinite(t)):
+                raise ValueError(f"timestamps_ms[{i}] is {t!r}: arrival times are finite "
+                                 "numbers of ms")
         arrivals = [t / 1000.0 for t in timestamps_ms]  # type: ignore[operator]
-        for i, t in enumerate(timestamps_ms):
-            if not math.isfinite(t):  # type: ignore[arg-type]
-                raise ValueError(f"timestamps_ms[{i}] is {t}: arrival times are finite ms")
         _warn_out_of_order(timestamps_ms)
     instances = model.instances
     if instances is None:

@@ -338,19 +338,21 @@ class OffloadingManager:
         Raises:
             TypeError: an examined key is not hashable (nothing is counted). Keys after the
                 first MISS or HIT_PENDING are not examined, so not checked, unless admission
-                is on (``store_threshold >= 2``: every key is counted, so every key is
-                hashed first).
+                is on: ``store_threshold >= 2`` and ``admission="tinylfu"`` count every key,
+                so hash every key first; ``"adaptive"`` hashes every key, or only a sample
+                of them while admit-all leads by far.
         """
         if type(keys) is not list and type(keys) is not tuple:
             keys = key_list(keys, "lookup_prefix")
         slot_of = self._slot_of
         pending = self._pending_keys
         hits = 0
-        try:
-            if self._tracker is not None:
+        if self._tracker is not None:
+            try:
                 self._tracker.record(keys)  # validates every key before counting anything
-            if self.admission is not None:  # validates every key before counting anything
-                self.admission.record(keys, len(slot_of) - self._evictable, len(pending))
+            except TypeError:
+                raise unhashable_error(keys, "lookup_prefix") from None
+        try:
             for key in keys:
                 if key not in slot_of:
                     self._misses += 1
@@ -359,10 +361,31 @@ class OffloadingManager:
                     self._pending_hits += 1
                     break
                 hits += 1
+            # after the loop: adaptive admission may hash only a sample of the keys, so the
+            # keys the loop examines are checked before it counts anything
+            if self.admission is not None:  # validates the keys it hashes before counting
+                self.admission.record(keys, len(slot_of) - self._evictable, len(pending))
         except TypeError:
+            self._uncount_prefix_end(keys, hits)
             raise unhashable_error(keys, "lookup_prefix") from None
         self._hits += hits
         return hits
+
+    def _uncount_prefix_end(self, keys: Sequence[Hashable], hits: int) -> None:
+        """lookup_prefix's error path: when the admission raised after the loop had counted
+        the key that ended the prefix (a MISS or HIT_PENDING at ``keys[hits]``), take that
+        count back; when the loop itself raised, it counted nothing."""
+        if hits >= len(keys):
+            return
+        key = keys[hits]
+        try:
+            stored = key in self._slot_of
+        except TypeError:  # the loop raised here: nothing was counted
+            return
+        if not stored:
+            self._misses -= 1
+        else:
+            self._pending_hits -= 1
 
     # -- loads ---------------------------------------------------------------------------
     def _slots_of(self, keys: Sequence[Hashable], method: str) -> list[int]:
@@ -561,7 +584,7 @@ class OffloadingManager:
         Returns:
             A :class:`~kvtier.types.PrepareStoreOutput` (empty when there is nothing to
             store), or ``None`` when not enough blocks can be evicted; then *nothing* changed:
-            policy order, ghost lists, adaptive target, counters, free list.
+            policy order, ghost lists, adaptive target, counters, free list, admission.
 
         Raises:
             TypeError: a key is not hashable (nothing changed).
@@ -604,7 +627,7 @@ class OffloadingManager:
                 evicted_keys = []
             else:
                 if not self._evictable:
-                    return None  # fast fail: the policy is not asked
+                    return self._no_room()  # fast fail: the policy is not asked
                 # the manager's evictable count is exact and nothing is protected, so the
                 # policy's recount (CachePolicy.evict) is skipped (docs/performance.md)
                 victims = self.policy._evict(1, ())
@@ -706,7 +729,7 @@ class OffloadingManager:
         evicted_keys = []
         if shortfall > 0:
             if shortfall > self._evictable:
-                return None  # fast fail: the policy is not asked
+                return self._no_room()  # fast fail: the policy is not asked
             # only the call's keys that are already stored can be victims, so only they are
             # passed as protected; usually there are none
             # (a set, not a list: membership by hash, never `==` between keys of different
@@ -721,7 +744,7 @@ class OffloadingManager:
                 if protected:
                     protected = protected_set(protected)
                     if self.policy.count_eligible(protected) < shortfall:
-                        return None
+                        return self._no_room()
                 if rec.inserted:
                     self._learn_misses(rec, new_keys)
                 else:  # nothing used for ghost learning yet: all of them (_FRAMES)
@@ -730,7 +753,7 @@ class OffloadingManager:
             elif protected:
                 victims = self.policy.evict(shortfall, protected)
                 if victims is None:
-                    return None
+                    return self._no_room()
             else:  # the manager's count is exact: no recount (see the one-key path)
                 victims = self.policy._evict(shortfall, ())
             # SlotAllocator.release spelled out (_FRAMES)
@@ -775,6 +798,12 @@ class OffloadingManager:
         if self._on_store is not None:
             self._on_store(keys)
         return _output((new_keys, block_ids, evicted_keys))
+
+    def _no_room(self) -> None:
+        """:meth:`prepare_store`'s ``None`` (not enough evictable blocks): the admission
+        takes back its answer for the call, so that the failed store changes nothing."""
+        if self.admission is not None:  # (asked whenever it is set and the call got here)
+            self.admission.undo_admit()
 
     def complete_store(
         self, keys: Sequence[Hashable], req_context: Any = None, success: bool = True

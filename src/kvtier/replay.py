@@ -95,8 +95,9 @@ class ReplayOptions:
         block_tokens: tokens per block, for the token counts (>= 1).
         store_threshold: the manager's admission threshold in lookups (>= 1; 1 admits
             everything).
-        admission: the manager's admission mode, ``"all"`` or ``"adaptive"`` (see
-            :mod:`kvtier.admission_adaptive`); not with ``store_threshold >= 2``.
+        admission: the manager's admission mode, ``"all"``, ``"adaptive"`` (see
+            :mod:`kvtier.admission_adaptive`) or ``"tinylfu"`` (see
+            :mod:`kvtier.admission_tinylfu`); not with ``store_threshold >= 2``.
 
     Raises:
         ValueError: unknown protocol or admission mode, a negative window, a non-positive
@@ -159,7 +160,7 @@ class ReplayResult:
         bookkeeping_ns: wall time of the manager calls, in ns (trace parsing excluded).
         parse_ns: when ``requests`` was a stream (not a list), wall time spent outside the
             manager calls, i.e. reading and parsing the trace, in ns; else ``None``.
-        admission: the manager's admission mode (``"all"`` or ``"adaptive"``).
+        admission: the manager's admission mode (``"all"``, ``"adaptive"`` or ``"tinylfu"``).
         refused_blocks: new blocks admission refused to store (manager
             ``stats().skipped_stores``; also counts ``store_threshold`` refusals).
     """

@@ -101,12 +101,17 @@ def run_grid(
             ``workers`` or ``limit`` not an int >= 1). TypeError: ``policies`` or
             ``capacities`` is a lone str or number, not a list.
     """
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
-                              or limit < 1):
-        raise ValueError(f"limit must be an int >= 1 (requests), got {limit!r}")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
-                                or workers < 1):  # 0 or -3 ran in-process, 2.5 as 2 workers
-        raise ValueError(f"workers must be an int >= 1 (processes) or None, got {workers!r}")
+    # numpy integers are taken as plain ints (as by replay's capacities); bools are not
+    if limit is not None:
+        number = _as_int(limit)
+        if number is None or number < 1:
+            raise ValueError(f"limit must be an int >= 1 (requests), got {limit!r}")
+        limit = number
+    if workers is not None:
+        number = _as_int(workers)
+        if number is None or number < 1:  # 0 or -3 ran in-process, 2.5 as 2 workers
+            raise ValueError(f"workers must be an int >= 1 (processes) or None, got {workers!r}")
+        workers = number
     for name, value, what in (("policies", policies, "policy names"),
                               ("capacities", capacities, "block counts")):
         if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):

@@ -217,8 +217,9 @@ def chain_block_hashes(token_ids: list[int], block_tokens: int = 512) -> list[in
         ValueError: ``block_tokens`` is not an int >= 1, or a token id of a full block is
             negative.
     """
-    if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
-        raise ValueError(f"block_tokens must be an int >= 1 (tokens), got {block_tokens!r}")
+    if type(block_tokens) is not int or block_tokens < 1:  # (the usual int: one test)
+        # numpy integers are taken, as by the readers (check_positive_int); bools are not
+        block_tokens = check_positive_int("block_tokens", block_tokens, "tokens")
     n_full = len(token_ids) // block_tokens
     if n_full == 0:
         return []
