@@ -72,3 +72,20 @@ def test_a_store_after_a_touch_of_other_keys_with_a_tuple_and_a_numpy_scalar(pol
     assert m.lookup_prefix([second, 200]) == 2
     out = m.prepare_store(list(range(300, 320)))  # evicts 9: policy and manager agree
     assert out is not None and len(out.evicted_keys) == 9
+
+
+@pytest.mark.parametrize("keys", [bytearray(b"\x01\x02"), memoryview(b"\x01\x02")])
+@pytest.mark.parametrize("method", ["lookup_prefix", "prepare_store", "prepare_load",
+                                    "complete_store", "complete_load", "touch"])
+def test_a_bytes_like_key_list_is_refused_not_split_into_ints(keys, method):
+    """Found by a newcomer session: a bytearray or memoryview passed as the key list (a
+    forgotten list around one bytes-like key) was iterated into its byte values, so
+    ``prepare_store(bytearray(b"\\x01\\x02"))`` stored blocks 1 and 2. Refused like str and
+    bytes already were, naming the method; nothing changes."""
+    m = OffloadingManager(4, "lru")
+    m.complete_store(m.prepare_store([1]).keys_to_store)
+    before = m.snapshot()
+    with pytest.raises(TypeError, match=rf"{method}: keys must be a list of block keys, not a "
+                                         rf"single {type(keys).__name__}"):
+        getattr(m, method)(keys)
+    assert m.snapshot() == before

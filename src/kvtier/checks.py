@@ -73,10 +73,11 @@ def key_list(keys: Any, method: str) -> list[Hashable]:
     """``keys`` as a list (callers pass lists and tuples on directly; anything else is copied).
 
     Raises:
-        TypeError: ``keys`` is a single str/bytes (almost always a forgotten list) or is not
+        TypeError: ``keys`` is a single str, bytes, bytearray or memoryview (almost always a
+            forgotten list: iterating it would give characters or byte values) or is not
             iterable.
     """
-    if isinstance(keys, (str, bytes)):
+    if isinstance(keys, (str, bytes, bytearray, memoryview)):
         raise TypeError(
             f"{method}: keys must be a list of block keys, not a single "
             f"{type(keys).__name__} {keys!r} (wrap it in a list)"
