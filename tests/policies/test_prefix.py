@@ -113,6 +113,16 @@ def test_registered_wrappers_and_factory():
         PrefixAwarePolicy(4, inner=dict)
 
 
+def test_an_offline_inner_policy_is_refused():
+    """Found by a newcomer session: ``prefix_aware(BeladyPolicy)`` built a class without
+    ``needs_future``, so replay ran it without the trace's future (as LRU, with only a
+    warning). The wrapper does not pass the future on, so it refuses an offline policy."""
+    from kvtier.policies.belady import BeladyPolicy
+
+    with pytest.raises(TypeError, match="BeladyPolicy is an offline policy"):
+        prefix_aware(BeladyPolicy)
+
+
 # -- dead leaves ---------------------------------------------------------------------------
 
 AlwaysLRU = prefix_aware(LRUPolicy, "prefix-lru-always", leaf_mode="always")

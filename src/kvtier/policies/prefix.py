@@ -522,12 +522,20 @@ def prefix_aware(
             before it; for comparisons).
 
     Raises:
-        TypeError: ``inner`` is not a :class:`CachePolicy` subclass.
+        TypeError: ``inner`` is not a :class:`CachePolicy` subclass, or is an offline policy
+            (``needs_future``, e.g. ``BeladyPolicy``): the wrapper does not pass the trace's
+            future on, so it would run without its oracle.
         ValueError: ``leaf_mode`` is not one of :data:`LEAF_MODES`, or ``guard`` is not a
             bool.
     """
     if not (isinstance(inner, type) and issubclass(inner, CachePolicy)):
         raise TypeError(f"inner must be a CachePolicy subclass, got {inner!r}")
+    if getattr(inner, "needs_future", False):
+        raise TypeError(
+            f"inner {inner.__name__} is an offline policy (needs_future): the prefix-aware "
+            "wrapper does not pass the trace's future on, so it would run without its oracle; "
+            "replay it unwrapped"
+        )
     if not isinstance(leaf_mode, str) or leaf_mode not in LEAF_MODES:
         raise ValueError(f"leaf_mode must be one of {', '.join(LEAF_MODES)}, got {leaf_mode!r}")
     if not isinstance(guard, bool):
