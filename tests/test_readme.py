@@ -19,3 +19,22 @@ def test_readme_manager_example_runs(capsys):
     s = m.stats()
     assert (s.used, s.evictable, s.pinned, s.hits, s.misses) == (3, 3, 0, 4, 1)
     assert "ManagerStats(" in capsys.readouterr().out
+
+
+def test_readme_replay_table_counts_match_the_code():
+    """The README's `kvtier replay` table: every column but the two timings (they vary)."""
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    text = (REPO_ROOT / "README.md").read_text()
+    m = re.search(r"```console\n\$ kvtier replay\n(.*?)```", text, flags=re.S)
+    assert m
+    shown = m.group(1).rstrip("\n").splitlines()
+    got = CliRunner().invoke(app, ["replay", "--no-progress"]).stdout.splitlines()
+    # title and header words (the column widths follow the timings)
+    assert [ln.split() for ln in shown[:3]] == [ln.split() for ln in got[:3]]
+    rows = [ln.split()[:9] for ln in shown[4:-1]]
+    assert len(rows) == 6 and rows == [ln.split()[:9] for ln in got[4:-1]]
+    caption = shown[-1].split("; parsed in")[0]  # the parse time varies
+    assert got[-1].startswith(caption)

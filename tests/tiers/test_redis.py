@@ -1090,3 +1090,19 @@ def test_a_block_that_is_not_bytes_like_is_named_and_blocks_may_be_any_iterable(
                 tier.write([1, 2], [bytes(BLOCK), bad])
         assert tier.stats().writes == 0
         assert tier.write([1, 2], (b for b in blocks_for([1, 2]))) == 2
+
+
+def test_docs_example_runs_as_written(shared_redis_server):
+    """docs/redis.md's first example, on a live server: the lookup sees the blocks written."""
+    import re
+
+    from conftest import REPO_ROOT
+
+    text = (REPO_ROOT / "docs" / "redis.md").read_text()
+    block = re.findall(r"```python\n(.*?)```", text, flags=re.S)[0]
+    block = block.replace("redis://kv-cache:6379/0", shared_redis_server.url)
+    keys = [b"doc-%d" % i for i in range(4)]
+    ns = {"block_hashes": keys, "block_bytes_list": blocks_for(keys, size=2 << 20),
+          "request_hashes": keys[:3] + [b"doc-absent"]}
+    exec(compile(block, "docs/redis.md", "exec"), ns)  # noqa: S102 - the doc's own code
+    assert ns["n"] == 3 and ns["blocks"] == ns["block_bytes_list"][:3]

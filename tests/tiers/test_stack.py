@@ -734,3 +734,20 @@ def test_a_promotion_whose_slot_write_fails_leaves_no_pending_host_block(tmp_pat
     assert (st.pending, st.pinned, st.used) == (0, 0, 0)
     assert off.manager.lookup_prefix(["x0"]) == 0
     tiered.close()
+
+
+def test_docs_tiered_offloader_example_runs_as_written(tmp_path):
+    """docs/tiers.md's TieredOffloader example, with small tensors for its names."""
+    import re
+
+    from conftest import REPO_ROOT
+
+    text = (REPO_ROOT / "docs" / "tiers.md").read_text()
+    block = re.findall(r"```python\n(.*?)```", text, flags=re.S)[0]
+    block = block.replace('"/var/cache/kvtier"', repr(str(tmp_path / "disk")))
+    kv = [torch.randn(16, 2, 16, 2, 8) for _ in range(2)]
+    ns = {"kv_caches": kv, "block_hashes": ["a", "b", "c"], "gpu_block_ids": [0, 1, 2],
+          "new_hashes": ["a", "b", "x"], "free_ids": [5, 6, 7]}
+    exec(compile(block, "docs/tiers.md", "exec"), ns)  # noqa: S102 - the doc's own code
+    assert ns["n"] == 2 and ns["found"].runs == [("host", 2)]
+    assert torch.equal(kv[0][5], kv[0][0]) and torch.equal(kv[1][6], kv[1][1])
