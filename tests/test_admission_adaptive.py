@@ -630,3 +630,31 @@ def test_keys_whose_comparison_raises_are_other_keys(first, second):
     out = m.prepare_store([second, 6])
     assert out is not None and out.keys_to_store == []  # neither was looked up: refused
     assert m.stats().skipped_stores == 2
+
+
+class _EagerFlight(DuelingAdmission):
+    """Every answered store call joins the FIFO of calls in flight at once (as before the
+    one-call slot ``_adm``)."""
+
+    def admit(self, new_keys, room=None):
+        count = super().admit(new_keys, room)
+        if self._adm is not None:
+            self._push()
+        return count
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 40), st.lists(st.tuples(
+    st.lists(st.integers(0, 60), min_size=1, max_size=5), st.integers(0, 12),
+    st.integers(0, 2), st.one_of(st.none(), st.integers(0, 6))), min_size=1, max_size=150))
+def test_the_last_store_call_held_aside_equals_the_eager_fifo(blocks, calls):
+    # admit keeps its last answer in a slot until the next record or admit (no tuple, no
+    # deque append and clear when nothing is pending): the same answers, in-flight depth and
+    # snapshot (FIFO included) as pushing every answer at once; 0-2 store calls a lookup
+    lazy, eager = DuelingAdmission(blocks), _EagerFlight(blocks)
+    for keys, pending, stores, room in calls:
+        for a in (lazy, eager):
+            a.record(keys, 0, pending)
+        for i in range(stores):
+            assert lazy.admit(keys[i:], room) == eager.admit(keys[i:], room)
+        assert lazy.snapshot() == eager.snapshot()
