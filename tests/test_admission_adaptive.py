@@ -658,3 +658,24 @@ def test_the_last_store_call_held_aside_equals_the_eager_fifo(blocks, calls):
         for i in range(stores):
             assert lazy.admit(keys[i:], room) == eager.admit(keys[i:], room)
         assert lazy.snapshot() == eager.snapshot()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.booleans(), st.lists(st.tuples(
+    st.lists(st.integers(0, 15), max_size=7), st.integers(0, 8), st.integers(0, 3)),
+    max_size=100))
+def test_one_pass_lru_shadow_equals_the_lru_policy_shadow(cap, inflight, calls):
+    # _LRUMini.access touches, picks the new keys and inserts them in one tail-first pass:
+    # the same order, stored count, pending keys as LRUPolicy through its hooks (_Mini),
+    # with keys named twice in a lookup, a limit `upto`, stores in flight and full shadows
+    from kvtier.admission_adaptive import _LRUMini, _Mini
+
+    inline, generic = _LRUMini(LRUPolicy, cap), _Mini(LRUPolicy, cap)
+    for call, (sampled, upto, delay) in enumerate(calls, 1):
+        in_flight = call if inflight else 0  # stores pending for `delay` calls
+        got = inline.access(sampled, upto, cap, in_flight)
+        assert got == generic.access(sampled, upto, cap, in_flight)
+        inline.complete(call - delay)
+        generic.complete(call - delay)
+        assert list(inline.keys) == generic.policy.snapshot()["order"]
+        assert inline.held == generic.held
