@@ -433,11 +433,12 @@ def test_second_sight_waits_for_a_whole_doorkeeper_generation():
     keys = [next(fresh) for _ in range(8)]
     a.record(keys)
     assert a.info()["mode"] == "admit-all" and not a._warm
-    assert a._seen == set(keys) and not a._seen_old
+    snap = a.snapshot()  # (the doorkeeper with its logged sights applied)
+    assert snap["seen"] == set(keys) and not snap["seen_old"]
     while not a._warm:
         a.record([next(fresh) for _ in range(8)])
         assert a.info()["mode"] == "admit-all" or a._warm
-    assert len(a._seen_old) >= a.window  # a whole generation
+    assert len(a.snapshot()["seen_old"]) >= a.window  # a whole generation
     assert a.info()["mode"] == "second-sight"  # PSEL (decayed) still > 2 standard errors
 
 
@@ -679,3 +680,36 @@ def test_one_pass_lru_shadow_equals_the_lru_policy_shadow(cap, inflight, calls):
         generic.complete(call - delay)
         assert list(inline.keys) == generic.policy.snapshot()["order"]
         assert inline.held == generic.held
+
+
+class _EagerDoorkeeper(DuelingAdmission):
+    """The tier's doorkeeper updated at each lookup (as before its log): the log's key count
+    is never below the window, so record never logs."""
+
+    def clear(self):
+        super().clear()
+        self._logged = math.inf
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 3), st.lists(st.tuples(
+    st.lists(st.integers(0, 50), min_size=1, max_size=6), st.integers(0, 40),
+    st.integers(0, 3), st.one_of(st.none(), st.integers(0, 8)),
+    st.sampled_from([None, None, None, -1000.0, 1000.0])), min_size=1, max_size=200))
+def test_the_doorkeepers_log_equals_updating_it_at_each_lookup(blocks, factor, calls):
+    # while admit-all is chosen the doorkeeper's sights wait in a log until admit, a new
+    # generation, second sight or snapshot() reads them: the same answers after every call,
+    # and the same whole state (read on a copy, so the log is not applied early); PSEL is
+    # set now and then (on both) so that the doorkeeper pauses and is emptied and kept again
+    import copy
+
+    lazy = DuelingAdmission(blocks, window_factor=factor)
+    eager = _EagerDoorkeeper(blocks, window_factor=factor)
+    for keys, busy, pending, room, psel in calls:
+        for a in (lazy, eager):
+            if psel is not None:
+                a.psel = psel
+            a.record(keys, busy, pending)
+        assert lazy.admit(keys, room) == eager.admit(keys, room)
+        assert copy.deepcopy(lazy).snapshot() == eager.snapshot()
+    assert lazy.snapshot() == eager.snapshot()

@@ -70,7 +70,11 @@ keys (as TinyLFU's doorkeeper is reset every sample of W references, Einziger, F
 Manes, ACM ToS 2017). A key counts as seen before when its previous lookup is at most one to
 two generations old. The tier's doorkeeper is not kept while admit-all leads by more than
 :data:`KEEP_LEAD` shadow hits per sampled reference (except for calls that may not fit):
-then every looked-up block is stored anyway. The shadows have their own doorkeeper over the
+then every looked-up block is stored anyway. While admit-all is chosen nothing reads the
+tier's doorkeeper but a call that may not fit, so its updates wait in a log (a copy of each
+lookup's keys) applied when it is read (that call, second sight, a lookup at which a
+generation may end, :meth:`snapshot`) and dropped when it is emptied: the same doorkeeper
+whenever it is read, without its set work for the lookups it never serves. The shadows have their own doorkeeper over the
 sampled keys, with generations of ``rate * WINDOW_FACTOR * num_blocks`` sampled keys (the
 same span of time).
 
@@ -95,6 +99,7 @@ equal to the hooks), a speed trick (docs/performance.md). They count hits per ke
 the call are in the shadow and not pending), not the tier's exact prefix hits.
 
 State (independent of the trace's length): the doorkeepers hold at most ``2 * (G + L)`` keys
+(the log included: it is applied before the generation and the log together pass ``G``)
 (``G = WINDOW_FACTOR * num_blocks``, ``L`` the longest call) and ``2 * (rate * G + L)``
 sampled keys, the shadows at most ``2 * ceil(rate * num_blocks)`` keys plus their policies'
 ghost state (bounded by their capacity) and their pending keys (at most their capacity),
@@ -117,7 +122,6 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
-from itertools import takewhile
 
 __all__ = [
     "ADMISSION_MODES",
@@ -253,6 +257,11 @@ class DuelingAdmission:
         """Forget everything (the state of a new instance)."""
         self._seen: set[Hashable] = set()  # keys looked up in this generation
         self._seen_old: set[Hashable] = set()  # ... and in the previous one
+        # lookups not yet added to _seen (tuples, oldest first) and their keys in all: while
+        # admit-all is chosen nothing reads the doorkeeper until a call may not fit, so its
+        # updates wait here (see _apply_log) and are dropped when it is emptied
+        self._log: list[tuple] = []
+        self._logged = 0
         self._sseen: set[int] = set()  # the same for sampled keys (by hash)
         self._sseen_old: set[int] = set()
         self._lru_minis = self.shadow_policy is _lru_class()
@@ -330,32 +339,41 @@ class DuelingAdmission:
         # its lead soon (LRU 16,000 blocks: -290 instructions per block ref)
         keep = self.selective or self.psel > self._keep_above
         if keep or 2 * len(keys) > self.num_blocks - busy:
+            last = tuple(keys)  # (a copy: the caller may reuse its list)
             if self.stride > 1:
-                hash(tuple(keys))  # hashes the keys the sample skipped: validate first
+                hash(last)  # hashes the keys the sample skipped: validate first
             if keep and not self._kept:
                 # kept again after a pause: what it holds is stale, and until it has one
                 # whole generation of sights second sight would refuse reused blocks
                 self._seen_old = set()
                 self._seen = set()
                 self._warm = False
-            seen = self._seen
-            if len(seen) >= self.window:  # a new generation: the oldest sights are forgotten
-                self._seen_old = seen
-                self._seen = seen = set()
-                self.generations += 1
-                if not self._warm:
-                    self._warm = True
-                    self._decide()
-            run = len(list(takewhile(seen.__contains__, keys)))
-            old = self._seen_old
-            n = len(keys)
-            while run < n and keys[run] in old:  # alternate between the two generations
-                run += 1
-                while run < n and keys[run] in seen:
-                    run += 1
-            self._last = keys
-            self._last_run = run
-            seen.update(keys)
+                if self._log:
+                    self._log = []
+                    self._logged = 0
+            if not self.selective and len(self._seen) + self._logged < self.window:
+                # admit-all, and no new generation can start at this lookup: the sights
+                # wait in the log until something reads them (_apply_log), or are dropped
+                # with the doorkeeper (LRU 16,000 blocks: the fill's, never read; call log
+                # 856 -> 791, docs/policies.md "Cost")
+                self._log.append(last)
+                self._logged += len(last)
+                self._last = last
+                self._last_run = None  # the leading run seen before: when applied
+            else:
+                if self._log:
+                    self._apply_log()
+                seen = self._seen
+                if len(seen) >= self.window:  # a new generation: the oldest sights are
+                    self._seen_old = seen  # forgotten
+                    self._seen = seen = set()
+                    self.generations += 1
+                    if not self._warm:
+                        self._warm = True
+                        self._decide()
+                self._last = last
+                self._last_run = self._leading_seen(last)
+                seen.update(last)
         else:
             self._last_run = -1
         self._kept = keep
@@ -373,6 +391,38 @@ class DuelingAdmission:
                 self._flight_blocks = 0
         if sampled:
             self._duel(sampled)
+
+    def _apply_log(self) -> None:
+        """Add the logged lookups to the doorkeeper, as :meth:`record` would have at each
+        (no generation can end among them: they were logged only while ``_seen`` and the
+        log held fewer than ``window`` keys), and the leading run of the last one when it is
+        still the last lookup's (``_last_run`` None)."""
+        log = self._log
+        seen = self._seen
+        last = log.pop()
+        for keys in log:
+            seen.update(keys)
+        self._log = []
+        self._logged = 0
+        if self._last_run is None:
+            self._last_run = self._leading_seen(last)
+        seen.update(last)
+
+    def _leading_seen(self, keys: Sequence[Hashable]) -> int:
+        """How many leading ``keys`` are in the doorkeeper (either generation)."""
+        seen = self._seen
+        run = 0
+        for key in keys:  # (a plain loop: takewhile's calls cost more for a short run)
+            if key not in seen:
+                break
+            run += 1
+        old = self._seen_old
+        n = len(keys)
+        while run < n and keys[run] in old:  # alternate between the two generations
+            run += 1
+            while run < n and keys[run] in seen:
+                run += 1
+        return run
 
     def _push(self) -> None:
         """The last answered store call (``_adm``) joins the FIFO of store calls in flight."""
@@ -684,6 +734,8 @@ class DuelingAdmission:
         return count
 
     def _admit_selective(self, new_keys: Sequence[Hashable], n: int) -> int:
+        if self._log:
+            self._apply_log()
         last = self._last
         run = self._last_run
         offset = len(last) - n
@@ -706,7 +758,7 @@ class DuelingAdmission:
     # -- introspection -------------------------------------------------------------------
     def state_size(self) -> int:
         """Keys held now (doorkeepers and shadows); bounded as the module docstring says."""
-        return (len(self._seen) + len(self._seen_old) + len(self._sseen)
+        return (len(self._seen) + self._logged + len(self._seen_old) + len(self._sseen)
                 + len(self._sseen_old) + len(self._mini_a.keys) + len(self._mini_b.keys))
 
     def info(self) -> dict:
@@ -732,7 +784,9 @@ class DuelingAdmission:
         }
 
     def snapshot(self) -> dict:
-        """A comparable copy of the whole state (for tests)."""
+        """A comparable copy of the whole state (for tests); applies the doorkeeper's log."""
+        if self._log:
+            self._apply_log()
         return {
             "seen": set(self._seen),
             "seen_old": set(self._seen_old),
