@@ -461,7 +461,9 @@ class DuelingAdmission:
         n = len(sampled)
         if n == 1 and not self._inflight:
             h = sampled[0]
-            if h in sa and h in sb:
+            in_a = h in sa
+            in_b = h in sb
+            if in_a and in_b:
                 # the usual sampled lookup (a shared head, one sampled key) that hits in both
                 # shadows: the steps of the general path below, inlined (LRU 16,000
                 # blocks: this path is about half of all sampled lookups)
@@ -490,15 +492,11 @@ class DuelingAdmission:
                 # sampled lookups at LRU 16,000 blocks): the general path's steps below and
                 # _LRUMini.access's for one key, inlined (tested equal); a hit moves the key
                 # to the most recent end, a stored key takes the least recent one's place
-                in_a = h in sa
-                in_b = h in sb
                 self.sampled_refs += 1
                 sseen = self._sseen
                 if len(sseen) >= self.sample_window:
                     self._sseen_old = sseen
                     self._sseen = sseen = set()
-                seen = h in sseen or h in self._sseen_old
-                sseen.add(h)
                 cap = self.shadow_capacity
                 if in_a:
                     self.shadow_hits_all += 1
@@ -510,12 +508,15 @@ class DuelingAdmission:
                 if in_b:
                     self.shadow_hits_second += 1
                     sb.move_to_end(h)
-                elif seen or self._filling:  # (during the fill every miss is stored)
+                elif self._filling or h in sseen or h in self._sseen_old:
+                    # (seen before, or the fill: every miss is stored then; whether it was
+                    # seen only where second sight missed: call log 791 -> 789)
                     if len(sb) >= cap:
                         sb.popitem(False)
                     sb[h] = None
                     if self._settle:
                         self._settling(1)
+                sseen.add(h)
                 if self._filling and len(sb) >= cap:
                     self._end_fill()
                 self._weigh(in_b - in_a, in_a, self._keep1)
@@ -524,8 +525,6 @@ class DuelingAdmission:
                 # the same one-key path with ARC shadows (_ARCMini's one-key steps, tested
                 # equal to the general path over ARCPolicy's hooks): ARC 16,000 blocks, most
                 # sampled lookups (docs/performance.md, "Adaptive admission")
-                in_a = h in sa
-                in_b = h in sb
                 self.sampled_refs += 1
                 sseen = self._sseen
                 if len(sseen) >= self.sample_window:
@@ -1099,13 +1098,14 @@ class _LRUMini:
                             break
                 for h in victims:
                     del order[h]
-            elif call and len(order) < over:
-                return 0
-            else:
-                for _ in range(min(over, len(order))):
+            elif over <= len(order):  # the usual case: then every new key fits (without
+                for _ in range(over):  # min() and a second test: call log 789 -> 774)
                     order.popitem(False)
-                if len(order) + len(new) > cap:  # the first ones from the head: new's last
-                    new = new[len(new) - max(0, cap - len(order)):]
+            elif call:
+                return 0
+            else:  # more new keys than the shadow holds: the first ones from the head,
+                order.clear()  # new's last
+                new = new[len(new) - cap:]
         for h in new:
             order[h] = None
         if call and new:
