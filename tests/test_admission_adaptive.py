@@ -713,3 +713,26 @@ def test_the_doorkeepers_log_equals_updating_it_at_each_lookup(blocks, factor, c
         assert lazy.admit(keys, room) == eager.admit(keys, room)
         assert copy.deepcopy(lazy).snapshot() == eager.snapshot()
     assert lazy.snapshot() == eager.snapshot()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 40), st.booleans(),
+       st.lists(st.tuples(st.lists(st.integers(0, 30), min_size=1, max_size=6),
+                          st.integers(0, 3)), min_size=1, max_size=150))
+def test_inlined_lru_duel_with_repeated_keys_equals_the_general_path(blocks, inflight, calls):
+    # the LRU duel's inlined paths (one sampled key; several, nothing in flight) against the
+    # general path over LRUPolicy's hooks, with keys named twice in a lookup: the same
+    # answers and whole state after every call
+    inline = DuelingAdmission(blocks, shadow_policy=LRUPolicy)
+    generic = DuelingAdmission(blocks, shadow_policy=_LRUByHooks)
+    for keys, pending in calls:
+        pending = pending if inflight else 0
+        for a in (inline, generic):
+            a.record(keys, 0, pending)
+        assert inline.admit(keys, blocks) == generic.admit(keys, blocks)
+        for name in ("psel", "_s2", "_ha", "selective", "switches", "sampled_refs",
+                     "shadow_hits_all", "shadow_hits_second", "_filling", "_settle"):
+            assert getattr(inline, name) == getattr(generic, name), name
+        assert list(inline._mini_a.keys) == list(generic._mini_a.policy.snapshot()["order"])
+        assert list(inline._mini_b.keys) == list(generic._mini_b.policy.snapshot()["order"])
+        assert inline._sseen == generic._sseen and inline._sseen_old == generic._sseen_old
