@@ -519,7 +519,16 @@ class DuelingAdmission:
                 sseen.add(h)
                 if self._filling and len(sb) >= cap:
                     self._end_fill()
-                self._weigh(in_b - in_a, in_a, self._keep1)
+                # _weigh(in_b - in_a, in_a, _keep1) inlined (no frame: call log 754 -> 744)
+                d = in_b - in_a
+                keep = self._keep1
+                self.psel = psel = self.psel * keep + d
+                self._s2 = s2 = self._s2 * keep * keep + d * d
+                self._ha = ha = self._ha * keep + in_a
+                if ha < 1 or self._filling or not self._warm:
+                    self._decide()
+                elif psel < 0.0 if self.selective else psel > 0.0:
+                    self._test_switch(psel, s2)
                 return
             if self._arc_minis:
                 # the same one-key path with ARC shadows (_ARCMini's one-key steps, tested
@@ -547,7 +556,15 @@ class DuelingAdmission:
                         self._settling(1)
                 if self._filling and len(sb) >= cap:
                     self._end_fill()
-                self._weigh(in_b - in_a, in_a, self._keep1)
+                d = in_b - in_a  # (_weigh inlined, as above)
+                keep = self._keep1
+                self.psel = psel = self.psel * keep + d
+                self._s2 = s2 = self._s2 * keep * keep + d * d
+                self._ha = ha = self._ha * keep + in_a
+                if ha < 1 or self._filling or not self._warm:
+                    self._decide()
+                elif psel < 0.0 if self.selective else psel > 0.0:
+                    self._test_switch(psel, s2)
                 return
         if self._lru_minis and not self._inflight:
             # several sampled keys, LRU shadows, nothing in flight: the steps of the general
@@ -627,7 +644,14 @@ class DuelingAdmission:
                     self._end_fill()
             elif stored and self._settle:
                 self._settling(stored)
-            self._weigh(hits_b - hits_a, hits_a, keep)
+            d = hits_b - hits_a  # (_weigh inlined, as above)
+            self.psel = psel = self.psel * keep + d
+            self._s2 = s2 = self._s2 * keep * keep + d * d
+            self._ha = ha = self._ha * keep + hits_a
+            if ha < 1 or self._filling or not self._warm:
+                self._decide()
+            elif psel < 0.0 if self.selective else psel > 0.0:
+                self._test_switch(psel, s2)
             return
         # the leading hits: plain loops (takewhile and a list cost more for these few keys)
         hits_a = 0
@@ -735,23 +759,21 @@ class DuelingAdmission:
         self.psel = psel = self.psel * keep + d
         self._s2 = s2 = self._s2 * keep * keep + d * d
         self._ha = ha = self._ha * keep + hits_a
-        if ha >= 1 and not self._filling and self._warm:
+        if ha < 1 or self._filling or not self._warm:
+            self._decide()
+        elif psel < 0.0 if self.selective else psel > 0.0:
             # the bar only where PSEL points away from the current rule (LRU 16,000
             # blocks: admit-all with PSEL < 0 throughout; call log 917 -> 905,
             # docs/performance.md "Adaptive admission", session 9)
-            if self.selective:
-                if psel < 0.0:
-                    se = s2 ** 0.5
-                    if se and -psel > self._z * se + self._tc / se:
-                        self.selective = False
-                        self.switches += 1
-            elif psel > 0.0:
-                se = s2 ** 0.5
-                if se and psel > self._z * se + self._tc / se:
-                    self.selective = True
-                    self.switches += 1
-        else:
-            self._decide()
+            self._test_switch(psel, s2)
+
+    def _test_switch(self, psel: float, s2: float) -> None:
+        """:meth:`_decide`'s last case where PSEL points away from the current rule: switch
+        when it is beyond the bar."""
+        se = s2 ** 0.5
+        if se and abs(psel) > self._z * se + self._tc / se:
+            self.selective = not self.selective
+            self.switches += 1
 
     def _decide(self) -> None:
         """The tier's rule from the duel: admit-all during the fill (a free slot costs
