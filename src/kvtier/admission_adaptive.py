@@ -99,15 +99,16 @@ equal to the hooks), a speed trick (docs/performance.md). They count hits per ke
 the call are in the shadow and not pending), not the tier's exact prefix hits.
 
 State (independent of the trace's length): the doorkeepers hold at most ``2 * (G + L)`` keys
-(the log included: it is applied before the generation and the log together pass ``G``)
-(``G = WINDOW_FACTOR * num_blocks``, ``L`` the longest call) and ``2 * (rate * G + L)``
+(``G = WINDOW_FACTOR * num_blocks``, ``L`` the longest call; the tier's log of lookups not
+yet applied included: it is applied before the generation and the log together pass ``G``) and ``2 * (rate * G + L)``
 sampled keys, the shadows at most ``2 * ceil(rate * num_blocks)`` keys plus their policies'
 ghost state (bounded by their capacity) and their pending keys (at most their capacity),
 the FIFO of store calls in flight at most ``num_blocks + L`` entries (after each lookup its
 blocks but the oldest entry's are fewer than the tier's pending blocks) plus the last
 answered call (held aside until the next call), plus a few counters. Time per key looked up: a slice
 and a hash for ``1 / stride`` of the keys, and two shadow policy updates for a sampled key; while second sight is chosen, also one hash, one set insertion and
-one or two set lookups per key (the leading run of keys seen before); the end of a generation
+one or two set lookups per key (the leading run of keys seen before; while admit-all keeps
+the doorkeeper, one copy into its log instead); the end of a generation
 drops one set of ``G`` keys (O(1) amortized per key). :meth:`admit` is O(1) per key of its call.
 
 Deterministic for a given sequence of calls whose keys hash deterministically: ints (every
@@ -235,6 +236,9 @@ class DuelingAdmission:
         modulus = max(1, int(inverse / self.stride))
         self.modulus = modulus if modulus % 2 or modulus == 1 else modulus - 1
         # (modulus > 1 needs inverse >= 2, so stride >= 2: record slices without a test)
+        # record's slice of the depths sampled, made once (no slice object a lookup: LRU
+        # 16,000 blocks, call log 732 -> 726, docs/policies.md "Cost")
+        self._pick = slice(None, None, self.stride)
         self.residue = self.modulus // 2  # not 0: see the module docstring, "The sample"
         self.rate = 1 / (self.stride * self.modulus)
         self.shadow_capacity = max(1, round(self.rate * num_blocks))
@@ -321,16 +325,23 @@ class DuelingAdmission:
         if modulus == 1:
             stride = self.stride
             sampled = list(map(hash, keys[::stride] if stride > 1 else keys))
+            first = sampled[0] if sampled else None
+            if len(sampled) < 2:
+                sampled = None
         else:  # a plain loop: -1,700 instructions a call against a comprehension (3.11
             # makes a function for it), -3,100 against filterfalse (cachegrind, 6 keys)
             residue = self.residue
-            sampled = None  # a list only once a key is sampled (half the lookups: none)
+            # the first sampled key, and a list only once a second one is sampled (half
+            # the lookups sample none, most others one: call log 726 -> 718)
+            first = sampled = None
             # (modulus > 1 only where the stride is >= 2, see __init__: no stride test,
             # LRU 16,000 blocks, call log 882 -> 876, docs/policies.md "Cost")
-            for h in map(hash, keys[::self.stride]):
+            for h in map(hash, keys[self._pick]):
                 if h % modulus == residue:
-                    if sampled is None:
-                        sampled = [h]
+                    if first is None:
+                        first = h
+                    elif sampled is None:
+                        sampled = [first, h]
                     else:
                         sampled.append(h)
         # the real tier's doorkeeper: needed by second sight, and by admit-all when the call
@@ -388,17 +399,17 @@ class DuelingAdmission:
             if self._flight:
                 self._flight.clear()
                 self._flight_blocks = 0
-        if not sampled:
+        if first is None:
             return
-        if not (self._lru_minis and len(sampled) == 1) or self._inflight:
-            self._duel(sampled)
+        if sampled is not None or self._inflight or not self._lru_minis:
+            self._duel([first] if sampled is None else sampled)
             return
         # one sampled key, LRU shadows, nothing in flight (most sampled lookups at LRU
         # 16,000 blocks): the steps of _duel's general path and _LRUMini.access's for one
         # key, spelled out here (tested equal; without _duel's frame: call log 740 -> 732,
         # docs/policies.md "Cost"); a hit moves the key to the most recent end, a stored
         # key takes the least recent one's place
-        h = sampled[0]
+        h = first
         sa = self._mini_a.keys
         sb = self._mini_b.keys
         in_a = h in sa
