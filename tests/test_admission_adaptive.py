@@ -479,11 +479,12 @@ def test_second_sight_waits_for_a_whole_doorkeeper_generation():
     keys = [next(fresh) for _ in range(8)]
     a.record(keys)
     assert a.info()["mode"] == "admit-all" and not a._warm
-    assert a._seen == set(keys) and not a._seen_old
+    snap = a.snapshot()  # (the doorkeeper with its logged sights applied)
+    assert snap["seen"] == set(keys) and not snap["seen_old"]
     while not a._warm:
         a.record([next(fresh) for _ in range(8)])
         assert a.info()["mode"] == "admit-all" or a._warm
-    assert len(a._seen_old) >= a.window  # a whole generation
+    assert len(a.snapshot()["seen_old"]) >= a.window  # a whole generation
     assert a.info()["mode"] == "second-sight"  # PSEL (decayed) still > 2 standard errors
 
 
@@ -676,3 +677,108 @@ def test_keys_whose_comparison_raises_are_other_keys(first, second):
     out = m.prepare_store([second, 6])
     assert out is not None and out.keys_to_store == []  # neither was looked up: refused
     assert m.stats().skipped_stores == 2
+
+
+class _EagerFlight(DuelingAdmission):
+    """Every answered store call joins the FIFO of calls in flight at once (as before the
+    one-call slot ``_adm``)."""
+
+    def admit(self, new_keys, room=None):
+        count = super().admit(new_keys, room)
+        if self._adm is not None:
+            self._push()
+        return count
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 40), st.lists(st.tuples(
+    st.lists(st.integers(0, 60), min_size=1, max_size=5), st.integers(0, 12),
+    st.integers(0, 2), st.one_of(st.none(), st.integers(0, 6))), min_size=1, max_size=150))
+def test_the_last_store_call_held_aside_equals_the_eager_fifo(blocks, calls):
+    # admit keeps its last answer in a slot until the next record or admit (no tuple, no
+    # deque append and clear when nothing is pending): the same answers, in-flight depth and
+    # snapshot (FIFO included) as pushing every answer at once; 0-2 store calls a lookup
+    lazy, eager = DuelingAdmission(blocks), _EagerFlight(blocks)
+    for keys, pending, stores, room in calls:
+        for a in (lazy, eager):
+            a.record(keys, 0, pending)
+        for i in range(stores):
+            assert lazy.admit(keys[i:], room) == eager.admit(keys[i:], room)
+        assert lazy.snapshot() == eager.snapshot()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.booleans(), st.lists(st.tuples(
+    st.lists(st.integers(0, 15), max_size=7), st.integers(0, 8), st.integers(0, 3)),
+    max_size=100))
+def test_one_pass_lru_shadow_equals_the_lru_policy_shadow(cap, inflight, calls):
+    # _LRUMini.access touches, picks the new keys and inserts them in one tail-first pass:
+    # the same order, stored count, pending keys as LRUPolicy through its hooks (_Mini),
+    # with keys named twice in a lookup, a limit `upto`, stores in flight and full shadows
+    from kvtier.admission_adaptive import _LRUMini, _Mini
+
+    inline, generic = _LRUMini(LRUPolicy, cap), _Mini(LRUPolicy, cap)
+    for call, (sampled, upto, delay) in enumerate(calls, 1):
+        in_flight = call if inflight else 0  # stores pending for `delay` calls
+        got = inline.access(sampled, upto, cap, in_flight)
+        assert got == generic.access(sampled, upto, cap, in_flight)
+        inline.complete(call - delay)
+        generic.complete(call - delay)
+        assert list(inline.keys) == generic.policy.snapshot()["order"]
+        assert inline.held == generic.held
+
+
+class _EagerDoorkeeper(DuelingAdmission):
+    """The tier's doorkeeper updated at each lookup (as before its log): the log's key count
+    is never below the window, so record never logs."""
+
+    def clear(self):
+        super().clear()
+        self._logged = math.inf
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 3), st.lists(st.tuples(
+    st.lists(st.integers(0, 50), min_size=1, max_size=6), st.integers(0, 40),
+    st.integers(0, 3), st.one_of(st.none(), st.integers(0, 8)),
+    st.sampled_from([None, None, None, -1000.0, 1000.0])), min_size=1, max_size=200))
+def test_the_doorkeepers_log_equals_updating_it_at_each_lookup(blocks, factor, calls):
+    # while admit-all is chosen the doorkeeper's sights wait in a log until admit, a new
+    # generation, second sight or snapshot() reads them: the same answers after every call,
+    # and the same whole state (read on a copy, so the log is not applied early); PSEL is
+    # set now and then (on both) so that the doorkeeper pauses and is emptied and kept again
+    import copy
+
+    lazy = DuelingAdmission(blocks, window_factor=factor)
+    eager = _EagerDoorkeeper(blocks, window_factor=factor)
+    for keys, busy, pending, room, psel in calls:
+        for a in (lazy, eager):
+            if psel is not None:
+                a.psel = psel
+            a.record(keys, busy, pending)
+        assert lazy.admit(keys, room) == eager.admit(keys, room)
+        assert copy.deepcopy(lazy).snapshot() == eager.snapshot()
+    assert lazy.snapshot() == eager.snapshot()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 40), st.booleans(),
+       st.lists(st.tuples(st.lists(st.integers(0, 30), min_size=1, max_size=6),
+                          st.integers(0, 3)), min_size=1, max_size=150))
+def test_inlined_lru_duel_with_repeated_keys_equals_the_general_path(blocks, inflight, calls):
+    # the LRU duel's inlined paths (one sampled key; several, nothing in flight) against the
+    # general path over LRUPolicy's hooks, with keys named twice in a lookup: the same
+    # answers and whole state after every call
+    inline = DuelingAdmission(blocks, shadow_policy=LRUPolicy)
+    generic = DuelingAdmission(blocks, shadow_policy=_LRUByHooks)
+    for keys, pending in calls:
+        pending = pending if inflight else 0
+        for a in (inline, generic):
+            a.record(keys, 0, pending)
+        assert inline.admit(keys, blocks) == generic.admit(keys, blocks)
+        for name in ("psel", "_s2", "_ha", "selective", "switches", "sampled_refs",
+                     "shadow_hits_all", "shadow_hits_second", "_filling", "_settle"):
+            assert getattr(inline, name) == getattr(generic, name), name
+        assert list(inline._mini_a.keys) == list(generic._mini_a.policy.snapshot()["order"])
+        assert list(inline._mini_b.keys) == list(generic._mini_b.policy.snapshot()["order"])
+        assert inline._sseen == generic._sseen and inline._sseen_old == generic._sseen_old

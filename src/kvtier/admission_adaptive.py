@@ -70,9 +70,13 @@ keys (as TinyLFU's doorkeeper is reset every sample of W references, Einziger, F
 Manes, ACM ToS 2017). A key counts as seen before when its previous lookup is at most one to
 two generations old. The tier's doorkeeper is not kept while admit-all leads by more than
 :data:`KEEP_LEAD` shadow hits per sampled reference (except for calls that may not fit):
-then every looked-up block is stored anyway. The shadows have their own doorkeeper over the
-sampled keys, with generations of ``rate * WINDOW_FACTOR * num_blocks`` sampled keys (the
-same span of time).
+then every looked-up block is stored anyway. While admit-all is chosen nothing reads the
+tier's doorkeeper but a call that may not fit, so its updates wait in a log (a copy of each
+lookup's keys) applied when it is read (that call, second sight, a lookup at which a
+generation may end, :meth:`snapshot`) and dropped when it is emptied: the same doorkeeper
+whenever it is read, without its set work for the lookups it never serves. The shadows
+have their own doorkeeper over the sampled keys, with generations of
+``rate * WINDOW_FACTOR * num_blocks`` sampled keys (the same span of time).
 
 **Requests in flight.** A block whose store is in flight is not readable (HIT_PENDING, a
 miss, and the lookup stops there) and not evictable. The shadows model both: a key a shadow
@@ -95,15 +99,19 @@ equal to the hooks), a speed trick (docs/performance.md). They count hits per ke
 the call are in the shadow and not pending), not the tier's exact prefix hits.
 
 State (independent of the trace's length): the doorkeepers hold at most ``2 * (G + L)`` keys
-(``G = WINDOW_FACTOR * num_blocks``, ``L`` the longest call) and ``2 * (rate * G + L)``
-sampled keys, the shadows at most ``2 * ceil(rate * num_blocks)`` keys plus their policies'
-ghost state (bounded by their capacity) and their pending keys (at most their capacity),
-the FIFO of store calls in flight at most ``num_blocks + L`` entries (after each lookup its
-blocks but the oldest entry's are fewer than the tier's pending blocks), plus a few
-counters. Time per key looked up: a slice
-and a hash for ``1 / stride`` of the keys, and two shadow policy updates for a sampled key; while second sight is chosen, also one hash, one set insertion and
-one or two set lookups per key (the leading run of keys seen before); the end of a generation
-drops one set of ``G`` keys (O(1) amortized per key). :meth:`admit` is O(1) per key of its call.
+(``G = WINDOW_FACTOR * num_blocks``, ``L`` the longest call; the tier's log of lookups not
+yet applied included: it is applied before the generation and the log together pass ``G``)
+and ``2 * (rate * G + L)`` sampled keys, the shadows at most ``2 * ceil(rate * num_blocks)``
+keys plus their policies' ghost state (bounded by their capacity) and their pending keys (at
+most their capacity), the FIFO of store calls in flight at most ``num_blocks + L`` entries
+(after each lookup its blocks but the oldest entry's are fewer than the tier's pending
+blocks) plus the last answered call (held aside until the next call), plus a few counters.
+Time per key looked up: a slice and a hash for ``1 / stride`` of the keys, and two shadow
+policy updates for a sampled key; while second sight is chosen, also one hash, one set
+insertion and one or two set lookups per key (the leading run of keys seen before; while
+admit-all keeps the doorkeeper, one copy into its log instead); the end of a generation
+drops one set of ``G`` keys (O(1) amortized per key). :meth:`admit` is O(1) per key of its
+call.
 
 Deterministic for a given sequence of calls whose keys hash deterministically: ints (every
 kvtier trace reader), tuples of ints, bools, None. ``str`` and ``bytes`` keys hash differently
@@ -117,7 +125,6 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
-from itertools import takewhile
 
 __all__ = [
     "ADMISSION_MODES",
@@ -230,6 +237,10 @@ class DuelingAdmission:
         self.stride = max(1, min(MAX_STRIDE, int(inverse)))
         modulus = max(1, int(inverse / self.stride))
         self.modulus = modulus if modulus % 2 or modulus == 1 else modulus - 1
+        # (modulus > 1 needs inverse >= 2, so stride >= 2: record slices without a test)
+        # record's slice of the depths sampled, made once (no slice object a lookup: LRU
+        # 16,000 blocks, call log 732 -> 726, docs/policies.md "Cost")
+        self._pick = slice(None, None, self.stride)
         self.residue = self.modulus // 2  # not 0: see the module docstring, "The sample"
         self.rate = 1 / (self.stride * self.modulus)
         self.shadow_capacity = max(1, round(self.rate * num_blocks))
@@ -252,6 +263,11 @@ class DuelingAdmission:
         """Forget everything (the state of a new instance)."""
         self._seen: set[Hashable] = set()  # keys looked up in this generation
         self._seen_old: set[Hashable] = set()  # ... and in the previous one
+        # lookups not yet added to _seen (tuples, oldest first) and their keys in all: while
+        # admit-all is chosen nothing reads the doorkeeper until a call may not fit, so its
+        # updates wait here (see _apply_log) and are dropped when it is emptied
+        self._log: list[tuple] = []
+        self._logged = 0
         self._sseen: set[int] = set()  # the same for sampled keys (by hash)
         self._sseen_old: set[int] = set()
         self._lru_minis = self.shadow_policy is _lru_class()
@@ -280,6 +296,11 @@ class DuelingAdmission:
         # (FIFO), their blocks, the calls recorded, and the in-flight depth in calls
         self._flight: deque = deque()
         self._flight_blocks = 0
+        # the store call admit answered last, not yet in _flight: its blocks (its call is
+        # _calls), or None; it joins _flight at the next record or admit (most lookups have
+        # one store call and nothing pending: no tuple, no deque append and clear; LRU
+        # 16,000 blocks, call log 913 -> 882, docs/policies.md "Cost")
+        self._adm: int | None = None
         self._calls = 0
         self._depth = 0.0
         self._inflight = False  # depth >= 1 or a shadow holds pending keys
@@ -302,19 +323,27 @@ class DuelingAdmission:
         """
         # the sample: every stride-th key, then hash % modulus == residue (hashing validates
         # them)
-        stride = self.stride
         modulus = self.modulus
-        residue = self.residue
-        picked = keys[::stride] if stride > 1 else keys
         if modulus == 1:
-            sampled = list(map(hash, picked))
+            stride = self.stride
+            sampled = list(map(hash, keys[::stride] if stride > 1 else keys))
+            first = sampled[0] if sampled else None
+            if len(sampled) < 2:
+                sampled = None
         else:  # a plain loop: -1,700 instructions a call against a comprehension (3.11
             # makes a function for it), -3,100 against filterfalse (cachegrind, 6 keys)
-            sampled = None  # a list only once a key is sampled (half the lookups: none)
-            for h in map(hash, picked):
+            residue = self.residue
+            # the first sampled key, and a list only once a second one is sampled (half
+            # the lookups sample none, most others one: call log 726 -> 718)
+            first = sampled = None
+            # (modulus > 1 only where the stride is >= 2, see __init__: no stride test,
+            # LRU 16,000 blocks, call log 882 -> 876, docs/policies.md "Cost")
+            for h in map(hash, keys[self._pick]):
                 if h % modulus == residue:
-                    if sampled is None:
-                        sampled = [h]
+                    if first is None:
+                        first = h
+                    elif sampled is None:
+                        sampled = [first, h]
                     else:
                         sampled.append(h)
         # the real tier's doorkeeper: needed by second sight, and by admit-all when the call
@@ -323,43 +352,163 @@ class DuelingAdmission:
         # its lead soon (LRU 16,000 blocks: -290 instructions per block ref)
         keep = self.selective or self.psel > self._keep_above
         if keep or 2 * len(keys) > self.num_blocks - busy:
-            if stride > 1:
-                hash(tuple(keys))  # hashes the keys the sample skipped: validate first
+            last = tuple(keys)  # (a copy: the caller may reuse its list)
+            if self.stride > 1:
+                hash(last)  # hashes the keys the sample skipped: validate first
             if keep and not self._kept:
                 # kept again after a pause: what it holds is stale, and until it has one
                 # whole generation of sights second sight would refuse reused blocks
                 self._seen_old = set()
                 self._seen = set()
                 self._warm = False
-            seen = self._seen
-            if len(seen) >= self.window:  # a new generation: the oldest sights are forgotten
-                self._seen_old = seen
-                self._seen = seen = set()
-                self.generations += 1
-                if not self._warm:
-                    self._warm = True
-                    self._decide()
-            run = len(list(takewhile(seen.__contains__, keys)))
-            old = self._seen_old
-            n = len(keys)
-            while run < n and keys[run] in old:  # alternate between the two generations
-                run += 1
-                while run < n and keys[run] in seen:
-                    run += 1
-            self._last = keys
-            self._last_run = run
-            seen.update(keys)
+                if self._log:
+                    self._log = []
+                    self._logged = 0
+            if not self.selective and len(self._seen) + self._logged < self.window:
+                # admit-all, and no new generation can start at this lookup: the sights
+                # wait in the log until something reads them (_apply_log), or are dropped
+                # with the doorkeeper (LRU 16,000 blocks: the fill's, never read; call log
+                # 856 -> 791, docs/policies.md "Cost")
+                self._log.append(last)
+                self._logged += len(last)
+                self._last = last
+                self._last_run = None  # the leading run seen before: when applied
+            else:
+                if self._log:
+                    self._apply_log()
+                seen = self._seen
+                if len(seen) >= self.window:  # a new generation: the oldest sights are
+                    self._seen_old = seen  # forgotten
+                    self._seen = seen = set()
+                    self.generations += 1
+                    if not self._warm:
+                        self._warm = True
+                        self._decide()
+                self._last = last
+                self._last_run = self._leading_seen(last)
+                seen.update(last)
         else:
             self._last_run = -1
         self._kept = keep
-        self._calls += 1
         if pending:
+            n = self._adm
+            if n is not None:  # _push spelled out (no frame: W=32 call log 1,373 -> 1,345)
+                self._adm = None
+                self._flight.append((self._calls, n))
+                self._flight_blocks += n
+            self._calls += 1
             self._observe_depth(pending)
-        elif self._flight:
-            self._flight.clear()
-            self._flight_blocks = 0
-        if sampled:
-            self._duel(sampled)
+        else:
+            self._calls += 1
+            self._adm = None  # (the stores completed: no test, call log 743 -> 740)
+            if self._flight:
+                self._flight.clear()
+                self._flight_blocks = 0
+        if first is None:
+            return
+        if sampled is not None or self._inflight or not self._lru_minis:
+            self._duel([first] if sampled is None else sampled)
+            return
+        # one sampled key, LRU shadows, nothing in flight (most sampled lookups at LRU
+        # 16,000 blocks): the steps of _duel's general path and _LRUMini.access's for one
+        # key, spelled out here (tested equal; without _duel's frame: call log 740 -> 732,
+        # docs/policies.md "Cost"); a hit moves the key to the most recent end, a stored
+        # key takes the least recent one's place
+        h = first
+        sa = self._mini_a.keys
+        sb = self._mini_b.keys
+        in_a = h in sa
+        in_b = h in sb
+        if in_a and in_b:  # (a shared head: no store, no disagreement)
+            sa.move_to_end(h)
+            sb.move_to_end(h)
+            self._sseen.add(h)
+            self.sampled_refs += 1
+            self.shadow_hits_all += 1
+            self.shadow_hits_second += 1
+            k1 = self._keep1
+            self.psel *= k1
+            self._s2 *= self._keep1sq
+            self._ha = self._ha * k1 + 1
+            if self.selective:
+                self._decide()
+            return
+        self.sampled_refs += 1
+        sseen = self._sseen
+        if len(sseen) >= self.sample_window:
+            self._sseen_old = sseen
+            self._sseen = sseen = set()
+        cap = self.shadow_capacity
+        if in_a:
+            self.shadow_hits_all += 1
+            sa.move_to_end(h)
+        else:
+            if len(sa) >= cap:
+                sa.popitem(False)
+            sa[h] = None
+        if in_b:
+            self.shadow_hits_second += 1
+            sb.move_to_end(h)
+        elif self._filling or h in sseen or h in self._sseen_old:
+            # (seen before, or the fill: every miss is stored then; whether it was seen
+            # only where second sight missed: call log 791 -> 789)
+            if len(sb) >= cap:
+                sb.popitem(False)
+            sb[h] = None
+            if self._settle:
+                self._settling(1)
+        sseen.add(h)
+        if self._filling and len(sb) >= cap:
+            self._end_fill()
+        # _weigh(in_b - in_a, in_a, _keep1) inlined (no frame: call log 754 -> 744)
+        d = in_b - in_a
+        k1 = self._keep1
+        self.psel = psel = self.psel * k1 + d
+        self._s2 = s2 = self._s2 * k1 * k1 + d * d
+        self._ha = ha = self._ha * k1 + in_a
+        if ha < 1 or self._filling or not self._warm:
+            self._decide()
+        elif psel < 0.0 if self.selective else psel > 0.0:
+            self._test_switch(psel, s2)
+
+    def _apply_log(self) -> None:
+        """Add the logged lookups to the doorkeeper, as :meth:`record` would have at each
+        (no generation can end among them: they were logged only while ``_seen`` and the
+        log held fewer than ``window`` keys), and the leading run of the last one when it is
+        still the last lookup's (``_last_run`` None)."""
+        log = self._log
+        seen = self._seen
+        last = log.pop()
+        for keys in log:
+            seen.update(keys)
+        self._log = []
+        self._logged = 0
+        if self._last_run is None:
+            self._last_run = self._leading_seen(last)
+        seen.update(last)
+
+    def _leading_seen(self, keys: Sequence[Hashable]) -> int:
+        """How many leading ``keys`` are in the doorkeeper (either generation)."""
+        seen = self._seen
+        run = 0
+        for key in keys:  # (a plain loop: takewhile's calls cost more for a short run)
+            if key not in seen:
+                break
+            run += 1
+        old = self._seen_old
+        n = len(keys)
+        while run < n and keys[run] in old:  # alternate between the two generations
+            run += 1
+            while run < n and keys[run] in seen:
+                run += 1
+        return run
+
+    def _push(self) -> None:
+        """The last answered store call (``_adm``) joins the FIFO of calls in flight."""
+        n = self._adm
+        self._adm = None
+        self._flight.append((self._calls, n))
+        self._flight_blocks += n
 
     def _observe_depth(self, pending: int) -> None:
         """The tier has ``pending`` blocks of stores in flight: drop the oldest store calls
@@ -391,14 +540,13 @@ class DuelingAdmission:
         n = len(sampled)
         if n == 1 and not self._inflight:
             h = sampled[0]
-            if h in sa and h in sb:
+            in_a = h in sa
+            in_b = h in sb
+            if in_a and in_b:
                 # the usual sampled lookup (a shared head, one sampled key) that hits in both
                 # shadows: the steps of the general path below, inlined (LRU 16,000
                 # blocks: this path is about half of all sampled lookups)
-                if self._lru_minis:
-                    sa.move_to_end(h)
-                    sb.move_to_end(h)
-                elif self._arc_minis:
+                if self._arc_minis:  # (LRU shadows: in record)
                     ma.hit1(h)
                     mb.hit1(h)
                 elif ma.touch is not None:
@@ -415,47 +563,10 @@ class DuelingAdmission:
                 if self.selective:
                     self._decide()
                 return
-            if self._lru_minis:
-                # one sampled key, LRU shadows, nothing in flight (about 4 in 5 of the
-                # sampled lookups at LRU 16,000 blocks): the general path's steps below and
-                # _LRUMini.access's for one key, inlined (tested equal); a hit moves the key
-                # to the most recent end, a stored key takes the least recent one's place
-                in_a = h in sa
-                in_b = h in sb
-                self.sampled_refs += 1
-                sseen = self._sseen
-                if len(sseen) >= self.sample_window:
-                    self._sseen_old = sseen
-                    self._sseen = sseen = set()
-                seen = h in sseen or h in self._sseen_old
-                sseen.add(h)
-                cap = self.shadow_capacity
-                if in_a:
-                    self.shadow_hits_all += 1
-                    sa.move_to_end(h)
-                else:
-                    if len(sa) >= cap:
-                        sa.popitem(False)
-                    sa[h] = None
-                if in_b:
-                    self.shadow_hits_second += 1
-                    sb.move_to_end(h)
-                elif seen or self._filling:  # (during the fill every miss is stored)
-                    if len(sb) >= cap:
-                        sb.popitem(False)
-                    sb[h] = None
-                    if self._settle:
-                        self._settling(1)
-                if self._filling and len(sb) >= cap:
-                    self._end_fill()
-                self._weigh(in_b - in_a, in_a, self._keep1)
-                return
             if self._arc_minis:
                 # the same one-key path with ARC shadows (_ARCMini's one-key steps, tested
                 # equal to the general path over ARCPolicy's hooks): ARC 16,000 blocks, most
                 # sampled lookups (docs/performance.md, "Adaptive admission")
-                in_a = h in sa
-                in_b = h in sb
                 self.sampled_refs += 1
                 sseen = self._sseen
                 if len(sseen) >= self.sample_window:
@@ -478,8 +589,103 @@ class DuelingAdmission:
                         self._settling(1)
                 if self._filling and len(sb) >= cap:
                     self._end_fill()
-                self._weigh(in_b - in_a, in_a, self._keep1)
+                d = in_b - in_a  # (_weigh inlined, as above)
+                keep = self._keep1
+                self.psel = psel = self.psel * keep + d
+                self._s2 = s2 = self._s2 * keep * keep + d * d
+                self._ha = ha = self._ha * keep + in_a
+                if ha < 1 or self._filling or not self._warm:
+                    self._decide()
+                elif psel < 0.0 if self.selective else psel > 0.0:
+                    self._test_switch(psel, s2)
                 return
+        if self._lru_minis and not self._inflight:
+            # several sampled keys, LRU shadows, nothing in flight: the steps of the general
+            # path below, with the admit-all shadow's _LRUMini.access inlined as one
+            # tail-first pass that also finds its leading hits (tested equal; call log
+            # 774 -> 754, docs/policies.md "Cost")
+            new = []  # shadow A's missing keys, tail first, each once (as _LRUMini.access)
+            hits_a = n
+            i = n
+            for h in reversed(sampled):
+                i -= 1
+                if h in sa:
+                    sa.move_to_end(h)
+                else:
+                    hits_a = i  # (the last one found is the first from the head)
+                    if h in new:
+                        new.remove(h)
+                    new.append(h)
+            hits_b = 0
+            for h in sampled:
+                if h not in sb:
+                    break
+                hits_b += 1
+            self.sampled_refs += n
+            self.shadow_hits_all += hits_a
+            self.shadow_hits_second += hits_b
+            sseen = self._sseen
+            keep = 1 - n * self._decay
+            if keep < 0.0:  # (as below)
+                keep = 0.0
+            if hits_a == n and hits_b == n:  # (as below; shadow A is touched already)
+                for h in reversed(sampled):
+                    sb.move_to_end(h)
+                sseen.update(sampled)
+                self.psel *= keep
+                self._s2 *= keep * keep
+                self._ha = self._ha * keep + n
+                if self.selective:
+                    self._decide()
+                return
+            if len(sseen) >= self.sample_window:
+                self._sseen_old = sseen
+                self._sseen = sseen = set()
+            cap = self.shadow_capacity
+            if self._filling:
+                sseen.update(sampled)
+                stored = mb.access(sampled, n, cap)
+            else:
+                sold = self._sseen_old
+                run = 0
+                for h in sampled:
+                    if h in sseen or h in sold:
+                        run += 1
+                    else:
+                        break
+                sseen.update(sampled)
+                if run:
+                    stored = mb.access(sampled, run, cap)
+                else:  # (the usual case: nothing to store, only the keys to touch)
+                    stored = 0
+                    for h in reversed(sampled):
+                        if h in sb:
+                            sb.move_to_end(h)
+            if new:  # shadow A: room for the new keys, then the keys
+                over = len(sa) + len(new) - cap
+                if over > 0:
+                    if over <= len(sa):
+                        for _ in range(over):
+                            sa.popitem(False)
+                    else:
+                        sa.clear()
+                        new = new[len(new) - cap:]
+                for h in new:
+                    sa[h] = None
+            if self._filling:
+                if len(sb) >= cap:
+                    self._end_fill()
+            elif stored and self._settle:
+                self._settling(stored)
+            d = hits_b - hits_a  # (_weigh inlined, as above)
+            self.psel = psel = self.psel * keep + d
+            self._s2 = s2 = self._s2 * keep * keep + d * d
+            self._ha = ha = self._ha * keep + hits_a
+            if ha < 1 or self._filling or not self._warm:
+                self._decide()
+            elif psel < 0.0 if self.selective else psel > 0.0:
+                self._test_switch(psel, s2)
+            return
         # the leading hits: plain loops (takewhile and a list cost more for these few keys)
         hits_a = 0
         for h in sampled:
@@ -586,23 +792,21 @@ class DuelingAdmission:
         self.psel = psel = self.psel * keep + d
         self._s2 = s2 = self._s2 * keep * keep + d * d
         self._ha = ha = self._ha * keep + hits_a
-        if ha >= 1 and not self._filling and self._warm:
+        if ha < 1 or self._filling or not self._warm:
+            self._decide()
+        elif psel < 0.0 if self.selective else psel > 0.0:
             # the bar only where PSEL points away from the current rule (LRU 16,000
             # blocks: admit-all with PSEL < 0 throughout; call log 917 -> 905,
             # docs/performance.md "Adaptive admission", session 9)
-            if self.selective:
-                if psel < 0.0:
-                    se = s2 ** 0.5
-                    if se and -psel > self._z * se + self._tc / se:
-                        self.selective = False
-                        self.switches += 1
-            elif psel > 0.0:
-                se = s2 ** 0.5
-                if se and psel > self._z * se + self._tc / se:
-                    self.selective = True
-                    self.switches += 1
-        else:
-            self._decide()
+            self._test_switch(psel, s2)
+
+    def _test_switch(self, psel: float, s2: float) -> None:
+        """:meth:`_decide`'s last case where PSEL points away from the current rule: switch
+        when it is beyond the bar."""
+        se = s2 ** 0.5
+        if se and abs(psel) > self._z * se + self._tc / se:
+            self.selective = not self.selective
+            self.switches += 1
 
     def _decide(self) -> None:
         """The tier's rule from the duel: admit-all during the fill (a free slot costs
@@ -656,13 +860,15 @@ class DuelingAdmission:
         if flight and self._flight_blocks - flight[0][1] >= self.num_blocks:
             self._drop_completed()  # stores without lookups: keep the FIFO bounded
         if not self.selective and (room is None or n <= room):
-            self._flight.append((self._calls, n))
-            self._flight_blocks += n
+            if self._adm is not None:
+                self._push()
+            self._adm = n
             return n
         count = self._admit_selective(new_keys, n)
         if count:
-            self._flight.append((self._calls, count))
-            self._flight_blocks += count
+            if self._adm is not None:
+                self._push()
+            self._adm = count
         return count
 
     def _drop_completed(self) -> None:
@@ -679,10 +885,14 @@ class DuelingAdmission:
 
     def undo_admit(self) -> None:
         """The store that the last :meth:`admit` (answering > 0) admitted blocks for got no
-        slots (``prepare_store`` returned ``None``): forget it, as if never asked."""
-        self._flight_blocks -= self._flight.pop()[1]
+        slots (``prepare_store`` returned ``None``): forget it, as if never asked. That call
+        is the one held in ``_adm`` (see :meth:`admit`); the call it displaced into the FIFO
+        has the same call number there, so the state reads the same (:meth:`snapshot`)."""
+        self._adm = None
 
     def _admit_selective(self, new_keys: Sequence[Hashable], n: int) -> int:
+        if self._log:
+            self._apply_log()
         last = self._last
         run = self._last_run
         offset = len(last) - n
@@ -705,7 +915,7 @@ class DuelingAdmission:
     # -- introspection -------------------------------------------------------------------
     def state_size(self) -> int:
         """Keys held now (doorkeepers and shadows); bounded as the module docstring says."""
-        return (len(self._seen) + len(self._seen_old) + len(self._sseen)
+        return (len(self._seen) + self._logged + len(self._seen_old) + len(self._sseen)
                 + len(self._sseen_old) + len(self._mini_a.keys) + len(self._mini_b.keys))
 
     def info(self) -> dict:
@@ -731,16 +941,22 @@ class DuelingAdmission:
         }
 
     def _live_flight(self) -> tuple:
-        """The FIFO of store calls less the ones :meth:`_drop_completed` would drop (they
-        change nothing the admission does)."""
+        """The FIFO of store calls, with the last answered one (``_adm``) at its end, less
+        the ones :meth:`_drop_completed` would drop (they change nothing the admission
+        does)."""
         flight = list(self._flight)
         total = self._flight_blocks
+        if self._adm is not None:
+            flight.append((self._calls, self._adm))
+            total += self._adm
         while flight and total - flight[0][1] >= self.num_blocks:
             total -= flight.pop(0)[1]
         return tuple(flight)
 
     def snapshot(self) -> dict:
-        """A comparable copy of the whole state (for tests)."""
+        """A comparable copy of the whole state (for tests); applies the doorkeeper's log."""
+        if self._log:
+            self._apply_log()
         return {
             "seen": set(self._seen),
             "seen_old": set(self._seen_old),
@@ -1007,15 +1223,36 @@ class _LRUMini:
 
     def access(self, sampled: list[int], upto: int, cap: int, call: int = 0) -> int:
         order = self.keys
-        for h in reversed(sampled):
-            if h in order:
-                order.move_to_end(h)
+        # one pass, tail first: a resident key moves to the most recent end (the head ends
+        # most recent), a missing one among the first `upto` is to be stored; `new` holds
+        # them tail first, the order they are inserted in, each once at its first place
+        # from the head (a key named twice in one lookup is stored, and pending, once)
+        # (one loop instead of a touch loop, a loop for the new keys and a reversed
+        # insertion loop: LRU 16,000 blocks, call log 876 -> 856, docs/policies.md "Cost")
         new = []
-        for h in sampled[:upto] if upto < len(sampled) else sampled:
-            # a key named twice in one lookup is stored (and pending) once (a plain loop:
-            # no comprehension's function object, no dict.fromkeys for these few keys)
-            if h not in order and h not in new:
-                new.append(h)
+        if upto >= len(sampled):
+            for h in reversed(sampled):
+                if h in order:
+                    order.move_to_end(h)
+                elif h in new:  # named again nearer the head: its place is there
+                    new.remove(h)
+                    new.append(h)
+                else:
+                    new.append(h)
+        elif upto > 0:
+            i = len(sampled)
+            for h in reversed(sampled):
+                i -= 1
+                if h in order:
+                    order.move_to_end(h)
+                elif i < upto:
+                    if h in new:
+                        new.remove(h)
+                    new.append(h)
+        else:
+            for h in reversed(sampled):
+                if h in order:
+                    order.move_to_end(h)
         over = len(order) + len(new) - cap
         if over > 0:
             held = self.held
@@ -1030,14 +1267,15 @@ class _LRUMini:
                             break
                 for h in victims:
                     del order[h]
-            elif call and len(order) < over:
-                return 0
-            else:
-                for _ in range(min(over, len(order))):
+            elif over <= len(order):  # the usual case: then every new key fits (without
+                for _ in range(over):  # min() and a second test: call log 789 -> 774)
                     order.popitem(False)
-                if len(order) + len(new) > cap:
-                    new = new[: max(0, cap - len(order))]
-        for h in reversed(new):
+            elif call:
+                return 0
+            else:  # more new keys than the shadow holds: the first ones from the head,
+                order.clear()  # new's last
+                new = new[len(new) - cap:]
+        for h in new:
             order[h] = None
         if call and new:
             self.fifo.append((call, new))
