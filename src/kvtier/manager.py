@@ -222,6 +222,12 @@ class OffloadingManager:
         # releasing the last pin deletes it
         self._pins: dict[Hashable, int] = {}
         self._pending_keys: set[Hashable] = set()
+        # a policy that reads held blocks from these two (CachePolicy.share_held_state) is
+        # not told of pins: no per-key set work of its own at insert, completion and pin
+        # (spec replay, docs/performance.md, "Request mode, round 6")
+        policy = self.policy
+        self._on_pin = (None if policy.share_held_state(self._pending_keys, self._pins)
+                        else policy.mark_non_evictable)
         self._slots = SlotAllocator(self.num_blocks)
         self._evictable = 0
         self._hits = 0
@@ -400,7 +406,8 @@ class OffloadingManager:
                 count = pins.get(key, 0)
                 if count == 0:
                     self._evictable -= 1
-                    self.policy.mark_non_evictable(keys)
+                    if self._on_pin is not None:
+                        self._on_pin(keys)
                 pins[key] = count + 1
                 self._loads += 1
                 if req_context is not None and self._requests:  # request mode only
@@ -438,7 +445,8 @@ class OffloadingManager:
                 pins[key] = count + 1
         if newly_pinned:
             self._evictable -= len(newly_pinned)
-            self.policy.mark_non_evictable(newly_pinned)
+            if self._on_pin is not None:
+                self._on_pin(newly_pinned)
         self._loads += len(slots)
         if req_context is not None and self._requests:  # request mode only
             self._record_load(req_context, keys)

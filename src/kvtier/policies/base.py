@@ -41,6 +41,22 @@ it. Pinned and pending blocks therefore stay in the order: see
 :class:`~kvtier.policies.order.LogicalOrder` for how eviction passes over them at O(1)
 amortized each.
 
+**Shared held state (opt-in).** A policy keeps its own record of which blocks are held
+(pending or pinned) from ``insert``, ``mark_evictable`` and ``mark_non_evictable``, while the
+manager keeps the same facts in its own collections. The manager offers them once, after it
+builds them (construction, ``reset_cache``): :meth:`CachePolicy.share_held_state` ``(pending,
+pins)``. A policy that answers ``True`` reads held blocks there instead of keeping a copy, and
+the manager then keeps them current *before* every hook it calls: ``pending`` (a set: the keys
+whose store is in flight; a key is in it when ``insert`` is called and out of it when
+``mark_evictable`` or ``remove`` is called for that store) and ``pins`` (a dict: pinned key ->
+pin count, pinned keys only; out of it when ``mark_evictable`` is called for the last pin).
+The two are disjoint. The manager still calls every hook but ``mark_non_evictable`` (a pin
+changes nothing a sharing policy keeps); ``mark_evictable`` still comes at every completed
+store and last released pin (a policy may have set the blocks aside). The policy never
+changes the two collections, and drops them at :meth:`CachePolicy.clear` (the manager shares
+new ones). Default: ``False``, the policy keeps its own (and a policy used without a manager,
+e.g. inside vLLM's own manager, always does).
+
 **One eviction shape.** :meth:`CachePolicy.evict` belongs to this base class: it counts the
 eligible blocks (evictable and not protected, O(|protected|)) and returns ``None``, with
 nothing changed, when there are fewer than ``n``; otherwise it calls the policy's
@@ -146,6 +162,15 @@ class CachePolicy(ABC):
         self.examined = 0
 
     # -- hooks the manager calls ------------------------------------------------------------
+    def share_held_state(self, pending: set[Key], pins: dict[Key, int]) -> bool:
+        """Offer the manager's own record of held blocks (see "Shared held state" in the
+        module docstring): ``pending`` the keys whose store is in flight, ``pins`` pinned key
+        -> pin count. Return ``True`` to read them from now on (until :meth:`clear`): the
+        manager then keeps them current before every hook and no longer calls
+        :meth:`mark_non_evictable`. The policy must not change them. Default: ``False`` (the
+        policy keeps its own from the hooks)."""
+        return False
+
     def insert(self, keys: Sequence[Key]) -> None:  # noqa: B027 - optional hook
         """New blocks, not resident before; their stores are in flight (not evictable). A
         store is a use: they take their place in the order, ``keys[0]`` the most recent.
