@@ -205,6 +205,11 @@ class OffloadingManager:
         # optional hooks the policy does not override are not called at all
         self._insert = self.policy.insert if _overrides(self.policy, "insert") else None
         self._on_store = self.policy.on_store if _overrides(self.policy, "on_store") else None
+        # request mode's ghost learning: touch, unless the policy has a cheaper hook for keys
+        # none of which is resident (ARC: spec replay, docs/performance.md, "Request mode,
+        # round 6")
+        self._store_miss = (self.policy.on_store_miss if _overrides(self.policy, "on_store_miss")
+                            else self.policy.touch)
         self.enable_events = enable_events
         self.store_threshold = store_threshold
         self.max_tracker_size = max_tracker_size
@@ -733,7 +738,7 @@ class OffloadingManager:
                 if rec.inserted:
                     self._learn_misses(rec, new_keys)
                 else:  # nothing used for ghost learning yet: all of them (_FRAMES)
-                    self.policy.touch(new_keys)
+                    self._store_miss(new_keys)
                 victims = self.policy._evict(shortfall, protected)
             elif protected:
                 victims = self.policy.evict(shortfall, protected)
@@ -754,7 +759,7 @@ class OffloadingManager:
             if rec.inserted:
                 self._learn_misses(rec, new_keys)
             else:
-                self.policy.touch(new_keys)
+                self._store_miss(new_keys)
 
         slots = self._slots
         if slots.next_fresh == self.num_blocks:  # every slot used once: SlotAllocator.take
@@ -1036,8 +1041,9 @@ class OffloadingManager:
         return all_recorded
 
     def _learn_misses(self, rec: _Request, new_keys: Sequence[Hashable]) -> None:
-        """Request mode's ghost learning (vLLM's ``on_store_miss``): one ``touch`` of the keys
-        about to be stored that this request has not stored before; called only when the
+        """Request mode's ghost learning (vLLM's ``on_store_miss``): one use of the keys
+        about to be stored that this request has not stored before (the policy's
+        ``on_store_miss`` if it has its own, else ``touch``); called only when the
         store will succeed, before the eviction and the policy's ``insert``. The keys used
         once this way are exactly ``rec.inserted`` (all of them are inserted right after):
         no set of their own (request-mode records, docs/performance.md, "Request mode,
@@ -1046,7 +1052,7 @@ class OffloadingManager:
         # C-level filter, no frame per key (see _add_keys)
         misses = list(filterfalse(inserted.__contains__, new_keys)) if inserted else new_keys
         if misses:
-            self.policy.touch(misses)
+            self._store_miss(misses)
 
     # -- whole-tier operations -----------------------------------------------------------
     def reset_cache(self) -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from kvtier import OffloadingManager
 from kvtier.policies.arc import ARCPolicy
+from kvtier.policies.base import CachePolicy
 
 
 def store(m: OffloadingManager, keys):
@@ -361,17 +362,25 @@ def _drive(m: OffloadingManager, rng, steps: int) -> list:
     return answers
 
 
+class TouchARC(OwnHeldARC):
+    """ARC with its own held state whose ghost learning is the plain touch."""
+
+    on_store_miss = CachePolicy.on_store_miss  # not overridden: the manager calls touch
+
+
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("capacity", [8, 40])
 def test_shared_held_state_behaves_as_arcs_own(seed, capacity):
     # ARC reading the manager's pending set and pin counts (no per-key set work at insert,
-    # completion and pin) makes exactly the moves and choices of ARC with its own held sets
+    # completion and pin), and its on_store_miss, make exactly the moves and choices of ARC
+    # with its own held sets, and of ARC learning ghost hits by touch
     import random
 
     shared = OffloadingManager(capacity, "arc")
-    others = [OffloadingManager(capacity, OwnHeldARC)]
+    others = [OffloadingManager(capacity, OwnHeldARC), OffloadingManager(capacity, TouchARC)]
     assert shared.policy._shared and not others[0].policy._shared
-    rngs = [random.Random(seed) for _ in range(2)]
+    assert others[1]._store_miss == others[1].policy.touch
+    rngs = [random.Random(seed) for _ in range(3)]
     for round_ in range(3):  # reset_cache between rounds: shared again with the new sets
         answers = _drive(shared, rngs[0], 300)
         for m, rng in zip(others, rngs[1:]):

@@ -294,6 +294,18 @@ class ARCPolicy(CachePolicy):
                 self._floor = int(target)  # target >= 0: int() is floor
                 b2.move_to_end(key)
 
+    def on_store_miss(self, keys: Sequence[Key]) -> None:
+        # none resident (the hook's contract): touch's residency passes skipped, only ghost
+        # hits do anything (docs/performance.md, "Request mode, round 6")
+        b1, b2 = self._b1, self._b2
+        hits = b1.keys() & keys if b1 else set()
+        if b2:
+            hits |= b2.keys() & keys
+        if not hits:
+            self._no_ghosts = list(keys)  # for the insert that usually follows
+            return
+        self.touch(list(filter(hits.__contains__, keys)))  # the ghost hits alone
+
     # -- request mode (issue #11 section 2) --------------------------------------------------
     def on_request_finished(
         self, keys: Sequence[Key], inserted: Collection[Key], reused: Collection[Key]

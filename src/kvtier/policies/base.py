@@ -5,7 +5,7 @@ A policy orders **keys** and picks victims; nothing else. The
 events and statistics, and tells the policy about every state change of a block through the
 hooks below, so a policy never scans the cache to find out what may be evicted.
 
-The hooks (vLLM 0.33's ``CachePolicy`` names where it has one; 9 in all)::
+The hooks (vLLM 0.33's ``CachePolicy`` names where it has one; 10 in all)::
 
     insert(keys)              new blocks, store in flight: resident, NOT evictable; stored is
                               a use: they take their place in the order
@@ -16,6 +16,9 @@ The hooks (vLLM 0.33's ``CachePolicy`` names where it has one; 9 in all)::
                               no ghost entry, the block was never readable
     touch(keys)               a use; keys may be absent (ghost lists may learn from them),
                               pending or pinned
+    on_store_miss(keys)       request mode's ghost learning: a use of a ``prepare_store``'s
+                              new keys (distinct, none resident) before its eviction and
+                              ``insert``. Default: ``touch(keys)``
     on_store(keys)            after each successful ``prepare_store``, its full key list
     on_request_finished(keys, inserted, reused)
                               request mode (the manager's ``on_request_finished``): the one
@@ -194,6 +197,13 @@ class CachePolicy(ABC):
         """A use of ``keys`` (``keys[0]`` ends most recent). Absent keys are allowed and
         ignored unless the policy learns from them; pending and pinned blocks may be touched.
         Default: nothing (an order that ignores uses, e.g. FIFO)."""
+
+    def on_store_miss(self, keys: Sequence[Key]) -> None:
+        """Request mode's ghost learning (vLLM 0.33's ``on_store_miss``): a use of ``keys``,
+        distinct and none of them resident (the new keys of a ``prepare_store`` that will
+        succeed, before its eviction and ``insert``). Default: ``self.touch(keys)``; a policy
+        that can skip its residency tests for such keys (ARC) overrides it."""
+        self.touch(keys)
 
     def on_store(self, keys: Sequence[Key]) -> None:  # noqa: B027 - optional hook
         """After each successful ``prepare_store``, with the call's full key list in the
