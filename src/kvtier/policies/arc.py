@@ -138,7 +138,7 @@ class ARCPolicy(CachePolicy):
                 return
         no_ghosts, self._no_ghosts = self._no_ghosts, None
         try:
-            same = no_ghosts is not None and keys == no_ghosts
+            same = no_ghosts is not None and (keys is no_ghosts or keys == no_ghosts)
         except Exception:  # a key's == answered an array (np.float64(2.0) == (1, 2)) or
             same = False  # raised (np.True_ == 2**70): other keys
         if same:
@@ -302,7 +302,9 @@ class ARCPolicy(CachePolicy):
         if b2:
             hits |= b2.keys() & keys
         if not hits:
-            self._no_ghosts = list(keys)  # for the insert that usually follows
+            # for the insert that usually follows, not copied: the manager's own new-key list,
+            # unchanged until that insert
+            self._no_ghosts = keys
             return
         self.touch(list(filter(hits.__contains__, keys)))  # the ghost hits alone
 

@@ -201,8 +201,10 @@ class CachePolicy(ABC):
     def on_store_miss(self, keys: Sequence[Key]) -> None:
         """Request mode's ghost learning (vLLM 0.33's ``on_store_miss``): a use of ``keys``,
         distinct and none of them resident (the new keys of a ``prepare_store`` that will
-        succeed, before its eviction and ``insert``). Default: ``self.touch(keys)``; a policy
-        that can skip its residency tests for such keys (ARC) overrides it."""
+        succeed, before its eviction and ``insert``). ``keys`` is the manager's own list,
+        unchanged until that ``insert`` (a policy may keep it until then). Default:
+        ``self.touch(keys)``; a policy that can skip its residency tests for such keys (ARC)
+        overrides it."""
         self.touch(keys)
 
     def on_store(self, keys: Sequence[Key]) -> None:  # noqa: B027 - optional hook
