@@ -781,7 +781,11 @@ class OffloadingManager:
             # every new key was recorded (the usual case): no membership pass (request-mode
             # records, docs/performance.md, "Request mode, round 3"); else C-level filter
             if all_recorded:
-                rec.inserted.update(new_keys)
+                # from the new keys' dict when there is one (the same keys): a set update
+                # from a dict is sized once and reuses its hashes, from a list it resizes the
+                # request's set as it grows (spec replay, docs/performance.md, "Request
+                # mode, round 6")
+                rec.inserted.update(new_keys if fresh is None else fresh)
             else:
                 rec.inserted.update(filter(rec.keys.__contains__, new_keys))
         self._skipped_stores += skipped
