@@ -82,10 +82,14 @@ class _RequestLog:
     shared-key dict and every ``self.x`` lookup gets dearer (replay +1.1 % instructions
     per block reference, benchmarks/instr_count.py)."""
 
-    __slots__ = ("max_open", "early", "finished", "finished_early", "late")
+    __slots__ = ("max_open", "early", "finished", "finished_early", "late", "store_miss")
 
-    def __init__(self, max_open: int) -> None:
+    def __init__(self, max_open: int, store_miss: Any) -> None:
         self.max_open = max_open
+        # the policy's ghost-learning hook (see OffloadingManager.__init__): here, not a 30th
+        # attribute of the manager (that one cost LRU's explicit replay +40 instructions per
+        # block reference, docs/performance.md, "Request mode, round 6")
+        self.store_miss = store_miss
         self.early: dict[Hashable, None] = {}
         self.finished = 0
         self.finished_early = 0
@@ -205,15 +209,15 @@ class OffloadingManager:
         # optional hooks the policy does not override are not called at all
         self._insert = self.policy.insert if _overrides(self.policy, "insert") else None
         self._on_store = self.policy.on_store if _overrides(self.policy, "on_store") else None
-        # request mode's ghost learning: touch, unless the policy has a cheaper hook for keys
-        # none of which is resident (ARC: spec replay, docs/performance.md, "Request mode,
-        # round 6")
-        self._store_miss = (self.policy.on_store_miss if _overrides(self.policy, "on_store_miss")
-                            else self.policy.touch)
         self.enable_events = enable_events
         self.store_threshold = store_threshold
         self.max_tracker_size = max_tracker_size
-        self._req_log = _RequestLog(max_open_requests)
+        # request mode's ghost learning: touch, unless the policy has a cheaper hook for keys
+        # none of which is resident (ARC: spec replay, docs/performance.md, "Request mode,
+        # round 6")
+        store_miss = (self.policy.on_store_miss if _overrides(self.policy, "on_store_miss")
+                      else self.policy.touch)
+        self._req_log = _RequestLog(max_open_requests, store_miss)
         self._init_state()
 
     @property
@@ -249,7 +253,7 @@ class OffloadingManager:
         self._events: list[OffloadingEvent] = []
         # request mode: open requests, oldest first; the rest in the log
         self._requests: dict[Hashable, _Request] = {}
-        self._req_log = _RequestLog(self._req_log.max_open)
+        self._req_log = _RequestLog(self._req_log.max_open, self._req_log.store_miss)
         self._tracker: AdmissionTracker | None = (
             AdmissionTracker(self.store_threshold, self.max_tracker_size)
             if self.store_threshold >= 2
@@ -738,7 +742,7 @@ class OffloadingManager:
                 if rec.inserted:
                     self._learn_misses(rec, new_keys)
                 else:  # nothing used for ghost learning yet: all of them (_FRAMES)
-                    self._store_miss(new_keys)
+                    self._req_log.store_miss(new_keys)
                 victims = self.policy._evict(shortfall, protected)
             elif protected:
                 victims = self.policy.evict(shortfall, protected)
@@ -759,7 +763,7 @@ class OffloadingManager:
             if rec.inserted:
                 self._learn_misses(rec, new_keys)
             else:
-                self._store_miss(new_keys)
+                self._req_log.store_miss(new_keys)
 
         slots = self._slots
         if slots.next_fresh == self.num_blocks:  # every slot used once: SlotAllocator.take
@@ -1056,7 +1060,7 @@ class OffloadingManager:
         # C-level filter, no frame per key (see _add_keys)
         misses = list(filterfalse(inserted.__contains__, new_keys)) if inserted else new_keys
         if misses:
-            self._store_miss(misses)
+            self._req_log.store_miss(misses)
 
     # -- whole-tier operations -----------------------------------------------------------
     def reset_cache(self) -> None:

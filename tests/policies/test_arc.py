@@ -379,7 +379,7 @@ def test_shared_held_state_behaves_as_arcs_own(seed, capacity):
     shared = OffloadingManager(capacity, "arc")
     others = [OffloadingManager(capacity, OwnHeldARC), OffloadingManager(capacity, TouchARC)]
     assert shared.policy._shared and not others[0].policy._shared
-    assert others[1]._store_miss == others[1].policy.touch
+    assert others[1]._req_log.store_miss == others[1].policy.touch
     rngs = [random.Random(seed) for _ in range(3)]
     for round_ in range(3):  # reset_cache between rounds: shared again with the new sets
         answers = _drive(shared, rngs[0], 300)
