@@ -77,10 +77,12 @@ MAX_BLOCKS = 2**31 - 1
 
 class _RequestLog:
     """Request mode's bookkeeping besides the open requests: the contexts finished early at
-    the cap (oldest first, at most ``max_open`` of them) and the counters. One attribute of
-    the manager, not five: an instance with more than 30 attributes loses CPython's
-    shared-key dict and every ``self.x`` lookup gets dearer (replay +1.1 % instructions
-    per block reference, benchmarks/instr_count.py)."""
+    the cap (oldest first, at most ``max_open`` of them), the counters and the policy's
+    ghost-learning hook. One attribute of the manager, not six: an instance with 30 or more
+    attributes loses CPython's shared-key dict and every ``self.x`` lookup gets dearer
+    (replay +1.1 % instructions per block reference, benchmarks/instr_count.py; the
+    manager's 30th attribute: LRU replay +0.7 %, docs/performance.md, "Request mode, round
+    6"). The manager has 29."""
 
     __slots__ = ("max_open", "early", "finished", "finished_early", "late", "store_miss")
 
