@@ -141,6 +141,11 @@ def record_layers(kpr_path: Path, policy: str, capacity: int, inflight: int, out
         m._insert = m.policy.insert
     _record(m, MANAGER_METHODS, manager_log)
     spec._lookup = m.lookup
+    # the adapter's lookup is the manager's vllm_lookup, bound per instance: through the
+    # class's lookup (and _lookup, recorded) instead, so the manager log has every lookup
+    vars(spec).pop("lookup", None)
+    vars(spec).pop("complete_load", None)  # the same for these two (bound when events
+    vars(spec).pop("complete_store", None)  # are off)
     result = replay_vllm(spec, kpr, inflight=inflight)
     out.write_bytes(pickle.dumps(
         {"refs": result.block_refs, "manager": manager_log, "policy": policy_log}

@@ -77,15 +77,21 @@ MAX_BLOCKS = 2**31 - 1
 
 class _RequestLog:
     """Request mode's bookkeeping besides the open requests: the contexts finished early at
-    the cap (oldest first, at most ``max_open`` of them) and the counters. One attribute of
-    the manager, not five: an instance with more than 30 attributes loses CPython's
-    shared-key dict and every ``self.x`` lookup gets dearer (replay +1.1 % instructions
-    per block reference, benchmarks/instr_count.py)."""
+    the cap (oldest first, at most ``max_open`` of them), the counters and the policy's
+    ghost-learning hook. One attribute of the manager, not six: an instance with 30 or more
+    attributes loses CPython's shared-key dict and every ``self.x`` lookup gets dearer
+    (replay +1.1 % instructions per block reference, benchmarks/instr_count.py; the
+    manager's 30th attribute: LRU replay +0.7 %, docs/performance.md, "Request mode, round
+    6"). The manager has 29."""
 
-    __slots__ = ("max_open", "early", "finished", "finished_early", "late")
+    __slots__ = ("max_open", "early", "finished", "finished_early", "late", "store_miss")
 
-    def __init__(self, max_open: int) -> None:
+    def __init__(self, max_open: int, store_miss: Any) -> None:
         self.max_open = max_open
+        # the policy's ghost-learning hook (see OffloadingManager.__init__): here, not a 30th
+        # attribute of the manager (that one cost LRU's explicit replay +40 instructions per
+        # block reference, docs/performance.md, "Request mode, round 6")
+        self.store_miss = store_miss
         self.early: dict[Hashable, None] = {}
         self.finished = 0
         self.finished_early = 0
@@ -208,7 +214,12 @@ class OffloadingManager:
         self.enable_events = enable_events
         self.store_threshold = store_threshold
         self.max_tracker_size = max_tracker_size
-        self._req_log = _RequestLog(max_open_requests)
+        # request mode's ghost learning: touch, unless the policy has a cheaper hook for keys
+        # none of which is resident (ARC: spec replay, docs/performance.md, "Request mode,
+        # round 6")
+        store_miss = (self.policy.on_store_miss if _overrides(self.policy, "on_store_miss")
+                      else self.policy.touch)
+        self._req_log = _RequestLog(max_open_requests, store_miss)
         self._init_state()
 
     @property
@@ -222,6 +233,12 @@ class OffloadingManager:
         # releasing the last pin deletes it
         self._pins: dict[Hashable, int] = {}
         self._pending_keys: set[Hashable] = set()
+        # a policy that reads held blocks from these two (CachePolicy.share_held_state) is
+        # not told of pins: no per-key set work of its own at insert, completion and pin
+        # (spec replay, docs/performance.md, "Request mode, round 6")
+        policy = self.policy
+        self._on_pin = (None if policy.share_held_state(self._pending_keys, self._pins)
+                        else policy.mark_non_evictable)
         self._slots = SlotAllocator(self.num_blocks)
         self._evictable = 0
         self._hits = 0
@@ -238,7 +255,7 @@ class OffloadingManager:
         self._events: list[OffloadingEvent] = []
         # request mode: open requests, oldest first; the rest in the log
         self._requests: dict[Hashable, _Request] = {}
-        self._req_log = _RequestLog(self._req_log.max_open)
+        self._req_log = _RequestLog(self._req_log.max_open, self._req_log.store_miss)
         self._tracker: AdmissionTracker | None = (
             AdmissionTracker(self.store_threshold, self.max_tracker_size)
             if self.store_threshold >= 2
@@ -423,7 +440,8 @@ class OffloadingManager:
                 count = pins.get(key, 0)
                 if count == 0:
                     self._evictable -= 1
-                    self.policy.mark_non_evictable(keys)
+                    if self._on_pin is not None:
+                        self._on_pin(keys)
                 pins[key] = count + 1
                 self._loads += 1
                 if req_context is not None and self._requests:  # request mode only
@@ -461,7 +479,8 @@ class OffloadingManager:
                 pins[key] = count + 1
         if newly_pinned:
             self._evictable -= len(newly_pinned)
-            self.policy.mark_non_evictable(newly_pinned)
+            if self._on_pin is not None:
+                self._on_pin(newly_pinned)
         self._loads += len(slots)
         if req_context is not None and self._requests:  # request mode only
             self._record_load(req_context, keys)
@@ -748,7 +767,7 @@ class OffloadingManager:
                 if rec.inserted:
                     self._learn_misses(rec, new_keys)
                 else:  # nothing used for ghost learning yet: all of them (_FRAMES)
-                    self.policy.touch(new_keys)
+                    self._req_log.store_miss(new_keys)
                 victims = self.policy._evict(shortfall, protected)
             elif protected:
                 victims = self.policy.evict(shortfall, protected)
@@ -769,7 +788,7 @@ class OffloadingManager:
             if rec.inserted:
                 self._learn_misses(rec, new_keys)
             else:
-                self.policy.touch(new_keys)
+                self._req_log.store_miss(new_keys)
 
         slots = self._slots
         if slots.next_fresh == self.num_blocks:  # every slot used once: SlotAllocator.take
@@ -791,7 +810,11 @@ class OffloadingManager:
             # every new key was recorded (the usual case): no membership pass (request-mode
             # records, docs/performance.md, "Request mode, round 3"); else C-level filter
             if all_recorded:
-                rec.inserted.update(new_keys)
+                # from the new keys' dict when there is one (the same keys): a set update
+                # from a dict is sized once and reuses its hashes, from a list it resizes the
+                # request's set as it grows (spec replay, docs/performance.md, "Request
+                # mode, round 6")
+                rec.inserted.update(new_keys if fresh is None else fresh)
             else:
                 rec.inserted.update(filter(rec.keys.__contains__, new_keys))
         self._skipped_stores += skipped
@@ -1057,8 +1080,9 @@ class OffloadingManager:
         return all_recorded
 
     def _learn_misses(self, rec: _Request, new_keys: Sequence[Hashable]) -> None:
-        """Request mode's ghost learning (vLLM's ``on_store_miss``): one ``touch`` of the keys
-        about to be stored that this request has not stored before; called only when the
+        """Request mode's ghost learning (vLLM's ``on_store_miss``): one use of the keys
+        about to be stored that this request has not stored before (the policy's
+        ``on_store_miss`` if it has its own, else ``touch``); called only when the
         store will succeed, before the eviction and the policy's ``insert``. The keys used
         once this way are exactly ``rec.inserted`` (all of them are inserted right after):
         no set of their own (request-mode records, docs/performance.md, "Request mode,
@@ -1067,7 +1091,7 @@ class OffloadingManager:
         # C-level filter, no frame per key (see _add_keys)
         misses = list(filterfalse(inserted.__contains__, new_keys)) if inserted else new_keys
         if misses:
-            self.policy.touch(misses)
+            self._req_log.store_miss(misses)
 
     # -- whole-tier operations -----------------------------------------------------------
     def reset_cache(self) -> None:

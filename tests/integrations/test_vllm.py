@@ -596,6 +596,27 @@ def test_spec_manager_plain_objects_are_vllms_own(monkeypatch):
     assert _plain_protocol_run(spec_manager(4, "arc")) == fast
 
 
+def test_spec_manager_lookup_is_kvtiers_answering_vllms_results():
+    # the adapter's lookup is its manager's vllm_lookup (one frame per lookup,
+    # docs/performance.md "Request mode, round 6"): the answers and counts of kvtier's lookup
+    m = spec_manager(4, "arc")
+    assert m.lookup == m.manager.vllm_lookup
+    ctx = ReqContext("r")
+    m.on_new_request(ctx)
+    out = m.prepare_store(keys(1, 2), ctx)
+    m.complete_store(keys(1), ctx)
+    got = [m.lookup(k, ctx) for k in keys(1, 2, 3)]
+    assert got == [VLookup.HIT, VLookup.HIT_PENDING, VLookup.MISS]
+    assert [kv.KVTierOffloadingManager.lookup(m, k, ctx) for k in keys(1, 2, 3)] == got
+    stats = m.manager.stats()
+    assert (stats.hits, stats.pending_hits, stats.misses) == (2, 2, 2)
+    with pytest.raises(TypeError, match="lookup"):
+        m.lookup([1], ctx)
+    m.complete_store(out.keys_to_store, ctx)
+    m.reset_cache()  # the same manager object: the bound lookup sees the new tier
+    assert m.lookup(keys(1)[0], ctx) is VLookup.MISS
+
+
 def test_spec_manager_handles_are_per_manager_and_reset():
     # a request's handle in its ReqContext belongs to one manager and one reset generation
     a, b = spec_manager(8, "lru"), spec_manager(8, "lru")

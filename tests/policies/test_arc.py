@@ -6,6 +6,7 @@ import pytest
 
 from kvtier import OffloadingManager
 from kvtier.policies.arc import ARCPolicy
+from kvtier.policies.base import CachePolicy
 
 
 def store(m: OffloadingManager, keys):
@@ -208,12 +209,20 @@ def test_a_ghost_free_touch_is_forgotten_by_a_one_key_insert():
     assert keys[0] in arc._t2.live
 
 
+class OwnHeldARC(ARCPolicy):
+    """ARC that keeps its own held state under the manager (as inside vLLM's manager)."""
+
+    def share_held_state(self, pending, pins) -> bool:
+        return False
+
+
 @pytest.mark.parametrize("batch", [False, True])
 def test_a_block_pinned_then_evicted_is_pending_again_when_stored_again(batch):
     # pending is "held and not pinned since stored": an eviction (one-victim branch or the
     # multi-victim phases) must forget the pin, or the stored-again block would count as
-    # pinned and a touch would move it to T2 before it is readable
-    m = OffloadingManager(2, "arc")
+    # pinned and a touch would move it to T2 before it is readable (ARC's own held state;
+    # shared with the manager, pending is the manager's set: see the test below)
+    m = OffloadingManager(2, OwnHeldARC)
     store(m, [1, 2])
     m.prepare_load([1])
     m.complete_load([1])
@@ -307,3 +316,117 @@ def test_request_finished_promotes_reused_and_refreshes_inserted(covered):
     snap = arc.snapshot()
     assert snap["t1"] == [3, 2]  # 2 and 3 refreshed, 2 most recent
     assert snap["t2"] == [4, 1]  # 4 refreshed, then 1 promoted (keys[0] most recent)
+
+
+# -- held state shared with the manager (CachePolicy.share_held_state) ------------------------
+def _drive(m: OffloadingManager, rng, steps: int) -> list:
+    """A random mix of explicit and request-mode calls, stores and loads left in flight (so
+    walks set blocks aside and requeue them); returns every answer."""
+    answers: list = []
+    pending: list[list] = []
+    pinned: list[list] = []
+    requests: list[int] = []
+    next_key, next_req = 0, 0
+    for _ in range(steps):
+        op = rng.random()
+        ctx = rng.choice(requests) if requests and rng.random() < 0.7 else None
+        if op < 0.35:  # a store: new keys, some known ones, some ghosts
+            keys = [rng.randrange(max(next_key, 1)) for _ in range(rng.randrange(3))]
+            fresh = rng.randrange(1, 6)
+            keys += list(range(next_key, next_key + fresh))
+            next_key += fresh
+            out = m.prepare_store(keys, ctx)
+            answers.append(None if out is None else tuple(map(list, out)))
+            if out is not None and out.keys_to_store:
+                pending.append(list(out.keys_to_store))
+        elif op < 0.5 and pending:
+            keys = pending.pop(rng.randrange(len(pending)))
+            m.complete_store(keys, success=rng.random() < 0.9)
+        elif op < 0.65:  # a load of ready keys
+            ready = [k for k in rng.sample(range(max(next_key, 1)), min(next_key, 6))
+                     if m.ref_count(k) is not None and m.ref_count(k) >= 0]
+            if ready:
+                answers.append(m.prepare_load(ready, ctx))
+                pinned.append(ready)
+        elif op < 0.78 and pinned:
+            m.complete_load(pinned.pop(rng.randrange(len(pinned))))
+        elif op < 0.86:
+            m.touch([rng.randrange(max(next_key, 1)) for _ in range(rng.randrange(1, 10))])
+        elif op < 0.93:
+            m.on_new_request(next_req)
+            requests.append(next_req)
+            next_req += 1
+        elif requests:
+            m.on_request_finished(requests.pop(rng.randrange(len(requests))))
+        answers.append(m.lookup(rng.randrange(max(next_key, 1))))
+    return answers
+
+
+class TouchARC(OwnHeldARC):
+    """ARC with its own held state whose ghost learning is the plain touch."""
+
+    on_store_miss = CachePolicy.on_store_miss  # not overridden: the manager calls touch
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("capacity", [8, 40])
+def test_shared_held_state_behaves_as_arcs_own(seed, capacity):
+    # ARC reading the manager's pending set and pin counts (no per-key set work at insert,
+    # completion and pin), and its on_store_miss, make exactly the moves and choices of ARC
+    # with its own held sets, and of ARC learning ghost hits by touch
+    import random
+
+    shared = OffloadingManager(capacity, "arc")
+    others = [OffloadingManager(capacity, OwnHeldARC), OffloadingManager(capacity, TouchARC)]
+    assert shared.policy._shared and not others[0].policy._shared
+    assert others[1]._req_log.store_miss == others[1].policy.touch
+    rngs = [random.Random(seed) for _ in range(3)]
+    for round_ in range(3):  # reset_cache between rounds: shared again with the new sets
+        answers = _drive(shared, rngs[0], 300)
+        for m, rng in zip(others, rngs[1:]):
+            assert _drive(m, rng, 300) == answers
+            assert m.snapshot() == shared.snapshot()
+            assert m.policy.examined == shared.policy.examined
+        if round_ < 2:
+            for m in [shared, *others]:
+                m.reset_cache()
+            assert shared.policy._held is shared._pending_keys
+            assert shared.policy._pins is shared._pins
+
+
+def test_shared_walks_set_blocks_aside_and_put_them_back():
+    # the runs above meet blocks set aside (held among the oldest) and put back on release
+    import random
+
+    parked = 0
+    for seed in range(12):
+        m = OffloadingManager(8, "arc")
+        _drive(m, random.Random(seed), 300)
+        parked += m.policy._t1.parked + m.policy._t2.parked
+    assert parked > 0
+
+
+def test_share_held_state_is_refused_with_blocks_and_dropped_by_clear():
+    arc = ARCPolicy(4)
+    arc.insert(["a"])
+    assert arc.share_held_state(set(), {}) is False  # its held blocks would be lost
+    arc.clear()
+    pending, pins = {"x"}, {"y": 1}
+    assert arc.share_held_state(pending, pins) is True
+    arc.clear()  # the manager's collections are not cleared, and no longer read
+    assert pending == {"x"} and pins == {"y": 1}
+    assert arc._held is not pending and arc._pins is not pins and not arc._shared
+
+
+def test_the_manager_does_not_tell_a_sharing_policy_of_pins():
+    m = OffloadingManager(4, "arc")
+    store(m, [1, 2])
+    calls = []
+    m.policy.mark_non_evictable = calls.append  # never called when shared
+    m.prepare_load([1])
+    m.prepare_load([1, 2])
+    assert calls == []
+    assert m.policy.count_eligible() == 0  # both pinned: read from the manager's pins
+    m.complete_load([1])
+    m.complete_load([1, 2])
+    assert m.policy.count_eligible() == 2

@@ -91,6 +91,7 @@ from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import kvtier
+from kvtier.checks import unhashable_error
 from kvtier.errors import BlockStateError
 from kvtier.policies import available_policies, get_policy
 from kvtier.types import LookupResult as KVTierLookupResult
@@ -398,6 +399,36 @@ _LOOKUP = {
 }
 _K_HIT, _K_MISS = KVTierLookupResult.HIT, KVTierLookupResult.MISS
 _V_HIT, _V_MISS = LookupResult.HIT, LookupResult.MISS
+_V_HIT_PENDING = LookupResult.HIT_PENDING
+
+
+class _Manager(kvtier.OffloadingManager):
+    """kvtier's manager under :class:`KVTierOffloadingManager`, with one method more:
+    :meth:`vllm_lookup`, its ``lookup`` answering vLLM's ``LookupResult``, which the adapter
+    binds as its own ``lookup`` (one Python frame per lookup instead of two; ~3.6 lookups per
+    request: docs/performance.md, "Request mode, round 6"). The adapter builds it without a
+    tracker or admission (it keeps vLLM's admission itself), so a lookup counts and answers
+    only."""
+
+    def vllm_lookup(self, key: OffloadKey, req_context: Any = None) -> LookupResult:
+        """:meth:`kvtier.OffloadingManager.lookup` (no tracker, no admission) answering
+        vLLM's ``LookupResult``: the same counts, the same answers. O(1).
+
+        Raises:
+            TypeError: ``key`` is not hashable.
+        """
+        try:
+            stored = key in self._slot_of
+        except TypeError:
+            raise unhashable_error((key,), "lookup") from None
+        if not stored:
+            self._misses += 1
+            return _V_MISS
+        if key in self._pending_keys:
+            self._pending_hits += 1
+            return _V_HIT_PENDING
+        self._hits += 1
+        return _V_HIT
 
 # a dtype instance, not the type np.int32: np.fromiter skips the type -> dtype conversion
 # (-150 instructions per spec, callgrind; docs/performance.md, "Request mode, round 5
@@ -521,7 +552,8 @@ class KVTierOffloadingManager(OffloadingManager):
         _check_int("store_threshold", store_threshold, 0)
         _check_int("max_tracker_size", max_tracker_size, 1)
         self.medium: Medium = Medium.CPU
-        self.manager = kvtier.OffloadingManager(num_blocks, policy, enable_events=enable_events)
+        self.manager: kvtier.OffloadingManager = _Manager(num_blocks, policy,
+                                                          enable_events=enable_events)
         self.num_blocks = num_blocks
         self.policy_name = policy
         self.store_threshold = store_threshold
@@ -539,6 +571,17 @@ class KVTierOffloadingManager(OffloadingManager):
         self._epoch = object()
         # bound once: the per-call paths below use them
         self._lookup = self.manager.lookup
+        # vLLM's lookup is kvtier's, answering vLLM's LookupResult (see _Manager): one frame
+        # per lookup, not two
+        if self.manager._tracker is None and self.manager.admission is None:
+            self.lookup = self.manager.vllm_lookup
+        # kvtier's complete_load / complete_store take vLLM's arguments as they are (keys as
+        # a list, tuple or other collection; the ReqContext unused; success a bool):
+        # bound here, a Python frame less per call (docs/performance.md, "Request mode,
+        # round 6"); complete_store only without events (a failed store's removal event)
+        self.complete_load = self.manager.complete_load
+        if not enable_events:
+            self.complete_store = self.manager.complete_store
 
     # -- per-request state -------------------------------------------------------------------
     # The per-request paths read the ReqContext's handle inline (directly from its state dict

@@ -37,10 +37,16 @@ class ARCPolicy(CachePolicy):
     order's ``live`` or ``aside``, and resident exactly when it is in one of the two) sharing
     one held set ``_held`` (the pending and pinned keys of both lists), ``_pinned`` (the
     resident keys pinned at least once since they were stored: a block is pending exactly
-    when it is held and not in it), the ghost lists ``_b1`` / ``_b2`` (keys, least recent
+    when it is held and not in it), ``_pins`` (empty: see below), the ghost lists ``_b1`` / ``_b2`` (keys, least recent
     first), and ``target`` (adaptive target size of T1, in blocks, within
     ``[0, capacity]``). O(1) per key; :meth:`evict` is O(k + protected keys skipped)
     amortized.
+
+    Under kvtier's manager (:meth:`share_held_state`) ARC keeps no held keys of its own:
+    ``_held`` (and both orders' ``held``) is the manager's set of pending keys, ``_pins`` (and
+    both orders' ``pins``) its dict of pin counts, and ``_pinned`` stays empty (a block is
+    pending exactly when it is in ``_held``). A block is held when it is in ``_held`` or in
+    ``_pins`` in both modes.
     """
 
     name = "arc"
@@ -62,6 +68,11 @@ class ARCPolicy(CachePolicy):
         # paths"); so the orders' own __len__ does not count a list's evictable blocks, and
         # count_eligible is ARC's own
         self._held = self._t2.held = self._t1.held
+        self._pins = self._t2.pins = self._t1.pins  # empty unless shared
+        # held keys read from the manager's own collections (share_held_state): insert,
+        # mark_evictable and mark_non_evictable do no per-key set work (docs/performance.md,
+        # "Request mode, round 6")
+        self._shared = False
         self._target = 0.0
         # floor(target) as an int, kept beside it: _evict compares ints, no int/float compare
         # and no math.floor call (one-key store + complete 21,191 -> 20,801 instructions,
@@ -92,6 +103,27 @@ class ARCPolicy(CachePolicy):
         """|T2| in blocks: resident blocks seen at least twice."""
         return len(self._t2.live) + len(self._t2.aside)
 
+    # -- shared held state (CachePolicy.share_held_state) ---------------------------------
+    def share_held_state(self, pending: set[Key], pins: dict[Key, int]) -> bool:
+        """Read held blocks from the manager's ``pending`` set and ``pins`` dict from now on
+        (until :meth:`clear`); refused (``False``) while ARC holds any block, whose held state
+        would be lost."""
+        if self._t1.live or self._t1.aside or self._t2.live or self._t2.aside:
+            return False
+        t1, t2 = self._t1, self._t2
+        self._held = t1.held = t2.held = pending
+        self._pins = t1.pins = t2.pins = pins
+        self._pinned.clear()
+        self._shared = True
+        return True
+
+    def _unshare(self) -> None:
+        """Own held state again (empty): the manager's collections are dropped."""
+        t1, t2 = self._t1, self._t2
+        self._held = t1.held = t2.held = set()
+        self._pins = t1.pins = t2.pins = {}
+        self._shared = False
+
     # -- state changes -------------------------------------------------------------------
     def insert(self, keys: Sequence[Key]) -> None:
         if len(keys) == 1:
@@ -101,11 +133,12 @@ class ARCPolicy(CachePolicy):
                 # instructions, docs/performance.md, "ARC hot paths")
                 self._no_ghosts = None  # valid until the next insert (see touch)
                 self._t1.live[key] = None
-                self._held.add(key)
+                if not self._shared:  # shared: the manager's pending set has it already
+                    self._held.add(key)
                 return
         no_ghosts, self._no_ghosts = self._no_ghosts, None
         try:
-            same = no_ghosts is not None and keys == no_ghosts
+            same = no_ghosts is not None and (keys is no_ghosts or keys == no_ghosts)
         except Exception:  # a key's == answered an array (np.float64(2.0) == (1, 2)) or
             same = False  # raised (np.True_ == 2**70): other keys
         if same:
@@ -116,7 +149,8 @@ class ARCPolicy(CachePolicy):
             t1_live = self._t1.live
             for key in reversed(keys):  # keys[0] ends most recent
                 t1_live[key] = None
-            self._held.update(keys)
+            if not self._shared:
+                self._held.update(keys)
             return
         # one loop for ghost hits and order: cheaper than C-level set operations for the few
         # keys of a store call (docs/performance.md, "Contract refactor")
@@ -127,7 +161,8 @@ class ARCPolicy(CachePolicy):
             # hot paths", third round)
             for key in reversed(keys):  # keys[0] ends most recent
                 t1_live[key] = None
-            self._held.update(keys)
+            if not self._shared:
+                self._held.update(keys)
             return
         t2_live = self._t2.live
         for key in reversed(keys):  # keys[0] ends most recent
@@ -141,7 +176,8 @@ class ARCPolicy(CachePolicy):
                 t1_live[key] = None
         # held (pending): one C-level set update (a set.add per key cost 6x the instructions
         # of the old insert, docs/performance.md)
-        self._held.update(keys)
+        if not self._shared:
+            self._held.update(keys)
 
     def remove(self, keys: Sequence[Key]) -> None:
         t1, t2 = self._t1, self._t2
@@ -154,6 +190,12 @@ class ARCPolicy(CachePolicy):
             self._pinned.difference_update(keys)
 
     def mark_evictable(self, keys: Sequence[Key]) -> None:
+        if self._shared:  # the manager took the keys out of its pending set or pins
+            if self._t1.aside:
+                self._t1.requeue(keys)
+            if self._t2.aside:
+                self._t2.requeue(keys)
+            return
         if self._t1.aside or self._t2.aside:  # blocks set aside by a walk go back in place
             # the shared held set once, then each list with blocks aside (was release on
             # both: two held-set passes and two frames; vLLM spec policy log:
@@ -179,6 +221,8 @@ class ARCPolicy(CachePolicy):
         # pinned, so ready: not pending (see touch). One key by add, not update (a
         # METH_VARARGS call that iterates a list: one-key load + release 10,187 -> 9,026,
         # docs/performance.md, "ARC hot paths", fourth round)
+        if self._shared:  # the manager's pins say it (it does not call this hook then)
+            return
         if len(keys) == 1:
             key = keys[0]
             self._pinned.add(key)
@@ -230,8 +274,9 @@ class ARCPolicy(CachePolicy):
             elif aside and key in t1_aside:
                 if key in held and key not in pinned:  # pending: refreshed within T1
                     t1.use(key)
-                else:  # seen again
-                    t2.append(key, t1.discard(key))
+                else:  # seen again: to T2, held or not (one held set for both lists;
+                    del t1_aside[key]  # its heap entry, if any, is now stale)
+                    t2_live[key] = None
             # ghost hits adapt the target (conditional expressions, not min/max: builtin
             # calls that parse keyword arguments each time, docs/performance.md)
             elif key in b1:  # T1 was too small: target += max(1, |B2| / |B1|), <= capacity
@@ -248,6 +293,20 @@ class ARCPolicy(CachePolicy):
                 self._target = target
                 self._floor = int(target)  # target >= 0: int() is floor
                 b2.move_to_end(key)
+
+    def on_store_miss(self, keys: Sequence[Key]) -> None:
+        # none resident (the hook's contract): touch's residency passes skipped, only ghost
+        # hits do anything (docs/performance.md, "Request mode, round 6")
+        b1, b2 = self._b1, self._b2
+        hits = b1.keys() & keys if b1 else set()
+        if b2:
+            hits |= b2.keys() & keys
+        if not hits:
+            # for the insert that usually follows, not copied: the manager's own new-key list,
+            # unchanged until that insert
+            self._no_ghosts = keys
+            return
+        self.touch(list(filter(hits.__contains__, keys)))  # the ghost hits alone
 
     # -- request mode (issue #11 section 2) --------------------------------------------------
     def on_request_finished(
@@ -295,8 +354,9 @@ class ARCPolicy(CachePolicy):
                 if key in t2_aside:
                     t2.use(key)
                 elif key in t1_aside:
-                    if key in reused:
-                        t2.append(key, t1.discard(key))
+                    if key in reused:  # to T2, held or not (one held set for both lists)
+                        del t1_aside[key]
+                        t2_live[key] = None
                     else:
                         t1.use(key)
 
@@ -322,7 +382,7 @@ class ARCPolicy(CachePolicy):
             live, held = order.live, self._held
             while live:  # the oldest, setting held blocks met aside
                 key = live.popitem(False)[0]
-                if key not in held:
+                if key not in held and key not in self._pins:
                     if self._pinned:  # a victim leaves the pinned keys (empty until a load)
                         self._pinned.discard(key)
                     ghost[key] = None
@@ -353,7 +413,8 @@ class ARCPolicy(CachePolicy):
                 # new local would cost the one-victim path above ~8 instructions a call
                 # (one-key store + complete, docs/performance.md, "Request mode, round 5")
                 first = list(islice(live, n))
-                if len(first) == n and self._held.isdisjoint(first):
+                if (len(first) == n and self._held.isdisjoint(first)
+                        and (not self._pins or self._pins.keys().isdisjoint(first))):
                     if len(ghost) >= self.capacity >= n:
                         # a full ghost list drops its oldest entry per victim: the same as
                         # adding them all and trimming (no victim is a ghost: a resident key
@@ -413,14 +474,16 @@ class ARCPolicy(CachePolicy):
     def count_eligible(self, protected: Collection[Key] = ()) -> int:
         # the orders share one held set, so their own __len__ does not count a list's
         # evictable blocks: resident minus held, less the evictable protected keys
-        t1, t2, held = self._t1, self._t2, self._held
+        t1, t2, held, pins = self._t1, self._t2, self._held, self._pins
         # the sizes read here, not by LogicalOrder.size: two frames less per evict call
-        # (vLLM spec replay, docs/performance.md, "Request mode, round 5")
-        eligible = len(t1.live) + len(t1.aside) + len(t2.live) + len(t2.aside) - len(held)
+        # (vLLM spec replay, docs/performance.md, "Request mode, round 5"); held and pins are
+        # disjoint (a pending block cannot be pinned)
+        eligible = (len(t1.live) + len(t1.aside) + len(t2.live) + len(t2.aside)
+                    - len(held) - len(pins))
         if not protected:
             return eligible
         for key in protected:
-            if key not in held and (t1.has(key) or t2.has(key)):
+            if key not in held and key not in pins and (t1.has(key) or t2.has(key)):
                 eligible -= 1
         return eligible
 
@@ -431,7 +494,7 @@ class ARCPolicy(CachePolicy):
             "t2_all": set(t2.live) | set(t2.aside),
             "t1": t1.keys(),
             "t2": t2.keys(),
-            "held": set(held),
+            "held": set(held) | set(self._pins),
             "b1": list(self._b1),
             "b2": list(self._b2),
             "pending": {key for key in held if key not in pinned},
@@ -439,6 +502,8 @@ class ARCPolicy(CachePolicy):
         }
 
     def clear(self) -> None:
+        if self._shared:  # the manager's collections are left alone (it shares new ones)
+            self._unshare()
         for part in (self._pinned, self._t1, self._t2, self._b1, self._b2):
             part.clear()
         self._target = 0.0

@@ -5,7 +5,7 @@ A policy orders **keys** and picks victims; nothing else. The
 events and statistics, and tells the policy about every state change of a block through the
 hooks below, so a policy never scans the cache to find out what may be evicted.
 
-The hooks (vLLM 0.33's ``CachePolicy`` names where it has one; 9 in all)::
+The hooks (vLLM 0.33's ``CachePolicy`` names where it has one; 10 in all)::
 
     insert(keys)              new blocks, store in flight: resident, NOT evictable; stored is
                               a use: they take their place in the order
@@ -16,6 +16,9 @@ The hooks (vLLM 0.33's ``CachePolicy`` names where it has one; 9 in all)::
                               no ghost entry, the block was never readable
     touch(keys)               a use; keys may be absent (ghost lists may learn from them),
                               pending or pinned
+    on_store_miss(keys)       request mode's ghost learning: a use of a ``prepare_store``'s
+                              new keys (distinct, none resident) before its eviction and
+                              ``insert``. Default: ``touch(keys)``
     on_store(keys)            after each successful ``prepare_store``, its full key list
     on_request_finished(keys, inserted, reused)
                               request mode (the manager's ``on_request_finished``): the one
@@ -40,6 +43,22 @@ touched, used by a finished request); pins, their release and completed stores n
 it. Pinned and pending blocks therefore stay in the order: see
 :class:`~kvtier.policies.order.LogicalOrder` for how eviction passes over them at O(1)
 amortized each.
+
+**Shared held state (opt-in).** A policy keeps its own record of which blocks are held
+(pending or pinned) from ``insert``, ``mark_evictable`` and ``mark_non_evictable``, while the
+manager keeps the same facts in its own collections. The manager offers them once, after it
+builds them (construction, ``reset_cache``): :meth:`CachePolicy.share_held_state` ``(pending,
+pins)``. A policy that answers ``True`` reads held blocks there instead of keeping a copy, and
+the manager then keeps them current *before* every hook it calls: ``pending`` (a set: the keys
+whose store is in flight; a key is in it when ``insert`` is called and out of it when
+``mark_evictable`` or ``remove`` is called for that store) and ``pins`` (a dict: pinned key ->
+pin count, pinned keys only; out of it when ``mark_evictable`` is called for the last pin).
+The two are disjoint. The manager still calls every hook but ``mark_non_evictable`` (a pin
+changes nothing a sharing policy keeps); ``mark_evictable`` still comes at every completed
+store and last released pin (a policy may have set the blocks aside). The policy never
+changes the two collections, and drops them at :meth:`CachePolicy.clear` (the manager shares
+new ones). Default: ``False``, the policy keeps its own (and a policy used without a manager,
+e.g. inside vLLM's own manager, always does).
 
 **One eviction shape.** :meth:`CachePolicy.evict` belongs to this base class: it counts the
 eligible blocks (evictable and not protected, O(|protected|)) and returns ``None``, with
@@ -146,6 +165,15 @@ class CachePolicy(ABC):
         self.examined = 0
 
     # -- hooks the manager calls ------------------------------------------------------------
+    def share_held_state(self, pending: set[Key], pins: dict[Key, int]) -> bool:
+        """Offer the manager's own record of held blocks (see "Shared held state" in the
+        module docstring): ``pending`` the keys whose store is in flight, ``pins`` pinned key
+        -> pin count. Return ``True`` to read them from now on (until :meth:`clear`): the
+        manager then keeps them current before every hook and no longer calls
+        :meth:`mark_non_evictable`. The policy must not change them. Default: ``False`` (the
+        policy keeps its own from the hooks)."""
+        return False
+
     def insert(self, keys: Sequence[Key]) -> None:  # noqa: B027 - optional hook
         """New blocks, not resident before; their stores are in flight (not evictable). A
         store is a use: they take their place in the order, ``keys[0]`` the most recent.
@@ -169,6 +197,15 @@ class CachePolicy(ABC):
         """A use of ``keys`` (``keys[0]`` ends most recent). Absent keys are allowed and
         ignored unless the policy learns from them; pending and pinned blocks may be touched.
         Default: nothing (an order that ignores uses, e.g. FIFO)."""
+
+    def on_store_miss(self, keys: Sequence[Key]) -> None:
+        """Request mode's ghost learning (vLLM 0.33's ``on_store_miss``): a use of ``keys``,
+        distinct and none of them resident (the new keys of a ``prepare_store`` that will
+        succeed, before its eviction and ``insert``). ``keys`` is the manager's own list,
+        unchanged until that ``insert`` (a policy may keep it until then). Default:
+        ``self.touch(keys)``; a policy that can skip its residency tests for such keys (ARC)
+        overrides it."""
+        self.touch(keys)
 
     def on_store(self, keys: Sequence[Key]) -> None:  # noqa: B027 - optional hook
         """After each successful ``prepare_store``, with the call's full key list in the

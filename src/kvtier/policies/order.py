@@ -23,8 +23,13 @@ examines the victims, the protected keys it passes, the held blocks it sets asid
 per hold) and stale heap entries (each paid for by the call that made it stale): O(k +
 protected) amortized, whatever share of the blocks is held.
 
-Policies read the fields directly in their hot loops (``live``, ``held``, ``aside``); all of
-them together are the order's state. Not thread-safe (a policy is driven by one manager).
+Policies read the fields directly in their hot loops (``live``, ``held``, ``pins``, ``aside``);
+all of them together are the order's state. Not thread-safe (a policy is driven by one
+manager).
+
+A member is held when it is in ``held`` or in ``pins``: ``pins`` is an empty dict the order never writes, unless the policy gives it a
+collection of its owner's (ARC under kvtier's manager reads the manager's pending set as
+``held`` and its pin counts as ``pins``: :meth:`kvtier.policies.CachePolicy.share_held_state`).
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class LogicalOrder:
     Attributes:
         live: members in order, oldest first, except those set aside.
         held: members that are not evictable (pending or pinned).
+        pins: more held members, read only (empty unless the policy shares its owner's pin
+            counts here; see the module docstring).
         aside: held members an eviction met at the old end -> sequence number (see the module
             docstring); a member aside that is released stays aside until it leaves or is used.
         heap: ``(sequence number, key)`` of released members aside (lazy, may hold stale
@@ -56,11 +63,12 @@ class LogicalOrder:
         parked: running count of blocks set aside (for :attr:`CachePolicy.examined`).
     """
 
-    __slots__ = ("live", "held", "aside", "heap", "parked", "_next")
+    __slots__ = ("live", "held", "pins", "aside", "heap", "parked", "_next")
 
     def __init__(self) -> None:
         self.live: OrderedDict[Key, None] = OrderedDict()
         self.held: set[Key] = set()
+        self.pins: dict[Key, int] = {}
         self.aside: dict[Key, int] = {}
         self.heap: list[tuple[int, Key]] = []
         self.parked = 0
@@ -69,11 +77,12 @@ class LogicalOrder:
     # -- queries --------------------------------------------------------------------------
     def __len__(self) -> int:
         """Evictable members."""
-        return len(self.live) + len(self.aside) - len(self.held)
+        return len(self.live) + len(self.aside) - len(self.held) - len(self.pins)
 
     def __contains__(self, key: object) -> bool:
         """Whether ``key`` is an evictable member."""
-        return (key in self.live or key in self.aside) and key not in self.held
+        return ((key in self.live or key in self.aside) and key not in self.held
+                and key not in self.pins)
 
     def has(self, key: Key) -> bool:
         """Whether ``key`` is a member (evictable or held)."""
@@ -94,7 +103,7 @@ class LogicalOrder:
     def snapshot(self) -> tuple[list[Key], frozenset[Key]]:
         """The members in order and the held ones: equal exactly when the order would
         behave the same (whether a block is aside or not changes nothing)."""
-        return self.keys(), frozenset(self.held)
+        return self.keys(), frozenset(self.held).union(self.pins)
 
     # -- changes --------------------------------------------------------------------------
     def append(self, key: Key, held: bool = False) -> None:
@@ -175,9 +184,14 @@ class LogicalOrder:
                 if number is not None:
                     heappush(heap, (number, key))
         if len(heap) > 2 * len(aside) + _COMPACT_SLACK:
-            held = self.held
-            self.heap = [(n, k) for k, n in aside.items() if k not in held]
-            heapify(self.heap)
+            self._compact()
+
+    def _compact(self) -> None:
+        # its own method: the comprehension's cells are not paid by every requeue (_CELLS,
+        # kvtier/manager.py)
+        held, pins = self.held, self.pins
+        self.heap = [(n, k) for k, n in self.aside.items() if k not in held and k not in pins]
+        heapify(self.heap)
 
     def clear(self) -> None:
         self.live.clear()
@@ -198,17 +212,18 @@ class LogicalOrder:
         first; return ``(key, number)`` (``number`` is None when it came from ``live``, for
         :meth:`restore_front`), or None when no member is evictable."""
         heap = self.heap
+        pins = self.pins
         if heap:
             aside, held = self.aside, self.held
             while heap:
                 number, key = heappop(heap)
-                if aside.get(key) == number and key not in held:
+                if aside.get(key) == number and key not in held and key not in pins:
                     del aside[key]
                     return key, number
         live, held = self.live, self.held
         while live:
             key = live.popitem(False)[0]
-            if key in held:
+            if key in held or key in pins:
                 self._set_aside(key)
             else:
                 return key, None
@@ -233,7 +248,7 @@ class LogicalOrder:
         examined = 0
         if n <= 0:
             return victims, examined
-        heap = self.heap
+        heap, pins = self.heap, self.pins
         if heap:
             aside, held = self.aside, self.held
             passed = []  # protected entries, pushed back below
@@ -241,7 +256,7 @@ class LogicalOrder:
                 entry = heappop(heap)
                 examined += 1
                 key = entry[1]
-                if aside.get(key) != entry[0] or key in held:
+                if aside.get(key) != entry[0] or key in held or key in pins:
                     continue  # stale
                 if key in protected:
                     passed.append(entry)
@@ -258,7 +273,8 @@ class LogicalOrder:
             # per victim cost +12 % instructions per replayed block, docs/performance.md)
             want = n - len(victims)
             chosen = list(islice(live, want))  # fewer when live is short: all of it
-            if not held or held.isdisjoint(chosen):
+            if ((not held or held.isdisjoint(chosen))
+                    and (not pins or pins.keys().isdisjoint(chosen))):
                 for key in chosen:
                     del live[key]
                 if victims:
@@ -269,7 +285,7 @@ class LogicalOrder:
             while live and len(victims) < n:
                 key = live.popitem(False)[0]
                 examined += 1
-                if key in held:
+                if key in held or key in pins:
                     self._set_aside(key)
                 else:
                     victims.append(key)
@@ -279,7 +295,7 @@ class LogicalOrder:
         found = 0
         for key in live:  # select, then commit (no change while iterating)
             met.append(key)
-            if key not in held and key not in protected:
+            if key not in held and key not in pins and key not in protected:
                 found += 1
                 if found == want:
                     break
@@ -290,7 +306,7 @@ class LogicalOrder:
         chosen: list[Key] = []
         for key in met:
             del live[key]
-            if key in held:
+            if key in held or key in pins:
                 self._set_aside(key)
             elif key in protected:
                 self._set_aside(key)
