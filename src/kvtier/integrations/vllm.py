@@ -430,6 +430,7 @@ class _Manager(kvtier.OffloadingManager):
         self._hits += 1
         return _V_HIT
 
+
 # a dtype instance, not the type np.int32: np.fromiter skips the type -> dtype conversion
 # (-150 instructions per spec, callgrind; docs/performance.md, "Request mode, round 5
 # (manager and adapter)")
