@@ -697,9 +697,12 @@ class _EagerFlight(DuelingAdmission):
 def test_the_last_store_call_held_aside_equals_the_eager_fifo(blocks, calls):
     # admit keeps its last answer in a slot until the next record or admit (no tuple, no
     # deque append and clear when nothing is pending): the same answers, in-flight depth and
-    # snapshot (FIFO included) as pushing every answer at once; 0-2 store calls a lookup
+    # snapshot (FIFO included) as pushing every answer at once; 0-2 store calls a lookup.
+    # At most `blocks` blocks are pending in a tier of `blocks` (the manager passes
+    # len(pending keys)); admit's drop of completed calls relies on it
     lazy, eager = DuelingAdmission(blocks), _EagerFlight(blocks)
     for keys, pending, stores, room in calls:
+        pending = min(pending, blocks)
         for a in (lazy, eager):
             a.record(keys, 0, pending)
         for i in range(stores):
