@@ -334,6 +334,19 @@ def test_store_threshold_tracker_is_bounded_lru():
     assert len(m.snapshot()["tracker"]) == 2
 
 
+def test_store_threshold_tracker_smaller_than_a_request_keeps_the_head():
+    """Found by a newcomer session: with max_tracker_size below a request's length, each
+    lookup_prefix counted the keys head first and the trim then dropped the request's own
+    head, so only the tail reached the threshold and was stored, where no prefix lookup
+    reaches it. A call longer than the tracker is counted tail first: the head is kept."""
+    keys = list(range(8))
+    m = OffloadingManager(16, store_threshold=2, max_tracker_size=4)
+    m.lookup_prefix(keys)
+    m.lookup_prefix(keys)
+    assert [key for key, _ in m.snapshot()["tracker"]] == [3, 2, 1, 0]
+    assert m.prepare_store(keys).keys_to_store == [0, 1, 2, 3]
+
+
 def test_stats_counters():
     m = OffloadingManager(2)
     store(m, ["a"])

@@ -41,12 +41,21 @@ class AdmissionTracker:
     def record(self, keys: Sequence[Hashable]) -> None:
         """Count one lookup of each of ``keys``. O(len(keys)).
 
+        Keys are counted in the call's order, so its last key ends most recent; a call that
+        names more keys than the tracker holds is counted tail first instead, so the trim
+        keeps its head (the blocks a prefix lookup reaches first), not its tail.
+
         Raises:
             TypeError: a key is not hashable (nothing is counted).
         """
         for key in keys:
             hash(key)  # validate every key before counting any
         counts = self._counts
+        if len(keys) > self.max_size:
+            # counted head first, the trim below would drop the call's own head and keep
+            # only its tail, which a prefix lookup never reaches (rare: the default tracker
+            # holds 64,000 keys)
+            keys = keys[::-1]
         for key in keys:
             counts[key] = counts.pop(key, 0) + 1
         while len(counts) > self.max_size:
