@@ -406,70 +406,7 @@ class DuelingAdmission:
                 self._flight_blocks = 0
         if first is None:
             return
-        if sampled is not None or self._inflight or not self._lru_minis:
-            self._duel([first] if sampled is None else sampled)
-            return
-        # one sampled key, LRU shadows, nothing in flight (most sampled lookups at LRU
-        # 16,000 blocks): the steps of _duel's general path and _LRUMini.access's for one
-        # key, spelled out here (tested equal; without _duel's frame: call log 740 -> 732,
-        # docs/policies.md "Cost"); a hit moves the key to the most recent end, a stored
-        # key takes the least recent one's place
-        h = first
-        sa = self._mini_a.keys
-        sb = self._mini_b.keys
-        in_a = h in sa
-        in_b = h in sb
-        if in_a and in_b:  # (a shared head: no store, no disagreement)
-            sa.move_to_end(h)
-            sb.move_to_end(h)
-            self._sseen.add(h)
-            self.sampled_refs += 1
-            self.shadow_hits_all += 1
-            self.shadow_hits_second += 1
-            k1 = self._keep1
-            self.psel *= k1
-            self._s2 *= self._keep1sq
-            self._ha = self._ha * k1 + 1
-            if self.selective:
-                self._decide()
-            return
-        self.sampled_refs += 1
-        sseen = self._sseen
-        if len(sseen) >= self.sample_window:
-            self._sseen_old = sseen
-            self._sseen = sseen = set()
-        cap = self.shadow_capacity
-        if in_a:
-            self.shadow_hits_all += 1
-            sa.move_to_end(h)
-        else:
-            if len(sa) >= cap:
-                sa.popitem(False)
-            sa[h] = None
-        if in_b:
-            self.shadow_hits_second += 1
-            sb.move_to_end(h)
-        elif self._filling or h in sseen or h in self._sseen_old:
-            # (seen before, or the fill: every miss is stored then; whether it was seen
-            # only where second sight missed: call log 791 -> 789)
-            if len(sb) >= cap:
-                sb.popitem(False)
-            sb[h] = None
-            if self._settle:
-                self._settling(1)
-        sseen.add(h)
-        if self._filling and len(sb) >= cap:
-            self._end_fill()
-        # _weigh(in_b - in_a, in_a, _keep1) inlined (no frame: call log 754 -> 744)
-        d = in_b - in_a
-        k1 = self._keep1
-        self.psel = psel = self.psel * k1 + d
-        self._s2 = s2 = self._s2 * k1 * k1 + d * d
-        self._ha = ha = self._ha * k1 + in_a
-        if ha < 1 or self._filling or not self._warm:
-            self._decide()
-        elif psel < 0.0 if self.selective else psel > 0.0:
-            self._test_switch(psel, s2)
+        self._duel([first] if sampled is None else sampled)
 
     def _apply_log(self) -> None:
         """Add the logged lookups to the doorkeeper, as :meth:`record` would have at each
@@ -546,7 +483,10 @@ class DuelingAdmission:
                 # the usual sampled lookup (a shared head, one sampled key) that hits in both
                 # shadows: the steps of the general path below, inlined (LRU 16,000
                 # blocks: this path is about half of all sampled lookups)
-                if self._arc_minis:  # (LRU shadows: in record)
+                if self._lru_minis:
+                    sa.move_to_end(h)
+                    sb.move_to_end(h)
+                elif self._arc_minis:
                     ma.hit1(h)
                     mb.hit1(h)
                 elif ma.touch is not None:
@@ -562,6 +502,49 @@ class DuelingAdmission:
                 self._ha = self._ha * keep + 1
                 if self.selective:
                     self._decide()
+                return
+            if self._lru_minis:
+                # one sampled key, LRU shadows, nothing in flight (most sampled lookups at LRU
+                # 16,000 blocks): the general path's steps below and _LRUMini.access's for
+                # one key, inlined (tested equal); a hit moves the key to the most recent
+                # end, a stored key takes the least recent one's place
+                self.sampled_refs += 1
+                sseen = self._sseen
+                if len(sseen) >= self.sample_window:
+                    self._sseen_old = sseen
+                    self._sseen = sseen = set()
+                cap = self.shadow_capacity
+                if in_a:
+                    self.shadow_hits_all += 1
+                    sa.move_to_end(h)
+                else:
+                    if len(sa) >= cap:
+                        sa.popitem(False)
+                    sa[h] = None
+                if in_b:
+                    self.shadow_hits_second += 1
+                    sb.move_to_end(h)
+                elif self._filling or h in sseen or h in self._sseen_old:
+                    # (seen before, or the fill: every miss is stored then; whether it was seen
+                    # only where second sight missed: call log 791 -> 789)
+                    if len(sb) >= cap:
+                        sb.popitem(False)
+                    sb[h] = None
+                    if self._settle:
+                        self._settling(1)
+                sseen.add(h)
+                if self._filling and len(sb) >= cap:
+                    self._end_fill()
+                # _weigh(in_b - in_a, in_a, _keep1) inlined (no frame: call log 754 -> 744)
+                d = in_b - in_a
+                k1 = self._keep1
+                self.psel = psel = self.psel * k1 + d
+                self._s2 = s2 = self._s2 * k1 * k1 + d * d
+                self._ha = ha = self._ha * k1 + in_a
+                if ha < 1 or self._filling or not self._warm:
+                    self._decide()
+                elif psel < 0.0 if self.selective else psel > 0.0:
+                    self._test_switch(psel, s2)
                 return
             if self._arc_minis:
                 # the same one-key path with ARC shadows (_ARCMini's one-key steps, tested
