@@ -522,6 +522,17 @@ class _LRUByHooks(LRUPolicy):
     (the policy's hooks) and the general path, not the inlined LRU steps."""
 
 
+def _assert_same_lru_duel(inline, generic):
+    """The duel's state of an admission with inlined LRU shadows equals the one running
+    LRU through the general path (_LRUByHooks)."""
+    for name in ("psel", "_s2", "_ha", "selective", "switches", "sampled_refs",
+                 "shadow_hits_all", "shadow_hits_second", "_filling", "_settle"):
+        assert getattr(inline, name) == getattr(generic, name), name
+    assert list(inline._mini_a.keys) == list(generic._mini_a.policy.snapshot()["order"])
+    assert list(inline._mini_b.keys) == list(generic._mini_b.policy.snapshot()["order"])
+    assert inline._sseen == generic._sseen and inline._sseen_old == generic._sseen_old
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.integers(4, 40), st.booleans(),
        st.lists(st.tuples(st.lists(st.integers(0, 60), min_size=1, max_size=4),
@@ -538,12 +549,7 @@ def test_inlined_one_key_lru_duel_equals_the_general_path(blocks, inflight, call
         for a in (inline, generic):
             a.record(keys, 0, pending)
         assert inline.admit(keys, blocks) == generic.admit(keys, blocks)
-        for name in ("psel", "_s2", "_ha", "selective", "switches", "sampled_refs",
-                     "shadow_hits_all", "shadow_hits_second", "_filling", "_settle"):
-            assert getattr(inline, name) == getattr(generic, name), name
-        assert list(inline._mini_a.keys) == list(generic._mini_a.policy.snapshot()["order"])
-        assert list(inline._mini_b.keys) == list(generic._mini_b.policy.snapshot()["order"])
-        assert inline._sseen == generic._sseen and inline._sseen_old == generic._sseen_old
+        _assert_same_lru_duel(inline, generic)
 
 
 def test_a_key_repeated_in_one_lookup_while_stores_are_in_flight():
@@ -779,9 +785,4 @@ def test_inlined_lru_duel_with_repeated_keys_equals_the_general_path(blocks, inf
         for a in (inline, generic):
             a.record(keys, 0, pending)
         assert inline.admit(keys, blocks) == generic.admit(keys, blocks)
-        for name in ("psel", "_s2", "_ha", "selective", "switches", "sampled_refs",
-                     "shadow_hits_all", "shadow_hits_second", "_filling", "_settle"):
-            assert getattr(inline, name) == getattr(generic, name), name
-        assert list(inline._mini_a.keys) == list(generic._mini_a.policy.snapshot()["order"])
-        assert list(inline._mini_b.keys) == list(generic._mini_b.policy.snapshot()["order"])
-        assert inline._sseen == generic._sseen and inline._sseen_old == generic._sseen_old
+        _assert_same_lru_duel(inline, generic)
