@@ -34,7 +34,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from kvtier.manager import OffloadingManager
 from kvtier.replay import parse_capacity
-from kvtier.tiers.base import BlockTier, Key, TierStats
+from kvtier.tiers.base import BlockTier, Key, TierStats, plan_write
 from kvtier.tiers.stack import DEMOTION_MODES, TierStack
 
 __all__ = ["SimTier", "TierResult", "TierSpec", "TiersReplayResult", "parse_tiers",
@@ -161,17 +161,12 @@ class SimTier(BlockTier):
         m = self.manager
         st = self._stats
         first = list(dict.fromkeys(keys))
-        new = [k for k in first if k not in m]
-        present = [k for k in first if k in m]  # protected by naming them, as on the disk
-        st.writes_skipped += len(keys) - len(new)
-        ms = m.stats()
-        room = ms.free + ms.evictable - sum(1 for k in present if m.ref_count(k) == 0)
-        if len(new) > room:
-            st.writes_skipped += len(new) - room
-            new = new[:room]
+        # stored keys protected by naming them, as on the disk (kvtier.tiers.base.plan_write)
+        new, offer, _ = plan_write(m, first)
+        st.writes_skipped += len(keys) - len(new)  # stored, named twice, or no room
         if not new:
             return 0
-        out = m.prepare_store(new + present)
+        out = m.prepare_store(offer)
         if out is None:  # cannot happen with every block evictable; counted if it does
             st.writes_skipped += len(new)
             return 0

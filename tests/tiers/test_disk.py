@@ -648,3 +648,30 @@ def test_a_block_that_is_not_bytes_like_is_named(tmp_path):
                                                 "not a bytes-like object"):
                 t.write([1, 2], [blk(1), bad])
         assert t.flush(5) and len(t) == 0 and t.stats().writes == 0
+
+
+def test_a_write_offers_its_keys_in_the_call_order(tmp_path, monkeypatch):
+    """Found in the session's review: a write named its new keys, then its stored ones, in
+    prepare_store (new + present), so a policy's on_store hook (the prefix-aware policies
+    learn parent links from it) saw [1, 3, 2] for write([1, 2, 3]) with 2 stored. The offer
+    is now the call's order, on the disk and in the simulation (kvtier.tiers.base.plan_write)."""
+    from kvtier.tiersim import SimTier
+
+    with DiskTier(tmp_path, 4, BB, policy="lru") as disk:
+        sim = SimTier("sim", 4, block_bytes=BB)
+        for tier in (disk, sim):
+            offers = []
+            real = tier.manager.prepare_store
+            monkeypatch.setattr(tier.manager, "prepare_store",
+                                lambda keys, *a, _real=real, **kw: offers.append(list(keys))
+                                or _real(keys, *a, **kw))
+            tier.write([2], [blk(2)])
+            assert tier.flush(10)
+            tier.write([1, 2, 3], [blk(1), blk(2), blk(3)])
+            assert tier.flush(10)
+            assert offers == [[2], [1, 2, 3]]
+            # a tier without room for all: the new keys cut off leave the offer, in order
+            tier.write([5, 1, 6, 7, 8], [blk(k) for k in (5, 1, 6, 7, 8)])
+            assert tier.flush(10)
+            # room 3: 1 free slot and 3 evictable blocks, 1 of them the call's own (1)
+            assert offers[-1] == [5, 1, 6, 7]

@@ -141,6 +141,32 @@ def join_fingerprint_fields(items: dict[str, Any]) -> str:
     return "|".join(f"{esc(k)}={esc(items[k])}" for k in sorted(items))
 
 
+def plan_write(manager: Any, keys: Sequence[Key]) -> tuple[list[Key], list[Key], int]:
+    """A lower tier's write of ``keys`` (distinct, the call's order) into ``manager`` (its
+    :class:`~kvtier.OffloadingManager`, explicit mode): ``(new, offer, skipped)``.
+
+    ``new`` is the head of the call's keys not yet stored, as many as the manager can make
+    room for now (free slots plus evictable blocks, the call's own evictable blocks
+    excepted); ``skipped`` the new keys cut off. ``offer`` is what to pass to
+    ``prepare_store``: ``new`` and the call's keys already stored, in the call's order, so
+    the stored ones are protected from the store's eviction (a write never evicts its own
+    head to store its tail) and an ``on_store`` hook sees the call's order. O(len(keys)).
+    """
+    new = [k for k in keys if k not in manager]
+    own = sum(1 for k in keys if k in manager and manager.ref_count(k) == 0)
+    ms = manager.stats()
+    room = max(ms.free + ms.evictable - own, 0)
+    skipped = 0
+    if len(new) > room:  # keep the head of the batch (a prefix's head is worth most)
+        skipped = len(new) - room
+        cut = set(new[room:])
+        new = new[:room]
+        offer = [k for k in keys if k not in cut]
+    else:
+        offer = list(keys)
+    return new, offer, skipped
+
+
 class BlockTier(ABC):
     """A store of whole KV blocks of ``block_bytes`` bytes each, keyed by block key.
 

@@ -53,7 +53,14 @@ import xxhash
 from kvtier.checks import check_positive_int, check_timeout, key_list, unhashable_error
 from kvtier.manager import OffloadingManager
 from kvtier.policies import CachePolicy, get_policy
-from kvtier.tiers.base import BlockTier, Key, TierStats, block_nbytes, encode_key
+from kvtier.tiers.base import (
+    BlockTier,
+    Key,
+    TierStats,
+    block_nbytes,
+    encode_key,
+    plan_write,
+)
 from kvtier.types import OffloadingEvent
 
 __all__ = ["FSYNC_MODES", "DiskTier", "DiskTierError", "decode_key"]
@@ -518,18 +525,13 @@ class DiskTier(BlockTier):
                 i = first[key]
                 jobs.append((key, encoded[i], logical, blocks[i], True))
             self._rewriting.update(redo)
-        # the call's present keys are named in prepare_store too, which protects them: a
-        # write must not evict its own head to store its tail (found by a newcomer session)
-        present = [k for k in first if k in m]
         if new:
-            ms = m.stats()
-            # blocks that can be made room for now, the call's own evictable ones excepted
-            room = ms.free + ms.evictable - sum(1 for k in present if m.ref_count(k) == 0)
-            if len(new) > room:  # keep the head of the batch (a prefix's head is worth most)
-                st.writes_skipped += len(new) - room
-                new = new[:room]
+            # the call's stored keys are named in prepare_store too, which protects them: a
+            # write must not evict its own head to store its tail (found by a newcomer session)
+            new, offer, skipped = plan_write(m, list(first))
+            st.writes_skipped += skipped
         if new:
-            out = m.prepare_store(new + present)
+            out = m.prepare_store(offer)
             if out is None:
                 st.writes_skipped += len(new)
             else:
