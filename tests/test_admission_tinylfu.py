@@ -148,3 +148,28 @@ def test_sketch_width_is_capped_for_huge_tiers():
     assert huge.estimate(1) >= 1 and huge._shift == 64 - MAX_WIDTH.bit_length() + 1
     a = TinyLFUAdmission(4_194_305)
     assert a.width == MAX_WIDTH
+
+
+def test_failed_stores_give_their_slots_back_to_the_free_count():
+    """complete_store(success=False) frees the blocks' slots: TinyLFU must count them free
+    again, or it refuses blocks a tier with free slots would store without evicting."""
+    m = OffloadingManager(16, "lru", admission="tinylfu")
+    out = m.prepare_store(list(range(16)))
+    assert out is not None and len(out.keys_to_store) == 16
+    m.complete_store(list(range(8)), success=False)  # 8 slots free again
+    m.complete_store(list(range(8, 16)))
+    assert m.stats().free == 8
+    # 8 first-seen keys fit the free slots: stored, nothing evicted, nothing refused
+    out = m.prepare_store(list(range(100, 108)))
+    assert out is not None and len(out.keys_to_store) == 8 and out.evicted_keys == []
+    assert m.stats().skipped_stores == 0
+    assert m.admission._admitted == 16
+
+
+def test_reset_cache_gives_every_slot_back():
+    m = OffloadingManager(8, "lru", admission="tinylfu")
+    m.complete_store(m.prepare_store(list(range(8))).keys_to_store)
+    m.reset_cache()
+    out = m.prepare_store(list(range(100, 108)))
+    assert out is not None and len(out.keys_to_store) == 8
+    assert m.stats().skipped_stores == 0

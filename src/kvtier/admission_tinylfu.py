@@ -22,7 +22,11 @@ taken from the tier's real evictions: the manager reports each call's victims
 running mean over about the last ``_VICTIM_WINDOW`` victims. A candidate is admitted when its
 estimate is strictly above that mean (TinyLFU's "candidate beats victim", ties refused). While
 the tier still has free slots (fewer blocks admitted than its size: a store then evicts
-nothing) every candidate is admitted.
+nothing) every candidate is admitted. Slots come back to that count when a store fails (the
+manager calls :meth:`TinyLFUAdmission.released` from ``complete_store(keys,
+success=False)``, which frees the slots) and when the tier is emptied (``reset_cache`` calls
+:meth:`~TinyLFUAdmission.clear`); evictions give none back, since each victim's slot goes to
+the block that evicted it.
 
 **Prefix-closed**: :meth:`admit` answers the length of the leading run of admitted keys, so a
 block is never stored after one refused in the same call.
@@ -74,8 +78,9 @@ class TinyLFUAdmission:
     """TinyLFU admission (see the module docstring).
 
     The manager calls :meth:`record` with the keys of every lookup, :meth:`admit` with a
-    store call's new keys (head to tail; the answer is how many leading keys to store) and
-    :meth:`evicted` with the victims of each store.
+    store call's new keys (head to tail; the answer is how many leading keys to store),
+    :meth:`evicted` with the victims of each store and :meth:`released` with the blocks of
+    each failed store.
 
     Args:
         num_blocks: the tier's capacity in blocks (>= 1).
@@ -191,6 +196,12 @@ class TinyLFUAdmission:
         self._admitted -= count
         self.admitted -= count
         self.refused -= n - count
+
+    def released(self, keys: Sequence[Hashable]) -> None:
+        """The tier dropped ``keys`` without evicting them (their stores failed:
+        ``complete_store(keys, success=False)`` frees their slots): count those slots free
+        again, so blocks that fit them are admitted without a victim."""
+        self._admitted = max(0, self._admitted - len(keys))
 
     def state_size(self) -> int:
         """Doorkeeper keys held now (the sketch is a fixed ``4 * width`` bytes)."""

@@ -900,6 +900,10 @@ class OffloadingManager:
             slot_of = self._slot_of
             self._slots.release(list(map(slot_of.pop, done)))  # see _CELLS
             self._failed_stores += len(done)
+            # an admission that counts the tier's free slots (TinyLFU) gets these back
+            released = getattr(self.admission, "released", None)
+            if released is not None:
+                released(done)
 
     # -- request mode ----------------------------------------------------------------------
     def on_new_request(self, req_context: Hashable) -> None:
