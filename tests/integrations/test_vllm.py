@@ -727,6 +727,57 @@ def test_spec_manager_is_stricter_than_vllm():
         m.complete_load(keys(1), ctx)
 
 
+def _unopened_state(m, ctx):
+    return (m.manager.snapshot(), ctx.get_state(kv._RequestAccess),
+            None if m._counts is None else list(m._counts.items()))
+
+
+@pytest.mark.parametrize("threshold", [0, 2])
+def test_spec_manager_refusal_under_an_unopened_context_changes_nothing(threshold):
+    """prepare_load / prepare_store under a ReqContext vLLM never opened (no on_new_request)
+    open the request themselves, but a call that raises must leave everything as it was:
+    no kvtier request opened, no handle in the context, no admission count."""
+    m = spec_manager(4, store_threshold=threshold)
+    ctx = ReqContext("r")
+    store(m, [1, 2], ctx)
+    m.on_request_finished(ctx)
+    fresh = ReqContext("never-opened")
+    before = _unopened_state(m, fresh)
+    assert before[1] is None
+    with pytest.raises(BlockStateError, match="not stored"):
+        m.prepare_load(keys(1, 9), fresh)
+    assert _unopened_state(m, fresh) == before
+    with pytest.raises(TypeError, match="hashable"):
+        m.prepare_store(keys(3) + [[4]], fresh)  # a list is no key
+    assert _unopened_state(m, fresh) == before
+    with pytest.raises(TypeError, match="hashable"):
+        m.prepare_load([[4]], fresh)
+    assert _unopened_state(m, fresh) == before
+    out = m.prepare_store(keys(1, 3), fresh)  # a good call still opens it
+    assert out is not None and m.manager.stats().requests_open == 1
+
+
+def test_spec_manager_stores_skipped_counts_occurrences_as_vllm():
+    """vLLM's ``stores_skipped`` counts the refused occurrences of keys not in the tier (a key
+    named twice and refused counts 2), on the same calls as vLLM 0.33's own manager. Offers
+    whose repeated keys are refused only: vLLM's manager allocates an admitted key named
+    twice twice."""
+    vm = CPUOffloadingManager(6, "lru", store_threshold=2)
+    ours = kv.KVTierOffloadingManager(6, "lru", store_threshold=2)
+    got = []
+    for m in (vm, ours):
+        seen = []
+        for step, offer in enumerate((keys(1, 1, 2), keys(3, 3, 2), keys(2, 4, 4, 4))):
+            ctx = ReqContext(f"r{step}")
+            m.on_new_request(ctx)
+            out = m.prepare_store(offer, ctx)
+            m.complete_store(out.keys_to_store, ctx)
+            m.on_request_finished(ctx)
+            seen.append(m.get_stats().data["data"][CPUOffloadingMetrics.STORES_SKIPPED][()])
+        got.append(seen)
+    assert got[0] == got[1] == [3, 2, 3]
+
+
 def test_spec_manager_request_end_uses_reused_keys_head_first():
     m = spec_manager(4, "arc")
     a = ReqContext("a")

@@ -35,7 +35,12 @@ reused)``, docs/manager.md), so both drop-ins pass it through:
 opens the request under a private token, ``prepare_load`` / ``prepare_store`` are recorded,
 ``on_request_finished`` applies the use). One deliberate difference from vLLM's manager: a
 ``prepare_store`` that fails (``None``) changes no policy state, so its store misses teach
-ghost lists nothing (vLLM's ``on_store_miss`` runs before its eviction can fail).
+ghost lists nothing (vLLM's ``on_store_miss`` runs before its eviction can fail). A
+``prepare_load`` / ``prepare_store`` under a context ``on_new_request`` never opened opens the
+request itself (as vLLM's manager), but only once its keys are checked: a call that raises
+(a key not stored, in flight or not hashable) opens nothing and changes nothing. With
+``store_threshold >= 2``, ``kv_offload_stores_skipped`` counts as vLLM's: every refused
+occurrence of a key not in the tier (a key named twice in a call and refused counts 2).
 
 ARC differs from vLLM's ``ARCCachePolicy`` in one place: a key that comes back while its ghost
 entry is in B1/B2 is inserted straight into T2 (the paper's ARC; vLLM inserts it into T1).
@@ -431,6 +436,31 @@ class _Manager(kvtier.OffloadingManager):
         return _V_HIT
 
 
+    def check_load(self, keys: Sequence[OffloadKey]) -> None:
+        """Raise what :meth:`prepare_load` of ``keys`` would raise, changing nothing
+        (the adapter checks a load before it opens a request for it). O(len(keys)).
+
+        Raises:
+            BlockStateError: a key is not stored, or its store is still in flight.
+            TypeError: a key is not hashable.
+        """
+        self._slots_of(keys, "prepare_load")  # names the first key not stored
+        pending = self._pending_keys
+        if pending and not pending.isdisjoint(keys):
+            key = next(filter(pending.__contains__, keys))
+            raise BlockStateError(
+                key, "prepare_load: block's store is still in flight (HIT_PENDING)"
+            )
+
+
+def _check_hashable(keys: Sequence[OffloadKey], method: str) -> None:
+    """Raise the TypeError naming the first unhashable key of ``keys``, if any."""
+    try:
+        hash(tuple(keys))
+    except TypeError:
+        raise unhashable_error(keys, method) from None
+
+
 # a dtype instance, not the type np.int32: np.fromiter skips the type -> dtype conversion
 # (-150 instructions per spec, callgrind; docs/performance.md, "Request mode, round 5
 # (manager and adapter)")
@@ -645,13 +675,16 @@ class KVTierOffloadingManager(OffloadingManager):
         """Pin ready blocks; their chunk ids in order.
 
         Raises:
-            kvtier.BlockStateError: a key is not stored or still pending (nothing pinned).
+            kvtier.BlockStateError: a key is not stored or still pending (nothing pinned,
+                and a request vLLM never opened is not opened).
+            TypeError: a key is not hashable (nothing changed).
         """
         if type(keys) is not list:
             keys = list(keys)
         state = (req_context._state.get(_RequestAccess) if _FAST_PLAIN  # see _PLAIN
                  else req_context.get_state(_RequestAccess))
         if state is None or state.epoch is not self._epoch:
+            self.manager.check_load(keys)  # a refused load opens no request
             state = self._open(req_context)
         slots = self.manager.prepare_load(keys, state)
         if _FAST_SPECS:  # see _SPECS
@@ -678,15 +711,20 @@ class KVTierOffloadingManager(OffloadingManager):
         token = (req_context._state.get(_RequestAccess) if _FAST_PLAIN  # see _PLAIN
                  else req_context.get_state(_RequestAccess))
         if token is None or token.epoch is not self._epoch:
+            _check_hashable(keys, "prepare_store")  # a refused store opens no request
             token = self._open(req_context)
         m = self.manager
         if self._counts is not None:
+            _check_hashable(keys, "prepare_store")  # before any count changes
             self._record_offer(keys)
             counts, threshold = self._counts, self.store_threshold
-            refused = {k for k in m.missing(keys) if counts.get(k, 0) < threshold}
+            # vLLM's stores_skipped counts the refused occurrences of keys not in the tier
+            # (a key named twice counts twice), not distinct keys
+            refused = [k for k in m.missing(keys) if counts.get(k, 0) < threshold]
             if refused:
                 self._skipped += len(refused)
-                keys = [k for k in keys if k not in refused]
+                refused_set = set(refused)
+                keys = [k for k in keys if k not in refused_set]
         # request mode records the offer (ready keys reused, new keys inserted) and lets the
         # policy learn ghost hits from the new keys once per request (vLLM's on_store_miss)
         out = m.prepare_store(keys, token)
