@@ -317,3 +317,26 @@ def test_numpy_windows_are_taken_as_plain_numbers():
     for bad in (np.bool_(True), np.float64(2.0), np.int64(0)):
         with pytest.raises(ValueError, match="window_requests"):
             Analyzer(window_requests=bad)
+
+
+def _visible(line) -> bool:
+    """A line draws something: two points or more, or a marker."""
+    return len(line.get_xdata()) >= 2 or line.get_marker() not in (None, "None", "", " ")
+
+
+@pytest.mark.parametrize("requests", [2, 2500])
+def test_the_working_set_panel_shows_a_trace_of_one_window(tmp_path, monkeypatch, requests):
+    """A trace that fits one window gives one point per series: drawn as a line alone it was
+    invisible (an empty panel); each series shows its points."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    kept = []
+    monkeypatch.setattr(plt, "close", kept.append)  # keep the figure to look at it
+    r = analyze(_reqs([[i % 7, i] for i in range(requests)]))
+    plot_analysis(r, tmp_path / "a.png")
+    panel = kept[0].axes[3]
+    assert panel.get_title().startswith("working set over time")
+    lines = panel.get_lines()
+    assert len(lines) == 3 and all(_visible(line) for line in lines)
+    assert [len(line.get_xdata()) for line in lines] == [len(r.windows)] * 3

@@ -23,7 +23,8 @@ position per reference for the reuse distances, see below) computes:
 * **time between reuses** (seconds) of every re-reference whose two requests have timestamps;
 * **working set over time**: distinct blocks referenced per window (``window_s`` seconds of
   arrival time when the trace has timestamps, else ``window_requests`` requests), and the
-  cumulative footprint (distinct blocks so far) at each window's end.
+  cumulative footprint (distinct blocks so far) at each window's end (a trace shorter than
+  one window is one window: its plot shows one marked point per series).
 
 Not thread-safe; an :class:`Analyzer` is fed by one thread.
 """
@@ -495,13 +496,19 @@ def _hist_axes(ax, sorted_values, xlabel: str, title: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
 
 
+_MARKED_WINDOWS = 50
+"""The working-set panel marks each window's point when the trace has fewer windows than
+this (one window is one point per series, invisible as a line alone)."""
+
+
 def plot_analysis(result: TraceAnalysis, out: str | os.PathLike, *, title: str = "") -> Path:
     """Draw the distributions to an image (PNG by default; the suffix picks the format).
 
     Four panels: reuse distance (log2 histogram, with LRU's ``get``-protocol hit ratio vs
     capacity on a second axis), prefix-sharing depth, time between reuses (or a note when the
-    trace has no timestamps) and the working set per window with the cumulative footprint.
-    Log axes where a distribution spans two decades or more.
+    trace has no timestamps) and the working set per window with the cumulative footprint
+    (each window's point marked when there are fewer than 50 windows, so a trace that fits
+    one window still shows its point). Log axes where a distribution spans two decades or more.
 
     Returns:
         The path written.
@@ -551,9 +558,14 @@ def _draw_analysis(fig: Any, axes: Any, result: TraceAnalysis, out: str | os.Pat
         ax.set_title("time between reuses", fontsize=9)
     ax = axes[1][1]
     xs = [w["start"] for w in result.windows]
-    ax.plot(xs, [w["distinct"] for w in result.windows], label="distinct blocks per window")
-    ax.plot(xs, [w["new"] for w in result.windows], label="new blocks per window")
-    ax.plot(xs, [w["footprint"] for w in result.windows], label="footprint (distinct so far)")
+    # points as markers when there are few: a trace of one window is one point per series,
+    # which a line alone does not draw (the panel was empty)
+    style = {"marker": "o", "markersize": 3} if len(xs) < _MARKED_WINDOWS else {}
+    ax.plot(xs, [w["distinct"] for w in result.windows], label="distinct blocks per window",
+            **style)
+    ax.plot(xs, [w["new"] for w in result.windows], label="new blocks per window", **style)
+    ax.plot(xs, [w["footprint"] for w in result.windows], label="footprint (distinct so far)",
+            **style)
     unit = "s" if result.window_unit == "s" else "requests"
     ax.set_xlabel(f"window start ({unit})")
     ax.set_ylabel("blocks")
