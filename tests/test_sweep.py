@@ -109,6 +109,37 @@ def test_plot_mrc_shows_belady_at_a_single_capacity(tmp_path, monkeypatch):
     assert belady.get_linestyle() == "--"
 
 
+def test_plot_mrc_shows_a_curve_at_miss_ratio_one(tmp_path, monkeypatch):
+    """A tier that never hits (miss ratio 1.0) drew its line on the y-axis' top limit, capped
+    at 1.0: under the frame's top spine, its markers cut in half. The axis now leaves room
+    above 1.0, and names no tick above it."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.figure
+
+    from kvtier.replay import replay
+    from kvtier.sweep import plot_mrc
+    from kvtier.trace import Request
+
+    seen = {}
+    save = matplotlib.figure.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        ax = fig.axes[0]
+        seen["ylim"] = ax.get_ylim()
+        seen["ticks"] = [t.get_text() for t in ax.get_yticklabels()]
+        seen["tick_values"] = list(ax.get_yticks())
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    never = [Request([i, i + 1000], None, None, None) for i in range(50)]  # no reuse
+    results = [replay(never, "lru", c) for c in (4, 40)]
+    assert {r.miss_ratio for r in results} == {1.0}
+    plot_mrc(results, tmp_path / "m.png")
+    low, high = seen["ylim"]
+    assert high > 1.0 and low < 1.0
+    assert seen["tick_values"] and max(seen["tick_values"]) <= 1.0
+
+
 def test_numpy_limit_and_workers_are_taken():
     import numpy as np
 

@@ -179,7 +179,10 @@ def plot_mrc(
     block_refs: int | None = None,
 ) -> Path:
     """Draw miss ratio (1 - block hit ratio) vs tier size, one line per policy, to an image.
-    ``belady`` (the offline policy) is drawn as a black dashed line with ``x`` markers.
+    ``belady`` (the offline policy) is drawn as a black dashed line with ``x`` markers. The
+    y-axis spans the curves (and the compulsory-miss floor) with a margin, above 1.0 too when
+    a curve reaches it (no tick is named above 1.0), so a tier that never hits is drawn
+    inside the frame, not on its top edge.
 
     Args:
         results: replay results (any mix of policies and capacities; at least one).
@@ -252,7 +255,11 @@ def plot_mrc(
     if unique_blocks and block_refs:
         ys.append(unique_blocks / block_refs)
     if ys:
-        ax.set_ylim(bottom=max(0.0, min(ys) - 0.05), top=min(1.0, max(ys) + 0.03))
+        # room above the highest curve, even at 1.0: a top limit capped at 1.0 drew a tier
+        # that never hits on the frame's top spine, its markers cut in half; ticks stop at 1
+        ax.set_ylim(bottom=max(0.0, min(ys) - 0.05), top=max(ys) + 0.03)
+        ax.set_yticks([t for t in ax.get_yticks() if t <= 1.0 + 1e-9])
+        ax.set_ylim(bottom=max(0.0, min(ys) - 0.05), top=max(ys) + 0.03)
     ax.grid(True, which="both", alpha=0.3)
     if unique_blocks:
         sec = ax.secondary_xaxis(
