@@ -68,6 +68,20 @@ def test_a_capacity_above_the_distinct_blocks_warns():
     assert json.loads(res.stdout)["results"][0]["evictions"] == 0
 
 
+def test_a_percentage_under_one_block_says_so_and_runs_one_block():
+    """`-c 1e-9%` said "neither a block count nor a percentage" (the exponent was not read);
+    a percentage is a number, and one that gives under one block runs the documented
+    smallest tier, 1 block, with a warning naming what the percentage gives."""
+    res = run("replay", "-p", "lru", "-c", "1e-9%", "--json", "-")
+    assert res.exit_code == 0, res.stderr
+    assert ("capacity 1e-9% gives 0 blocks of the trace's 11,879 distinct blocks "
+            "(1.2e-07 blocks): run at 1 block") in " ".join(res.stderr.split())
+    assert json.loads(res.stdout)["results"][0]["capacity"] == 1
+    res = run("replay", "-p", "lru", "-c", "1e2%", "--json", "-")  # no warning: 11,879 blocks
+    assert res.exit_code == 0 and "warning" not in res.stderr
+    assert json.loads(res.stdout)["results"][0]["capacity"] == 11879
+
+
 def test_a_policy_or_capacity_named_twice_is_refused():
     # newcomer finding: -p lru,lru replayed lru twice and printed two identical rows
     for args in (("replay", "-p", "lru,arc", "-p", "lru", "-c", "100"),

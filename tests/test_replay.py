@@ -205,6 +205,8 @@ def test_parse_capacity():
     assert parse_capacity("10%", 182790) == 18279
     assert parse_capacity("2.5%", 1000) == 25
     assert parse_capacity("0.01%", 100) == 1  # at least one block
+    assert parse_capacity("1e-9%", 100) == 1  # a percentage in exponent notation too
+    assert parse_capacity("2.5E1%", 1000) == 250
     for bad in ("0", "-5", "abc", "10 %%", "0%", "1e3"):
         with pytest.raises(ValueError):
             parse_capacity(bad, 100)

@@ -174,6 +174,13 @@ def _capacities(specs, unique_blocks: int) -> list[int]:
         if cap > unique_blocks:
             _warn(f"capacity {spec} = {cap:,} blocks exceeds the trace's {unique_blocks:,} "
                   "distinct blocks: every block fits, nothing is ever evicted")
+        elif cap == 1 and isinstance(spec, str) and spec.strip().endswith("%"):
+            # parse_capacity's "at least 1 block": say what the percentage itself gives
+            blocks = unique_blocks * float(spec.strip()[:-1].strip()) / 100.0
+            if round(blocks) < 1:
+                _warn(f"capacity {spec} gives 0 blocks of the trace's {unique_blocks:,} "
+                      f"distinct blocks ({blocks:.2g} blocks): run at 1 block, the smallest "
+                      "tier")
         if cap not in out:
             out.append(cap)
     return out

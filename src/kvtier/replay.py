@@ -70,7 +70,9 @@ PROTOCOLS = ("prefix", "request", "get")
 
 _PROGRESS_EVERY = 1024  # requests between progress callbacks
 _CAPACITY_RE = re.compile(r"^\s*(\d[\d_]*)\s*$")
-_PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*%\s*$")
+# a percentage is a decimal number, exponent allowed ("1e-3%"; "1e-9%" was refused as
+# neither a count nor a percentage)
+_PERCENT_RE = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*%\s*$")
 
 
 def _positive_int(name: str, value: object, unit: str, minimum: int = 1) -> int:
@@ -223,7 +225,9 @@ class ReplayResult:
 
 def parse_capacity(spec: str | int, unique_blocks: int | None = None) -> int:
     """Parse a capacity: a block count (``"4000"``, ``4000``, a numpy integer) or a percentage
-    of the trace's distinct blocks (``"10%"``, ``"2.5%"``; rounded, at least 1 block).
+    of the trace's distinct blocks (``"10%"``, ``"2.5%"``, ``"1e-3%"``; rounded, at least
+    1 block: a percentage that gives under half a block is a tier of 1 block, and the
+    command line warns about it).
 
     Raises:
         ValueError: not a positive count or percentage, a percentage without
