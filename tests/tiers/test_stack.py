@@ -357,6 +357,31 @@ def test_promotion_refused_when_the_host_cannot_make_room():
     assert disk.lookup_prefix(["y"]) == 1  # LRU victim: y (x was named first)
 
 
+@pytest.mark.parametrize("demotion", ["write-through", "write-back"])
+def test_a_block_promoted_from_the_bottom_tier_reaches_the_tiers_above_it(demotion):
+    """Write-through keeps the hierarchy inclusive: every host block is in every lower tier.
+    A block promoted from the bottom tier (Redis, say) was entered into the host without a
+    write to the tiers between (the disk), so once the host evicted it, only the bottom tier
+    had it. Under write-through the promotion now writes it to the lower tiers that lack it;
+    under write-back it goes down when evicted (unchanged)."""
+    disk = SimTier("disk", 8, block_bytes=8)
+    far = SimTier("far", 8, block_bytes=8)
+    host, stack, slots = _host_stack(2, [disk, far], demotion)
+    far.write([9], [b"9" * 8])
+    far_writes = far.stats().writes
+    found = stack.lookup([9])
+    assert found.runs == [("far", 1)]
+    assert stack.promote([9], found) == 1 and stack.promoted == {"disk": 0, "far": 1}
+    stack.flush_demotions()  # (callers flush after every promote)
+    if demotion == "write-through":
+        assert 9 in disk.manager and stack.demoted == 1
+        assert far.stats().writes == far_writes  # the source is not written again
+    else:
+        assert 9 not in disk.manager and stack.demoted == 0
+    _store(host, stack, slots, [1, 2])  # evicts 9 from the host
+    assert 9 not in host and 9 in disk.manager and 9 in far.manager
+
+
 @pytest.mark.parametrize("host_slots, restored", [(4, 4), (3, 3), (2, 2)])
 def test_restore_prefix_whose_head_is_only_on_the_disk(tmp_path, host_slots, restored):
     """Disk holds 10, 11 and the host 12, 13: the prefix [10, 11, 12, 13] is restored from its

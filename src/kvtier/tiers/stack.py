@@ -22,7 +22,11 @@ same tiering logic drives the real data plane and the simulation.
   lower tier already holds it, e.g. a block promoted from the disk; a victim whose slot
   ``read_slot`` cannot read is dropped, and ``flush_demotions`` raises naming it);
   ``"write-through"`` — a block is written to every lower tier as soon as its host store
-  completes (:meth:`TierStack.stored`), and eviction copies nothing.
+  completes (:meth:`TierStack.stored`), and eviction copies nothing. The hierarchy is
+  inclusive: a block promoted from a lower tier is a host store too, so
+  :meth:`TierStack.flush_demotions` writes it to the lower tiers that do not hold it yet
+  (e.g. the disk, for a block promoted from Redis below it; the tier it came from, and any
+  tier that answers ``in`` that it holds the block, are not written again).
 * **Events** (:meth:`TierStack.take_events`): :class:`TierEvent` s (tier name, keys,
   removed) from the host manager and from every lower tier that has ``take_events()``.
 * **Stats** (:meth:`TierStack.stats`): one :class:`~kvtier.tiers.base.TierStats` per tier,
@@ -142,6 +146,9 @@ class TierStack:
         self._read_slot = read_slot
         self._write_slot = write_slot
         self._victims: list[tuple[Hashable, bytes]] = []
+        # write-through: promoted blocks for the lower tiers that lack them (key, bytes,
+        # the tier they came from), written by flush_demotions
+        self._through: list[tuple[Hashable, Any, str]] = []
         # victims whose host slot read_slot could not read: (key, error), for flush_demotions
         self._unread: list[tuple[Hashable, BaseException]] = []
         #: blocks promoted into the host, per tier they came from
@@ -294,6 +301,8 @@ class TierStack:
         self.host.complete_store(out.keys_to_store)
         for key in out.keys_to_store:
             self.promoted[source[key]] += 1
+        if self.demotion == "write-through":  # inclusive: down to the tiers that lack them
+            self._through.extend((key, data[key], source[key]) for key in out.keys_to_store)
         ref_count = self.host.ref_count
         for i in range(n):  # admission (store_threshold) may have refused some
             r = ref_count(keys[i])
@@ -339,7 +348,9 @@ class TierStack:
 
     def flush_demotions(self) -> int:
         """Write the blocks the host evicted since the last call to every lower tier
-        (write-back); returns how many. Call after every host ``prepare_store``.
+        (write-back), or the blocks promoted since the last call to the lower tiers that do
+        not hold them (write-through); returns how many blocks went down. Call after every
+        host ``prepare_store`` and every :meth:`promote`.
 
         Raises:
             RuntimeError: ``read_slot`` failed for an evicted block (named, with its error):
@@ -349,6 +360,9 @@ class TierStack:
         pairs, self._victims = self._victims, []
         if pairs:
             self._write_down(pairs)
+        through, self._through = self._through, []
+        if through:
+            pairs.extend(self._write_promoted(through))
         if unread:
             key, exc = unread[0]
             more = f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""
@@ -357,6 +371,23 @@ class TierStack:
                 f"could not be read ({type(exc).__name__}: {exc}){more}; it was dropped, "
                 "not demoted") from exc
         return len(pairs)
+
+    def _write_promoted(
+        self, through: list[tuple[Hashable, Any, str]]
+    ) -> list[tuple[Hashable, Any]]:
+        """Write-through of promoted blocks: each lower tier gets those it lacks (not the
+        tier a block came from, nor one that answers ``in`` that it holds it); returns the
+        blocks written to at least one tier (counted in :attr:`demoted`)."""
+        written: dict[Hashable, Any] = {}
+        for tier in self.lower:
+            contains = getattr(type(tier), "__contains__", None)
+            todo = [(k, b) for k, b, src in through
+                    if src != tier.name and (contains is None or not contains(tier, k))]
+            if todo:
+                tier.write([k for k, _ in todo], [b for _, b in todo])
+                written.update(todo)
+        self.demoted += len(written)
+        return list(written.items())
 
     def _write_down(self, pairs: list[tuple[Hashable, Any]]) -> None:
         keys = [k for k, _ in pairs]
@@ -413,10 +444,11 @@ class TierStack:
 
     def close(self) -> None:
         """Write pending demotions, close every lower tier. Idempotent."""
-        if self._victims and self.lower:
+        if (self._victims or self._through) and self.lower:
             try:
                 self.flush_demotions()
             except (ValueError, RuntimeError):  # a tier already closed (disk / Redis)
                 self._victims = []
+                self._through = []
         for tier in self.lower:
             tier.close()
