@@ -30,7 +30,8 @@ def test_promotion_reinsertion_ghost_and_protected():
     add(p, "b")  # S full before any eviction: enters M (libCacheSim's warm-up rule)
     add(p, "c")
     assert state(p) == (["a"], ["b", "c"], [])
-    p.touch(["a", "a", "b"])  # freq a = 2, b = 1
+    p.touch(["a", "b"])
+    p.touch(["a"])  # freq a = 2, b = 1 (a key named twice in one call would be one use)
     # M is within its share and S is not empty: evict from S. a (freq 2) moves to M with
     # freq 0; S is now empty, so M: b (freq 1) is reinserted with 0, c is the victim
     assert keys_of(p.evict(1, ())) == ["c"]
@@ -51,7 +52,8 @@ def test_frequency_is_capped_at_three():
     add(p, "s")
     add(p, "a")
     add(p, "b")  # M: a b
-    p.touch(["a"] * 10)
+    for _ in range(10):
+        p.touch(["a"])
     p.mark_non_evictable(["s"])
     # a has 3 laps of credit: reinserted with 2, b evicted
     assert keys_of(p.evict(1, ())) == ["b"]
@@ -68,7 +70,8 @@ def test_evict_is_atomic_and_skips_pinned_and_pending():
     p = S3FIFOPolicy(10)
     for key in "abc":
         add(p, key)
-    p.touch(["b", "b", "c"])
+    p.touch(["b", "c"])
+    p.touch(["b"])
     p.insert(["x"])  # pending
     p.mark_non_evictable(["a"])  # pinned
     snap, visited = p.snapshot(), p.examined
@@ -97,7 +100,8 @@ def test_touch_of_a_pinned_block_counts_and_it_reenters_its_queue_tail():
     # first fill); M's order, oldest first: b, a (the call's head ends newest)
     assert state(m.policy) == (["c"], ["b", "a"], [])
     m.prepare_load(["c"])
-    m.touch(["c", "c"])
+    m.touch(["c"])
+    m.touch(["c"])
     m.complete_load(["c"])
     assert state(m.policy) == (["c"], ["b", "a"], [])
     assert m.policy.snapshot()["freq"]["c"] == 2

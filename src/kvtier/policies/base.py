@@ -196,7 +196,12 @@ class CachePolicy(ABC):
     def touch(self, keys: Sequence[Key]) -> None:  # noqa: B027 - optional hook
         """A use of ``keys`` (``keys[0]`` ends most recent). Absent keys are allowed and
         ignored unless the policy learns from them; pending and pinned blocks may be touched.
-        Default: nothing (an order that ignores uses, e.g. FIFO)."""
+        A key named several times in one call is one use of it, at its first (most recent)
+        position: the call must leave the state the call without the repeats leaves (as
+        vLLM 0.33's LRU and ARC, which move a resident key once per call; a request that
+        names a block twice used it once). Checked on every registered policy by
+        ``tests/policies/test_contract.py``. Default: nothing (an order that ignores uses,
+        e.g. FIFO)."""
 
     def on_store_miss(self, keys: Sequence[Key]) -> None:
         """Request mode's ghost learning (vLLM 0.33's ``on_store_miss``): a use of ``keys``,

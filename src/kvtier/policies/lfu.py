@@ -179,6 +179,10 @@ class LFUPolicy(CachePolicy):
         floor = self.floor
         top = floor + WINDOW - 1
         mask = self._mask
+        # a key named twice in one call is one use at its first position (CachePolicy.touch);
+        # a set tests it cheaper than a dict (docs/policies.md, "Repeated keys in one touch")
+        if len(keys) > 1 and len(set(keys)) != len(keys):
+            keys = list(dict.fromkeys(keys))
         for key in reversed(keys):
             k = prio.get(key)
             if k is None:

@@ -363,6 +363,10 @@ class PrefixAwarePolicy(CachePolicy):
         self._leafq.hold_members(keys)
 
     def touch(self, keys: Sequence[Key]) -> None:
+        if len(keys) > 1 and len(set(keys)) != len(keys):
+            # a key named twice in one call is one use at its first position
+            # (CachePolicy.touch): [a, b, b, a] would teach the link b -> a
+            keys = list(dict.fromkeys(keys))
         self.inner.touch(keys)
         self._learn_links(keys)
         self._leaf_est.on_touch(keys)

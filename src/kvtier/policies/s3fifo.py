@@ -168,7 +168,9 @@ class S3FIFOPolicy(CachePolicy):
 
     def touch(self, keys: Sequence[Key]) -> None:
         freq = self._freq
-        for key in keys:
+        # a key named twice in one call is one use (CachePolicy.touch); the counts do not
+        # depend on the order, so a set does
+        for key in set(keys) if len(keys) > 1 else keys:
             f = freq.get(key)
             if f is not None and f < MAX_FREQ:
                 freq[key] = f + 1
