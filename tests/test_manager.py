@@ -581,3 +581,19 @@ def test_a_store_that_returns_none_leaves_the_admission_unchanged(admission, pol
         before.pop("requests")
         after.pop("requests")
     assert after == before
+
+
+def test_num_blocks_is_read_only():
+    """num_blocks sizes the slots, the policy and the admission at construction: setting it
+    afterwards broke the invariants (free slots counted from the new size, slot ids beyond
+    the allocator's range). It is read-only, named in the error; nothing changes."""
+    m = OffloadingManager(4, "lru")
+    m.complete_store(m.prepare_store([1, 2, 3, 4]).keys_to_store)
+    before = m.snapshot()
+    with pytest.raises(AttributeError, match=r"num_blocks is fixed at construction"):
+        m.num_blocks = 8
+    assert m.num_blocks == 4 and m.stats().num_blocks == 4 and m.stats().free == 0
+    assert m.snapshot() == before
+    out = m.prepare_store([5])
+    assert out is not None and out.evicted_keys == [4]  # LRU: the call's tail
+    assert "num_blocks" not in vars(m)  # a class property, no instance attribute of its own

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Hashable, Sequence
 from functools import partial
+from operator import attrgetter
 from itertools import filterfalse, repeat
 from typing import Any
 
@@ -201,7 +202,7 @@ class OffloadingManager:
             raise TypeError(
                 f"policy must be a registered name or a CachePolicy subclass, got {policy!r}"
             )
-        self.num_blocks = num_blocks
+        self._num_blocks = num_blocks  # read through the class property num_blocks
         self.policy: CachePolicy = policy_cls(num_blocks)
         # the admission object, or None when every new block is stored (no per-call hooks)
         self.admission = make_admission(admission, num_blocks, policy_cls)
@@ -222,6 +223,20 @@ class OffloadingManager:
         self._req_log = _RequestLog(max_open_requests, store_miss)
         self._init_state()
 
+    def _set_num_blocks(self, value: Any) -> None:
+        raise AttributeError(
+            f"num_blocks is fixed at construction ({self._num_blocks} blocks): the slots, the "
+            f"policy and the admission are sized by it; build a new manager for {value!r}"
+        )
+
+    # read-only: a user who set it broke the free-slot count and the slot ids. A property on
+    # the class, no instance attribute more (_num_blocks replaces the former plain
+    # num_blocks); its getter is C (attrgetter, no Python frame), and the manager's own paths
+    # read _num_blocks (through the property, replay lru 16000 W=32 cost 6,970 -> 7,002
+    # instructions per block reference: docs/performance.md, "num_blocks read-only")
+    num_blocks = property(attrgetter("_num_blocks"), _set_num_blocks,
+                          doc="The tier's capacity in blocks (read-only).")
+
     @property
     def max_open_requests(self) -> int:
         """Request mode's cap on open requests (see the class docstring)."""
@@ -239,7 +254,7 @@ class OffloadingManager:
         policy = self.policy
         self._on_pin = (None if policy.share_held_state(self._pending_keys, self._pins)
                         else policy.mark_non_evictable)
-        self._slots = SlotAllocator(self.num_blocks)
+        self._slots = SlotAllocator(self._num_blocks)
         self._evictable = 0
         self._hits = 0
         self._pending_hits = 0
@@ -634,14 +649,14 @@ class OffloadingManager:
                 return _output(([], [], []))
             admission = self.admission
             if admission is not None and not admission.admit(
-                keys, self.num_blocks - len(slot_of) + self._evictable
+                keys, self._num_blocks - len(slot_of) + self._evictable
             ):  # (adaptive admission; one-key stores take this path: docs/performance.md)
                 self._skipped_stores += 1
                 if self._on_store is not None:
                     self._on_store(keys)
                 return _output(([], [], []))
             evicted_keys: list[Hashable]
-            if len(slot_of) < self.num_blocks:
+            if len(slot_of) < self._num_blocks:
                 slot = self._slots.take_one()
                 evicted_keys = []
             else:
@@ -714,7 +729,7 @@ class OffloadingManager:
             new_keys = admitted
             fresh = None
         elif self.admission is not None and new_keys:
-            room = self.num_blocks - len(slot_of) + self._evictable
+            room = self._num_blocks - len(slot_of) + self._evictable
             admitted_count = self.admission.admit(new_keys, room)  # leading keys only
             if admitted_count < len(new_keys):
                 skipped = len(new_keys) - admitted_count
@@ -727,7 +742,7 @@ class OffloadingManager:
             # The usual offer (nothing stored yet, every new key fits under the cap) is
             # _record_store + _add_keys spelled out (_FRAMES)
             rkeys = rec.keys
-            if not num_resident and len(new_keys) <= self.num_blocks - len(rkeys):
+            if not num_resident and len(new_keys) <= self._num_blocks - len(rkeys):
                 if fresh is None:
                     fresh = dict.fromkeys(new_keys)
                 if rkeys:
@@ -744,7 +759,7 @@ class OffloadingManager:
             return _output(([], [], []))
 
         num_new = len(new_keys)
-        shortfall = num_new - (self.num_blocks - len(slot_of))
+        shortfall = num_new - (self._num_blocks - len(slot_of))
         evicted_keys = []
         if shortfall > 0:
             if shortfall > self._evictable:
@@ -791,7 +806,7 @@ class OffloadingManager:
                 self._req_log.store_miss(new_keys)
 
         slots = self._slots
-        if slots.next_fresh == self.num_blocks:  # every slot used once: SlotAllocator.take
+        if slots.next_fresh == self._num_blocks:  # every slot used once: SlotAllocator.take
             free = slots.free                     # spelled out for this case (_FRAMES)
             block_ids = free[-num_new:]
             block_ids.reverse()
@@ -1012,7 +1027,7 @@ class OffloadingManager:
         ``dict.fromkeys`` nobody else keeps, if the caller built one. Return whether every
         key of ``keys`` is now recorded (``False`` only when the cap left some out)."""
         rkeys = rec.keys
-        room = self.num_blocks - len(rkeys)
+        room = self._num_blocks - len(rkeys)
         # the usual case, every new key fits: one C-level update (this and the C-level
         # filters of request mode's records below: request-mode call log W = 32 15,355 ->
         # 14,617 instructions per block reference, docs/performance.md, "ARC hot paths")
@@ -1045,7 +1060,7 @@ class OffloadingManager:
         # recorded and the request inserted nothing yet (the usual load, first in its
         # request: docs/performance.md, "Request mode, round 3"); the request's first keys
         # recorded without _add_keys (_FRAMES)
-        if not rec.keys and len(keys) <= self.num_blocks:
+        if not rec.keys and len(keys) <= self._num_blocks:
             rec.keys = dict.fromkeys(keys)
             rec.reused.update(keys)  # nothing inserted yet
         elif self._add_keys(rec, keys):
@@ -1142,7 +1157,7 @@ class OffloadingManager:
             pending=len(self._pending_keys),
             pinned=len(self._pins),
             evictable=self._evictable,
-            free=self.num_blocks - used,
+            free=self._num_blocks - used,
             requests_open=len(self._requests),
             requests_finished=self._req_log.finished,
             requests_finished_early=self._req_log.finished_early,
