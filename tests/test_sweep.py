@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 
 from kvtier.sweep import run_grid
@@ -151,3 +155,95 @@ def test_numpy_limit_and_workers_are_taken():
     for kw in ({"limit": np.bool_(True)}, {"workers": np.int64(0)}, {"limit": 2.0}):
         with pytest.raises(ValueError, match="limit|workers"):
             run_grid(embedded_sample_path(), ["lru"], [100], **kw)
+
+
+_SIGINT_SCRIPT = r'''
+import os, signal, sys, time
+import concurrent.futures.process as cfp
+import kvtier.sweep
+from kvtier.trace import embedded_sample_path
+at = int(sys.argv[1])  # the pool submit at which the process sends itself SIGINT (0: none)
+real_submit = cfp.ProcessPoolExecutor.submit
+count = [0]
+def submit(self, *args, **kwargs):
+    count[0] += 1
+    if count[0] == at:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)  # the KeyboardInterrupt is raised here
+    return real_submit(self, *args, **kwargs)
+cfp.ProcessPoolExecutor.submit = submit
+real = kvtier.sweep.replay
+def slow(trace, policy, capacity, options):  # in the workers (fork): a long point
+    time.sleep(120)
+    return real(trace, policy, capacity, options)
+kvtier.sweep.replay = slow
+print("ready", flush=True)
+kvtier.sweep.run_grid(embedded_sample_path(), ["lru", "arc"], [10, 20, 30], workers=2)
+'''
+
+
+def _session_processes(sid: int) -> list[int]:
+    """Live processes (not zombies) of session ``sid``, from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                out.append(int(entry))
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc") or sys.platform != "linux",
+                    reason="reads the session's processes from /proc (Linux)")
+@pytest.mark.parametrize("how", ["submit", "group"])
+def test_a_real_sigint_ends_the_sweep_and_its_workers_at_once(how):
+    """A real SIGINT to a process running run_grid over 2 workers whose points take 120 s:
+    ``submit``: the process signals itself while it hands out the points (the 2nd submit, the
+    workers started): before, the KeyboardInterrupt came before the try that ends the
+    workers, and leaving the pool's ``with`` waited for every point handed out (2 x 120 s);
+    ``group``: SIGINT to the whole process group while the points run, as Ctrl-C in a
+    terminal does: the workers ignore it (no traceback of theirs), the parent ends them.
+    Either way the process exits within seconds and leaves no worker behind."""
+    import multiprocessing
+    import signal
+    import subprocess
+    import time
+
+    if multiprocessing.get_start_method() != "fork":
+        pytest.skip("the slow replay reaches the workers only through fork")
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SIGINT_SCRIPT, "2" if how == "submit" else "0"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        if how == "group":
+            deadline = time.monotonic() + 60
+            while len(_session_processes(proc.pid)) < 3 and time.monotonic() < deadline:
+                time.sleep(0.1)  # the parent and its 2 workers
+            assert len(_session_processes(proc.pid)) >= 3, "the workers never started"
+            time.sleep(1)  # the workers are in their points
+            t0 = time.monotonic()
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            t0 = time.monotonic()
+        _, stderr = proc.communicate(timeout=100)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "KeyboardInterrupt" in stderr and took < 30, (took, stderr[-2000:])
+    assert stderr.count("Traceback") == 1, stderr[-3000:]  # the parent's only
+    deadline = time.monotonic() + 10
+    while _session_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _session_processes(proc.pid) == []

@@ -97,6 +97,8 @@ def run_grid(
         the given order.
 
     Raises:
+        KeyboardInterrupt: Ctrl-C (SIGINT); the worker processes are ended first, whenever
+            it came (points running, or being handed out), and none is left behind.
         kvtier.trace.TraceFormatError: bad trace. ValueError: bad policy or argument (e.g.
             ``workers`` or ``limit`` not an int >= 1). TypeError: ``policies`` or
             ``capacities`` is a lone str or number, not a list.
@@ -139,8 +141,11 @@ def run_grid(
                                  initargs=init_args) as pool:
             # biggest capacities first: they are the slowest, so the pool ends evenly
             order = sorted(points, key=lambda pc: -pc[1])
-            futures = {pool.submit(_run_point, p, c, options): (p, c) for p, c in order}
+            # the submits inside the try too: Ctrl-C while the points were handed out (the
+            # workers start at the first submit) left the pool's `with` waiting for every
+            # point handed out so far to run to its end
             try:
+                futures = {pool.submit(_run_point, p, c, options): (p, c) for p, c in order}
                 for fut in as_completed(futures):
                     res = fut.result()
                     results[futures[fut]] = res
