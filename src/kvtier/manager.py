@@ -105,7 +105,10 @@ class _Request:
     ready), first occurrence first (a dict used as an ordered set, at most ``num_blocks``);
     ``inserted`` / ``reused`` subsets of them: newly stored, loaded or found ready (not after
     storing it itself). ``inserted`` is also the set of keys already used once for ghost
-    learning (a store's new keys are touched, then all of them inserted).
+    learning (a store's new keys are touched, then all of them inserted). ``inserted`` is a
+    dict used as a set (key -> None): the request's first store fills it by cloning the
+    store's new-key dict, not by a set insert per key (docs/performance.md, "Request mode,
+    round 7"); the policy gets its ``keys()`` view.
 
     No ``__init__``: :meth:`OffloadingManager.on_new_request` sets the three attributes (an
     ``__init__`` was one Python frame per request; docs/performance.md, "Request mode, round
@@ -115,7 +118,7 @@ class _Request:
     __slots__ = ("keys", "inserted", "reused")
 
     keys: dict[Hashable, None]
-    inserted: set[Hashable]
+    inserted: dict[Hashable, None]
     reused: set[Hashable]
 
 
@@ -814,9 +817,10 @@ class OffloadingManager:
                 # from a dict is sized once and reuses its hashes, from a list it resizes the
                 # request's set as it grows (spec replay, docs/performance.md, "Request
                 # mode, round 6")
-                rec.inserted.update(new_keys if fresh is None else fresh)
+                # (a dict: an empty one clones the new keys' dict, see _Request)
+                rec.inserted.update(dict.fromkeys(new_keys) if fresh is None else fresh)
             else:
-                rec.inserted.update(filter(rec.keys.__contains__, new_keys))
+                rec.inserted.update(dict.fromkeys(filter(rec.keys.__contains__, new_keys)))
         self._skipped_stores += skipped
         if self._on_store is not None:
             self._on_store(keys)
@@ -949,7 +953,7 @@ class OffloadingManager:
                 del early[next(iter(early))]
         rec = _new_record(_Request)  # no __init__ frame (see _Request)
         rec.keys = {}
-        rec.inserted = set()
+        rec.inserted = {}
         rec.reused = set()
         self._requests[req_context] = rec
 
@@ -997,8 +1001,10 @@ class OffloadingManager:
             # isdisjoint walks the smaller set, usually the few reused keys, where the
             # difference built a set of every inserted key (docs/performance.md, "Request
             # mode, round 4")
-            reused, inserted = rec.reused, rec.inserted
-            if reused and not reused.isdisjoint(inserted):
+            # (inserted is a dict: its keys view is the policy's set, see _Request; the
+            # view's isdisjoint walks the smaller side when the other is a set)
+            reused, inserted = rec.reused, rec.inserted.keys()
+            if reused and not inserted.isdisjoint(reused):
                 inserted = inserted - reused
             self.policy.on_request_finished(tuple(rec.keys), inserted, reused)
 
