@@ -758,7 +758,8 @@ class OffloadingManager:
                 if (not rec.merged and (not rkeys or rkeys.keys().isdisjoint(fresh.keys()))
                         and (not inserted or inserted.keys().isdisjoint(fresh.keys()))):
                     # the usual store: recorded in inserted below, not in keys too (see
-                    # _Request; the views' isdisjoint walk the smaller side)
+                    # _Request; the views' isdisjoint walk the smaller side; vLLM spec replay
+                    # -206 per block reference, docs/performance.md, "Request mode, round 7")
                     lazy = True
                 else:
                     rec.merge()
@@ -854,7 +855,8 @@ class OffloadingManager:
             elif all_recorded:
                 # from the new keys' dict when there is one (the same keys): an update from a
                 # dict is sized once and reuses its hashes (spec replay, docs/performance.md,
-                # "Request mode, round 6"); an empty dict clones it (round 7)
+                # "Request mode, round 6"); an empty dict clones it (-102 per block
+                # reference, "Request mode, round 7")
                 rec.inserted.update(dict.fromkeys(new_keys) if fresh is None else fresh)
             else:
                 rec.inserted.update(dict.fromkeys(filter(rec.keys.__contains__, new_keys)))
