@@ -110,6 +110,38 @@ def test_record_keys_inserted_reused_in_first_occurrence_order():
     assert m.policy.snapshot()["order"][-4:] == ["d", "c", "a", "b"]  # keys[0] most recent
 
 
+def test_record_of_stores_then_a_failed_store_then_a_load_keeps_first_occurrence_order():
+    # a store's new keys are recorded in the request's inserted dict only (the usual
+    # request: loads, then stores); a failed store after it, a load after it and a new key
+    # already recorded each merge the two, the order and the sets are the same
+    m = OffloadingManager(5, RecordingLRU)
+    stored(m, ["a"])
+    m.prepare_store(["x"])  # another store in flight
+    m.on_new_request("r")
+    m.prepare_load(["a"], "r")
+    out = m.prepare_store(["b", "c"], "r")  # simple layout: keys {a}, inserted {b, c}
+    assert m.snapshot()["requests"] == [("r", ("a", "b", "c"), {"b", "c"}, {"a"})]
+    assert m._requests["r"].inserted is not m._requests["r"].keys
+    # one free block, a pinned, x, b and c pending: no room (the keys fit the request's cap)
+    assert m.prepare_store(["d", "e"], "r") is None
+    assert m.snapshot()["requests"] == [("r", ("a", "b", "c", "d", "e"), {"b", "c"}, {"a"})]
+    m.complete_store(out.keys_to_store)
+    m.complete_load(["a"])
+    m.prepare_load(["c", "b"], "r")  # its own blocks: not reused
+    m.complete_load(["c", "b"])
+    m.policy.calls.clear()
+    m.on_request_finished("r")
+    assert m.policy.calls[0] == (
+        "finished", ("a", "b", "c", "d", "e"), frozenset({"b", "c"}), frozenset({"a"})
+    )
+    # a store-only request: keys are the inserted ones, in order
+    m.on_new_request("s")
+    stored(m, ["f", "g"], "s")
+    m.policy.calls.clear()
+    m.on_request_finished("s")
+    assert m.policy.calls[0] == ("finished", ("f", "g"), frozenset({"f", "g"}), frozenset())
+
+
 def test_pending_keys_in_prepare_store_are_not_recorded():
     m = OffloadingManager(8, RecordingLRU)
     pending = m.prepare_store(["p"]).keys_to_store  # another request's store in flight

@@ -102,22 +102,46 @@ class _RequestLog:
 class _Request:
     """What one open request did to the tier (request mode): the input of its one use.
 
-    ``keys`` the distinct keys it loaded or named in ``prepare_store`` (stored or found
-    ready), first occurrence first (a dict used as an ordered set, at most ``num_blocks``);
+    The request's distinct keys, the ones it loaded or named in ``prepare_store`` (stored or
+    found ready), first occurrence first, at most ``num_blocks`` (:meth:`keys_in_order`);
     ``inserted`` / ``reused`` subsets of them: newly stored, loaded or found ready (not after
     storing it itself). ``inserted`` is also the set of keys already used once for ghost
     learning (a store's new keys are touched, then all of them inserted).
 
-    No ``__init__``: :meth:`OffloadingManager.on_new_request` sets the three attributes (an
+    ``keys``, ``inserted`` are dicts used as ordered sets (key -> None), ``reused`` a set; the
+    policy gets ``inserted``'s ``keys()`` view. While ``merged`` is false (the usual request:
+    its loads, then its stores of new keys), ``keys`` holds the keys that are not in
+    ``inserted`` and the request's keys are ``keys`` then ``inserted``: a store's new keys
+    are recorded once, in ``inserted`` (the first store's new-key dict *is* ``inserted``),
+    not also in ``keys`` (vLLM spec replay, docs/performance.md, "Request mode, round 7").
+    Anything else (a load or a ready key after a store, a new key already recorded, the
+    ``num_blocks`` cap) first merges ``inserted`` into ``keys`` (:meth:`merge`): ``merged``,
+    ``keys`` holds every key.
+
+    No ``__init__``: :meth:`OffloadingManager.on_new_request` sets the four attributes (an
     ``__init__`` was one Python frame per request; docs/performance.md, "Request mode, round
     5 (manager and adapter)").
     """
 
-    __slots__ = ("keys", "inserted", "reused")
+    __slots__ = ("keys", "inserted", "reused", "merged")
 
     keys: dict[Hashable, None]
-    inserted: set[Hashable]
+    inserted: dict[Hashable, None]
     reused: set[Hashable]
+    merged: bool
+
+    def keys_in_order(self) -> tuple[Hashable, ...]:
+        """The request's distinct keys, first occurrence first."""
+        if self.merged or not self.inserted:
+            return tuple(self.keys)
+        return (*self.keys, *self.inserted)
+
+    def merge(self) -> None:
+        """From now on ``keys`` holds every key (``inserted`` after the others, their
+        order)."""
+        if not self.merged:
+            self.keys.update(self.inserted)
+            self.merged = True
 
 
 def _overrides(policy: CachePolicy, hook: str) -> bool:
@@ -735,22 +759,32 @@ class OffloadingManager:
                 skipped = len(new_keys) - admitted_count
                 new_keys = new_keys[:admitted_count]
             fresh = None
-        all_recorded = False
+        all_recorded = lazy = False
         if rec is not None:
             # vLLM's order: the call's admitted new keys and ready keys are recorded before
             # any early return (a failed store still records them); inserted only below.
             # The usual offer (nothing stored yet, every new key fits under the cap) is
             # _record_store + _add_keys spelled out (_FRAMES)
-            rkeys = rec.keys
-            if not num_resident and len(new_keys) <= self._num_blocks - len(rkeys):
+            rkeys, inserted = rec.keys, rec.inserted
+            room = self._num_blocks - len(rkeys) - (0 if rec.merged else len(inserted))
+            if not num_resident and len(new_keys) <= room:
                 if fresh is None:
                     fresh = dict.fromkeys(new_keys)
-                if rkeys:
-                    rkeys.update(fresh)
-                else:  # the request's first keys: the dict is the record, no copy
-                    rec.keys = fresh
+                if (not rec.merged and (not rkeys or rkeys.keys().isdisjoint(fresh.keys()))
+                        and (not inserted or inserted.keys().isdisjoint(fresh.keys()))):
+                    # the usual store: recorded in inserted below, not in keys too (see
+                    # _Request; the views' isdisjoint walk the smaller side; vLLM spec replay
+                    # -206 per block reference, docs/performance.md, "Request mode, round 7")
+                    lazy = True
+                else:
+                    rec.merge()
+                    if rec.keys:
+                        rec.keys.update(fresh)
+                    else:  # the request's first keys: the dict is the record, no copy
+                        rec.keys = fresh
                 all_recorded = True
             else:
+                rec.merge()  # its new keys recorded in keys, then inserted
                 all_recorded = self._record_store(rec, keys, new_keys, num_resident, fresh)
         if not new_keys:
             self._skipped_stores += skipped
@@ -763,6 +797,8 @@ class OffloadingManager:
         evicted_keys = []
         if shortfall > 0:
             if shortfall > self._evictable:
+                if lazy:  # a failed store records its new keys, not inserted
+                    self._record_unstored(rec, fresh)
                 return self._no_room()  # fast fail: the policy is not asked
             # only the call's keys that are already stored can be victims, so only they are
             # passed as protected; usually there are none
@@ -778,6 +814,8 @@ class OffloadingManager:
                 if protected:
                     protected = protected_set(protected)
                     if self.policy.count_eligible(protected) < shortfall:
+                        if lazy:
+                            self._record_unstored(rec, fresh)
                         return self._no_room()
                 if rec.inserted:
                     self._learn_misses(rec, new_keys)
@@ -824,18 +862,31 @@ class OffloadingManager:
         if rec is not None:
             # every new key was recorded (the usual case): no membership pass (request-mode
             # records, docs/performance.md, "Request mode, round 3"); else C-level filter
-            if all_recorded:
-                # from the new keys' dict when there is one (the same keys): a set update
-                # from a dict is sized once and reuses its hashes, from a list it resizes the
-                # request's set as it grows (spec replay, docs/performance.md, "Request
-                # mode, round 6")
-                rec.inserted.update(new_keys if fresh is None else fresh)
+            if lazy:  # the new keys' dict is the record of them (see _Request)
+                if rec.inserted:
+                    rec.inserted.update(fresh)
+                else:
+                    rec.inserted = fresh
+            elif all_recorded:
+                # from the new keys' dict when there is one (the same keys): an update from a
+                # dict is sized once and reuses its hashes (spec replay, docs/performance.md,
+                # "Request mode, round 6"); an empty dict clones it (-102 per block
+                # reference, "Request mode, round 7")
+                rec.inserted.update(dict.fromkeys(new_keys) if fresh is None else fresh)
             else:
-                rec.inserted.update(filter(rec.keys.__contains__, new_keys))
+                rec.inserted.update(dict.fromkeys(filter(rec.keys.__contains__, new_keys)))
         self._skipped_stores += skipped
         if self._on_store is not None:
             self._on_store(keys)
         return _output((new_keys, block_ids, evicted_keys))
+
+    @staticmethod
+    def _record_unstored(rec: _Request, fresh: dict) -> None:
+        """Record a failed store's new keys, which the call deferred to its insert (see
+        _Request): seen, not inserted."""
+        if rec.inserted:
+            rec.merge()
+        rec.keys.update(fresh)
 
     def _no_room(self) -> None:
         """:meth:`prepare_store`'s ``None`` (not enough evictable blocks): the admission
@@ -968,8 +1019,9 @@ class OffloadingManager:
                 del early[next(iter(early))]
         rec = _new_record(_Request)  # no __init__ frame (see _Request)
         rec.keys = {}
-        rec.inserted = set()
+        rec.inserted = {}
         rec.reused = set()
+        rec.merged = False
         self._requests[req_context] = rec
 
     def on_request_finished(self, req_context: Hashable) -> None:
@@ -1009,17 +1061,24 @@ class OffloadingManager:
     def _finish(self, rec: _Request) -> None:
         """Apply a closed request's one use (vLLM's ``inserted_keys - reused_keys``)."""
         self._req_log.finished += 1
-        if rec.keys:
+        if rec.keys or rec.inserted:
             # the record's own sets, not frozenset copies: the record is dropped here (request
             # mode, docs/performance.md, "Request mode, round 3"); inserted - reused only when
             # they meet (rare: a key reused, then evicted and stored again by the request):
             # isdisjoint walks the smaller set, usually the few reused keys, where the
             # difference built a set of every inserted key (docs/performance.md, "Request
             # mode, round 4")
-            reused, inserted = rec.reused, rec.inserted
-            if reused and not reused.isdisjoint(inserted):
+            # (inserted is a dict: its keys view is the policy's set, see _Request; the
+            # view's isdisjoint walks the smaller side when the other is a set)
+            reused, inserted = rec.reused, rec.inserted.keys()
+            if reused and not inserted.isdisjoint(reused):
                 inserted = inserted - reused
-            self.policy.on_request_finished(tuple(rec.keys), inserted, reused)
+            # _Request.keys_in_order spelled out (_FRAMES)
+            if rec.merged or not rec.inserted:
+                keys = tuple(rec.keys)
+            else:
+                keys = (*rec.keys, *rec.inserted) if rec.keys else tuple(rec.inserted)
+            self.policy.on_request_finished(keys, inserted, reused)
 
     def _add_keys(self, rec: _Request, keys: Any, fresh: dict | None = None) -> bool:
         """Record ``keys`` (validated, in order) as seen by ``rec``: first occurrence only,
@@ -1056,6 +1115,8 @@ class OffloadingManager:
             return
         if rec is None:
             return
+        if rec.inserted:  # a load after a store: every key in keys (see _Request)
+            rec.merge()
         # C-level filters, no frame per key (see _add_keys); none when every key was
         # recorded and the request inserted nothing yet (the usual load, first in its
         # request: docs/performance.md, "Request mode, round 3"); the request's first keys
@@ -1253,7 +1314,7 @@ class OffloadingManager:
             "admission": None if self.admission is None else self.admission.snapshot(),
             "events": list(self._events),
             "requests": [
-                (ctx, tuple(r.keys), set(r.inserted), set(r.reused))
+                (ctx, r.keys_in_order(), set(r.inserted), set(r.reused))
                 for ctx, r in self._requests.items()
             ],
             "finished_early": list(self._req_log.early),

@@ -231,8 +231,9 @@ class CachePolicy(ABC):
             reused: the keys of ``keys`` it loaded, or named in ``prepare_store`` while they
                 were ready; a key it stored itself and then read again is not reused.
 
-            ``inserted`` and ``reused`` are sets with O(1) membership (the manager passes its
-            request record's own sets, not copies: a policy must not keep or change them).
+            ``inserted`` and ``reused`` are sets with O(1) membership (``set``, or a dict's
+            ``keys()`` view: a :class:`collections.abc.Set`; the manager passes its request
+            record's own collections, not copies: a policy must not keep or change them).
 
         Default: one use, ``self.touch(keys)`` (``keys[0]`` ends most recent). A policy that
         tells a first use from a reuse (ARC) overrides it.
