@@ -80,6 +80,25 @@ def test_mooncake_lengths_that_disagree_warn_once_and_replay_goes_on(tmp_path):
         list(read_trace(path, strict=True))
 
 
+def test_a_skipped_bad_line_is_not_counted_as_a_length_mismatch(tmp_path):
+    # the second line's length disagrees, but the line is bad for another reason (its
+    # timestamp): skipped, it is no request, so it must not count in the length warning
+    path = tmp_path / "m.jsonl"
+    path.write_text(
+        '{"hash_ids": [1, 2], "input_length": 1000}\n'                     # fine
+        '{"hash_ids": [1], "input_length": 2048, "timestamp": "x"}\n'     # bad line
+        '{"hash_ids": [1, 2, 3], "input_length": 1}\n'                     # wrong length
+        '{"hash_ids": [1], "input_length": 4096, "output_length": -1}\n'  # bad line
+    )
+    with pytest.warns(TraceWarning) as record:
+        reader = read_trace(path, skip_bad_lines=True)
+        assert sum(1 for _ in reader) == 2
+    assert reader.bad_lines == 2 and reader.length_mismatches == 1
+    message = str(record[0].message)
+    assert "1 of 2 requests have an input_length" in message and "first at line 3" in message
+    assert reader.fitting_block_tokens is None  # 1 token in 3 blocks: no block size fits
+
+
 def test_a_16_token_block_trace_at_512_names_block_size_16(tmp_path):
     path = tmp_path / "b16.jsonl"
     lines = mooncake_lines(300, block_tokens=16, seed=3)

@@ -608,20 +608,17 @@ class TraceReader:
                     raise _LineError(
                         f"'input_length' must be an int >= 0 (tokens), got {input_length!r}"
                     )
-                if (input_length + block_tokens - 1) // block_tokens != len(ids):
-                    if strict:
-                        need = (input_length + block_tokens - 1) // block_tokens
-                        raise _LineError(
-                            f"'input_length' {input_length} needs {need} blocks of "
-                            f"{block_tokens} tokens but 'hash_ids' has {len(ids)} "
-                            "(--block-tokens sets the block size)"
-                        )
-                    pair = (input_length, len(ids))
-                    mismatched[pair] = mismatched.get(pair, 0) + 1
-                    if reader._first_mismatch is None:
-                        reader._first_mismatch = reader.lines
+                mismatch = (input_length + block_tokens - 1) // block_tokens != len(ids)
+                if mismatch and strict:
+                    need = (input_length + block_tokens - 1) // block_tokens
+                    raise _LineError(
+                        f"'input_length' {input_length} needs {need} blocks of "
+                        f"{block_tokens} tokens but 'hash_ids' has {len(ids)} "
+                        "(--block-tokens sets the block size)"
+                    )
                 keys = ids
             else:
+                mismatch = False
                 tokens = obj.get("token_ids") if want_tokens else None
                 if tokens is None:
                     if fmt == "mooncake":
@@ -663,6 +660,11 @@ class TraceReader:
                 type(ts) not in (int, float) or not 0 <= ts < _INF  # NaN, inf (1e400)
             ):
                 raise _LineError(f"'timestamp' must be a finite number >= 0 (ms), got {ts!r}")
+            if mismatch:  # counted once the line is known good: a skipped bad line is not
+                pair = (input_length, len(keys))
+                mismatched[pair] = mismatched.get(pair, 0) + 1
+                if reader._first_mismatch is None:
+                    reader._first_mismatch = reader.lines
             return Request(keys, input_length, output_length, ts)
 
         def parse_text(line: str) -> Request | None:
