@@ -381,6 +381,18 @@ def test_from_url_names_a_repeated_query_option_and_the_rule_of_a_bad_one():
             RedisTier.from_url(f"{url}?{query}", block_bytes=BLOCK, fingerprint=FP)
 
 
+@pytest.mark.parametrize("url", ["localhost:6379", "127.0.0.1", "x", ""])
+def test_a_url_without_redis_scheme_is_named_as_given(url):
+    """Found by newcomer10: redact_url (and from_url's rebuilt URL) wrote a URL without a
+    ``scheme://`` back mangled, so the error named a URL nobody gave: ``localhost:6379`` as
+    ``localhost://6379``, ``127.0.0.1`` as ``://27.0.0.1`` (its first character dropped)."""
+    assert redact_url(url) == url
+    for make in (RedisTier, RedisTier.from_url):
+        with pytest.raises(ValueError, match="must use redis://") as info:
+            make(url, block_bytes=BLOCK, fingerprint=FP)
+        assert f"Redis URL {url!r} must use" in str(info.value)
+
+
 @pytest.mark.parametrize("cluster", ["no", 1, None])
 def test_cluster_must_be_a_bool(cluster):
     """Found by a newcomer session: ``cluster="no"`` was read as True (a cluster tier with

@@ -146,12 +146,18 @@ def _no_client_setinfo() -> dict[str, Any]:
 _NO_CLIENT_SETINFO = _no_client_setinfo()
 
 
+_SCHEMES = ("redis", "rediss", "unix")
+
+
 def _unsplit(parts: Any) -> str:
     """``urlunsplit(parts)``, keeping the ``//`` of a URL with an empty host: urlunsplit
     writes ``unix:///tmp/redis.sock`` back as ``unix:/tmp/redis.sock``, which redis-py
     refuses ("must specify one of the following schemes")."""
     url = urlunsplit(parts)
-    if not parts.netloc and not url.startswith(f"{parts.scheme}://"):
+    # only for the schemes that take a ``//``: a URL without one (``localhost:6379``, or no
+    # scheme at all) is written back as given, for the error that names it
+    if (not parts.netloc and parts.scheme in _SCHEMES
+            and not url.startswith(f"{parts.scheme}://")):
         url = f"{parts.scheme}://{url[len(parts.scheme) + 1:]}"
     return url
 
@@ -443,9 +449,9 @@ class RedisTier(BlockTier):
             parts = urlsplit(url)
         except ValueError:
             raise ValueError(f"unparsable Redis URL {self._url_redacted}") from None
-        if parts.scheme not in ("redis", "rediss", "unix"):
+        if parts.scheme not in _SCHEMES:
             raise ValueError(
-                f"Redis URL {self._url_redacted} must use redis://, rediss:// or unix://"
+                f"Redis URL {self._url_redacted!r} must use redis://, rediss:// or unix://"
             )
         query_names = {k for k, _ in parse_qsl(parts.query)}
         tier_opts = sorted(query_names & set(_TIER_QUERY_OPTIONS))
