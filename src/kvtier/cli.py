@@ -160,7 +160,8 @@ def _check_plot_format(target: Path) -> None:
 
 
 _COST_OPTIONS = {"kv_bytes_per_token": "--kv-bytes-per-token",
-                 "prefill_tokens_per_s": "--prefill-tps", "read_gb_per_s": "--read-gbps"}
+                 "prefill_tokens_per_s": "--prefill-tps", "read_gb_per_s": "--read-gbps",
+                 "instances": "--instances", "block_tokens": "--block-tokens"}
 """CostModel's argument names -> the replay options that set them (for error messages)."""
 
 
