@@ -108,6 +108,30 @@ def test_plot_writes_an_image(tmp_path):
     assert plot_analysis(r2, tmp_path / "b.png").stat().st_size > 0
 
 
+def test_the_reuse_time_panel_does_not_call_sub_second_reuses_zeros(tmp_path):
+    """Found by newcomer10: the histograms' first bar, [0, 1), was labelled "zeros" on every
+    panel, but reuse times are seconds: on a synthetic trace (stamps 1 ms apart) every reuse
+    (0.001-0.9 s) fell in that bar, drawn as reuses at zero seconds."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kvtier.analyze import _draw_analysis
+
+    r = analyze([Request([1, 2], None, None, 0.0), Request([1, 2], None, None, 300.0),
+                 Request([1, 1], None, None, 400.0)])
+    assert list(r.reuse_times_s) == [0.0, 0.1, 0.3, 0.3] and 0 in r.reuse_distances
+    fig, axes = plt.subplots(2, 2)
+    try:
+        _draw_analysis(fig, axes, r, tmp_path / "a.png", "")
+        assert axes[1][0].get_xlabel().endswith("(bar at 0.5-1: under 1 s, zeros included)")
+        assert axes[0][0].get_xlabel().endswith("(bar at 0.5-1: zeros)")  # integer data
+    finally:
+        plt.close(fig)
+
+
 # -- the command ---------------------------------------------------------------------------
 def test_a_failed_plot_closes_its_figure(tmp_path):
     """Found by a newcomer session: plot_analysis to a folder that does not exist or to an
