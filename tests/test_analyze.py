@@ -152,6 +152,30 @@ def test_a_failed_plot_closes_its_figure(tmp_path):
     assert len(plt.get_fignums()) == before
 
 
+def test_a_window_option_that_does_not_fit_the_trace_is_warned_about(tmp_path):
+    """Found by newcomer10: ``kvtier analyze --window-requests 100`` on a trace with
+    timestamps (the embedded sample), or ``--window-s 10`` on one without, was ignored in
+    silence (the table's 'working set per 60s' was the only hint)."""
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    res = CliRunner().invoke(app, ["analyze", "--window-requests", "100", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert ("warning: --window-requests 100 is for traces without timestamps; this one has "
+            "them, so the working set is per --window-s 60 s") in res.output
+    assert "working set per 60s" in res.output
+    text = tmp_path / "t.txt"
+    text.write_text("1 2 3\n1 2 4\n")
+    res = CliRunner().invoke(app, ["analyze", str(text), "--window-s", "10"])
+    assert res.exit_code == 0, res.output
+    assert ("warning: --window-s 10 is for traces with timestamps; this one has none, so the "
+            "working set is per --window-requests 1000 requests") in res.output
+    for args in (["--window-s", "10"], []):  # the window that fits: no warning
+        res = CliRunner().invoke(app, ["analyze", "--no-progress", *args])
+        assert res.exit_code == 0 and "warning" not in res.output, res.output
+
+
 def test_analyze_command_json_and_plot(tmp_path):
     from typer.testing import CliRunner
 
