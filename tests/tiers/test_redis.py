@@ -393,6 +393,20 @@ def test_a_url_without_redis_scheme_is_named_as_given(url):
         assert f"Redis URL {url!r} must use" in str(info.value)
 
 
+@pytest.mark.parametrize("blocks, match", [
+    (None, r"RedisTier.write: blocks must be an iterable of blocks, got None"),
+    (bytearray(BLOCK), r"RedisTier.write: blocks must be a list of blocks, not a single "
+                       r"bytearray object of \d+ bytes \(wrap it in a list\)"),
+])
+def test_write_names_blocks_that_are_not_a_list_of_blocks(blocks, match):
+    """Found by newcomer10: write([1], None) raised "'NoneType' object is not iterable", and
+    write([1], one_block) "write got 1 keys but N blocks" (the block's bytes as blocks)."""
+    with RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP) as tier:
+        with pytest.raises(TypeError, match=match):
+            tier.write([1], blocks)
+        assert tier.stats().writes == 0
+
+
 @pytest.mark.parametrize("cluster", ["no", 1, None])
 def test_cluster_must_be_a_bool(cluster):
     """Found by a newcomer session: ``cluster="no"`` was read as True (a cluster tier with

@@ -69,6 +69,7 @@ from kvtier.tiers.base import (
     BlockTier,
     Key,
     TierStats,
+    block_list,
     block_nbytes,
     encode_key,
     join_fingerprint_fields,
@@ -910,7 +911,7 @@ class RedisTier(BlockTier):
             keys = key_list(keys, "RedisTier.write")
         self._check_open()
         if type(blocks) is not list and type(blocks) is not tuple:  # any iterable, as DiskTier
-            blocks = list(blocks)
+            blocks = block_list(blocks, "RedisTier.write")
         if len(keys) != len(blocks):
             raise ValueError(f"write got {len(keys)} keys but {len(blocks)} blocks")
         rkeys = [self.redis_key(k) for k in keys]
