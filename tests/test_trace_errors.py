@@ -265,3 +265,21 @@ def test_a_text_key_with_more_digits_than_python_converts_is_a_bad_line(tmp_path
         list(read_trace(path))
     reader = read_trace(path, skip_bad_lines=True)
     assert [r.keys for r in reader] == [[1, 2], [1, 3]] and reader.bad_lines == 1
+
+
+@pytest.mark.parametrize("flag", ["skip_bad_lines", "strict"])
+@pytest.mark.parametrize("value", ["no", "false", 1, None])
+def test_a_flag_that_is_not_a_bool_is_refused(tmp_path, flag, value):
+    """Found by newcomer10: read_trace(path, skip_bad_lines="no") (a flag read from a config
+    file) was taken as true and skipped every bad line in silence; strict="no" made
+    warnings errors. Flags are bools (numpy's too), as the Redis tier's cluster= is."""
+    from kvtier.trace import TraceOptions
+
+    with pytest.raises(ValueError, match=rf"^{flag} must be a bool, got {value!r}$"):
+        read_trace(tmp_path / "t.txt", **{flag: value})
+    with pytest.raises(ValueError, match=rf"^{flag} must be a bool, got {value!r}$"):
+        TraceOptions(**{flag: value})
+    np = pytest.importorskip("numpy")
+    options = TraceOptions(**{flag: np.bool_(True)})
+    assert getattr(options, flag) is True
+    assert getattr(read_trace(tmp_path / "t.txt", **{flag: np.bool_(False)}), flag) is False

@@ -62,7 +62,7 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, NamedTuple
 
-from kvtier.checks import check_positive_int
+from kvtier.checks import check_bool, check_positive_int
 
 __all__ = [
     "FORMATS",
@@ -404,6 +404,8 @@ class TraceReader:
                 path, None, f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}"
             )
         block_tokens = check_positive_int("block_tokens", block_tokens, "tokens")
+        skip_bad_lines = check_bool("skip_bad_lines", skip_bad_lines)
+        strict = check_bool("strict", strict)
         self.path = Path(path)
         self.fmt = fmt
         self.block_tokens = block_tokens
@@ -754,7 +756,8 @@ def read_trace(
     Raises:
         TraceFormatError: unknown ``fmt`` (at once); while iterating: missing or unreadable
             file, unknown format, a bad line (unless skipped), or no request at all.
-        ValueError: ``block_tokens`` is not a positive int.
+        ValueError: ``block_tokens`` is not a positive int, or ``skip_bad_lines`` /
+            ``strict`` is not a bool.
     """
     return TraceReader(path, fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines,
                        strict=strict)
@@ -773,7 +776,8 @@ class TraceOptions:
             :class:`TraceReader`) into :class:`TraceFormatError`.
 
     Raises:
-        TraceFormatError: unknown ``fmt``. ValueError: ``block_tokens`` not a positive int.
+        TraceFormatError: unknown ``fmt``. ValueError: ``block_tokens`` not a positive int,
+            or a flag that is not a bool.
     """
 
     fmt: str = "auto"
@@ -788,6 +792,10 @@ class TraceOptions:
                 f"unknown format {self.fmt!r}; expected one of {', '.join(FORMATS)}",
             )
         check_positive_int("block_tokens", self.block_tokens, "tokens")
+        # kept as plain bools ("no" would read as true; numpy's bool taken)
+        object.__setattr__(self, "skip_bad_lines", check_bool("skip_bad_lines",
+                                                              self.skip_bad_lines))
+        object.__setattr__(self, "strict", check_bool("strict", self.strict))
 
     def open(self, path: str | os.PathLike) -> TraceReader:
         """``read_trace(path)`` with these options."""
