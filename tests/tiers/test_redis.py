@@ -430,6 +430,19 @@ def test_numpy_ints_are_taken_for_ttl_and_breaker_failures():
             RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP, **kw)
 
 
+def test_a_ttl_redis_refuses_is_refused_at_construction(shared_redis_server):
+    """Found by newcomer10: ttl_s=10**20 (or 2**62: 'keep them for ever') was taken, and
+    every write then failed on the server ("ERR invalid expire time"), counted as backend
+    errors only. Redis takes EX up to about 9.2e15 s; the tier takes up to 9e15."""
+    with pytest.raises(ValueError, match=r"ttl_s must be None or an int > 0 seconds, at most "
+                                         r"9,000,000,000,000,000 \(Redis refuses"):
+        RedisTier(shared_redis_server.url, block_bytes=BLOCK, fingerprint=FP, ttl_s=2**62)
+    with make_tier(shared_redis_server.url, ttl_s=9 * 10**15) as tier:
+        tier.write([1], blocks_for([1]))
+        assert tier.flush(10) and tier.lookup_prefix([1]) == 1
+        assert tier.stats().writes_failed == 0
+
+
 @pytest.mark.parametrize("timeout", [float("nan"), "5", True])
 def test_close_and_flush_refuse_a_bad_timeout_before_closing(timeout):
     """Found by a newcomer session: ``close(float("nan"))`` marked the tier closed, then

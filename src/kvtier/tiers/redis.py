@@ -149,6 +149,10 @@ _NO_CLIENT_SETINFO = _no_client_setinfo()
 
 _SCHEMES = ("redis", "rediss", "unix")
 
+# the largest ttl_s: Redis answers "invalid expire time" when now (ms) + EX * 1000 passes
+# 2**63 - 1, i.e. above about 9.22e15 s (every write then failed, counted as backend errors)
+_MAX_TTL_S = 9 * 10**15
+
 
 def _unsplit(parts: Any) -> str:
     """``urlunsplit(parts)``, keeping the ``//`` of a URL with an empty host: urlunsplit
@@ -352,7 +356,8 @@ class RedisTier(BlockTier):
         compression: ``"none"`` (default) or ``"zstd"`` (level 1; a block is stored compressed
             only when that saves at least 10 %). Random-ish bf16 KV compresses about 1.28x at
             ~0.16 GB/s per core, slower than loopback Redis: see docs/redis.md.
-        ttl_s: optional expiry of written blocks, seconds (``None``: Redis's eviction only).
+        ttl_s: optional expiry of written blocks, seconds (``None``: Redis's eviction only;
+            at most 9e15, the largest Redis takes).
         lookup_mode: ``"script"`` (standalone default: one Lua script call that stops at the
             first missing key) or ``"pipeline"`` (one EXISTS per key in one pipeline; the only
             mode for a cluster).
@@ -420,8 +425,10 @@ class RedisTier(BlockTier):
             raise ValueError(f"compression must be 'none' or 'zstd', got {compression!r}")
         if ttl_s is not None:
             ttl = _as_int(ttl_s)  # numpy ints taken, kept as plain ints
-            if ttl is None or ttl <= 0:
-                raise ValueError(f"ttl_s must be None or an int > 0 seconds, got {ttl_s!r}")
+            if ttl is None or ttl <= 0 or ttl > _MAX_TTL_S:
+                raise ValueError(
+                    f"ttl_s must be None or an int > 0 seconds, at most {_MAX_TTL_S:,} (Redis "
+                    f"refuses an EX whose expiry in ms overflows 64 bits), got {ttl_s!r}")
             ttl_s = ttl
         if type(cluster) is not bool and type(cluster).__name__ != "bool_":
             raise ValueError(f"cluster must be a bool, got {cluster!r}")
