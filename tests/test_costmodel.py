@@ -269,3 +269,12 @@ def test_evaluate_takes_numpy_integers_as_plain_ints():
                      np.int64(3))
     assert numpy == plain
     assert type(numpy["hit_tokens"]) is int and type(numpy["write_bytes"]) is int
+
+
+@pytest.mark.parametrize("model", [None, {"kv_bytes_per_token": 1000}, "llama-3.1-8b"])
+def test_evaluate_names_a_model_that_is_not_a_cost_model(model):
+    """Found by newcomer10: evaluate(None, ...) raised AttributeError "'NoneType' object has
+    no attribute 'kv_bytes_per_token'"."""
+    with pytest.raises(TypeError, match=rf"^model must be a CostModel \(e.g. CostModel.build\(\)\), "
+                                        rf"got {type(model).__name__}$"):
+        evaluate(model, [1000], [1], None, 0)

@@ -320,7 +320,11 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
             ``stored_blocks`` is negative or not an int (numpy integers are taken; floats and
             bools are not), or a timestamp is not a finite number (a bool is not; the
             message names the list and the position).
+        TypeError: ``model`` is not a :class:`CostModel`.
     """
+    if not isinstance(model, CostModel):
+        raise TypeError(f"model must be a CostModel (e.g. CostModel.build()), got "
+                        f"{type(model).__name__}")
     n = len(hit_blocks)
     if len(input_lengths) != n or (timestamps_ms is not None and len(timestamps_ms) != n):
         raise ValueError(f"per-request inputs differ in length: {len(input_lengths)} input "
