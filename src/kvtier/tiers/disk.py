@@ -157,10 +157,6 @@ def _serialized(method: Any) -> Any:
     return call
 
 
-# the key types encode_key takes as they are; any other type is checked key by key
-_KEY_TYPES = frozenset({int, str, bytes})
-
-
 class DiskTier(BlockTier):
     """A tier of ``num_blocks`` fixed-size slots of ``block_bytes`` in directory ``path``.
 
@@ -384,17 +380,11 @@ class DiskTier(BlockTier):
 
         Raises:
             ValueError: the tier is closed.
-            TypeError: an examined key is not hashable, or a key has no stable encoding (as
-                for :meth:`read` and :meth:`write`: ``np.int64(1)``, ``True`` or ``1.0``,
-                equal to a stored ``1``, would answer a hit that :meth:`read` refuses).
-                Nothing is counted then.
+            TypeError: an examined key is not hashable.
         """
         if type(keys) is not list and type(keys) is not tuple:  # a lone str: TypeError
             keys = key_list(keys, "DiskTier.lookup_prefix")
         self._check_open()
-        if not _KEY_TYPES.issuperset(map(type, keys)):  # C-level; the usual keys pass
-            for key in keys:
-                encode_key(key)  # raises naming the key (str / bytes subclasses pass)
         self._drain()
         n = self.manager.lookup_prefix(keys)
         if self._bad and n:
