@@ -523,6 +523,7 @@ class TraceReader:
                     except _LineError as exc:
                         if skip:
                             self.bad_lines += 1
+                            self._uncount_mismatch(lineno)
                             continue
                         raise TraceFormatError(shown, lineno, str(exc)) from None
                     if req is None:  # comment
@@ -537,6 +538,21 @@ class TraceReader:
                 )
             raise TraceFormatError(shown, None, "empty trace: no request lines")
         self._report_lengths(shown)
+
+    def _uncount_mismatch(self, lineno: int) -> None:
+        """A line skipped as bad is no request: take back the length mismatch the parser
+        counted for it before a later check refused it (error path only)."""
+        last = self._last_mismatch
+        if last is None or last[0] != lineno:
+            return
+        pair = last[1]
+        mismatched = self._mismatched
+        mismatched[pair] -= 1
+        if not mismatched[pair]:
+            del mismatched[pair]
+        if self._first_mismatch == lineno:  # this line set it: no earlier mismatch
+            self._first_mismatch = None
+        self._last_mismatch = None
 
     def report_lengths(self) -> None:
         """Warn now about the lines of the current pass so far whose ``input_length``
@@ -585,6 +601,7 @@ class TraceReader:
         mismatched: dict[tuple[int, int], int] = {}
         self._mismatched = mismatched
         self._first_mismatch: int | None = None
+        self._last_mismatch: tuple[int, tuple[int, int]] | None = None  # (line, pair)
         reader = self
         want_hash = fmt in ("mooncake", "jsonl")
         want_tokens = fmt in ("tokens", "jsonl")
@@ -610,17 +627,23 @@ class TraceReader:
                     raise _LineError(
                         f"'input_length' must be an int >= 0 (tokens), got {input_length!r}"
                     )
-                mismatch = (input_length + block_tokens - 1) // block_tokens != len(ids)
-                if mismatch and strict:
-                    need = (input_length + block_tokens - 1) // block_tokens
-                    raise _LineError(
-                        f"'input_length' {input_length} needs {need} blocks of "
-                        f"{block_tokens} tokens but 'hash_ids' has {len(ids)} "
-                        "(--block-tokens sets the block size)"
-                    )
+                if (input_length + block_tokens - 1) // block_tokens != len(ids):
+                    if strict:
+                        need = (input_length + block_tokens - 1) // block_tokens
+                        raise _LineError(
+                            f"'input_length' {input_length} needs {need} blocks of "
+                            f"{block_tokens} tokens but 'hash_ids' has {len(ids)} "
+                            "(--block-tokens sets the block size)"
+                        )
+                    pair = (input_length, len(ids))
+                    mismatched[pair] = mismatched.get(pair, 0) + 1
+                    if reader._first_mismatch is None:
+                        reader._first_mismatch = reader.lines
+                    # a later check of this line may still find it bad: _generate then
+                    # takes this count back (_uncount_mismatch)
+                    reader._last_mismatch = (reader.lines, pair)
                 keys = ids
             else:
-                mismatch = False
                 tokens = obj.get("token_ids") if want_tokens else None
                 if tokens is None:
                     if fmt == "mooncake":
@@ -662,11 +685,6 @@ class TraceReader:
                 type(ts) not in (int, float) or not 0 <= ts < _INF  # NaN, inf (1e400)
             ):
                 raise _LineError(f"'timestamp' must be a finite number >= 0 (ms), got {ts!r}")
-            if mismatch:  # counted once the line is known good: a skipped bad line is not
-                pair = (input_length, len(keys))
-                mismatched[pair] = mismatched.get(pair, 0) + 1
-                if reader._first_mismatch is None:
-                    reader._first_mismatch = reader.lines
             return Request(keys, input_length, output_length, ts)
 
         def parse_text(line: str) -> Request | None:
