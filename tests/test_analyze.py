@@ -169,8 +169,9 @@ def test_a_window_option_that_does_not_fit_the_trace_is_warned_about(tmp_path):
     text.write_text("1 2 3\n1 2 4\n")
     res = CliRunner().invoke(app, ["analyze", str(text), "--window-s", "10"])
     assert res.exit_code == 0, res.output
-    assert ("warning: --window-s 10 is for traces with timestamps; this one has none, so the "
-            "working set is per --window-requests 1000 requests") in res.output
+    assert ("warning: --window-s 10 is for traces with timestamps; this one is read without "
+            "(its first request has none), so the working set is per --window-requests 1000 "
+            "requests") in res.output
     for args in (["--window-s", "10"], []):  # the window that fits: no warning
         res = CliRunner().invoke(app, ["analyze", "--no-progress", *args])
         assert res.exit_code == 0 and "warning" not in res.output, res.output

@@ -800,8 +800,9 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
         _warn(f"--window-requests {window_requests} is for traces without timestamps; this one "
               f"has them, so the working set is per --window-s {window_s:g} s")
     elif given_s and not result.has_timestamps:
-        _warn(f"--window-s {window_s:g} is for traces with timestamps; this one has none, so "
-              f"the working set is per --window-requests {window_requests} requests")
+        _warn(f"--window-s {window_s:g} is for traces with timestamps; this one is read "
+              f"without (its first request has none), so the working set is per "
+              f"--window-requests {window_requests} requests")
     d = result.to_dict()
     out = _out_console(json_out)
     out.print(_analysis_table(d))
