@@ -108,6 +108,30 @@ def test_plot_writes_an_image(tmp_path):
     assert plot_analysis(r2, tmp_path / "b.png").stat().st_size > 0
 
 
+def test_the_reuse_time_panel_does_not_call_sub_second_reuses_zeros(tmp_path):
+    """Found by newcomer10: the histograms' first bar, [0, 1), was labelled "zeros" on every
+    panel, but reuse times are seconds: on a synthetic trace (stamps 1 ms apart) every reuse
+    (0.001-0.9 s) fell in that bar, drawn as reuses at zero seconds."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kvtier.analyze import _draw_analysis
+
+    r = analyze([Request([1, 2], None, None, 0.0), Request([1, 2], None, None, 300.0),
+                 Request([1, 1], None, None, 400.0)])
+    assert list(r.reuse_times_s) == [0.0, 0.1, 0.3, 0.3] and 0 in r.reuse_distances
+    fig, axes = plt.subplots(2, 2)
+    try:
+        _draw_analysis(fig, axes, r, tmp_path / "a.png", "")
+        assert axes[1][0].get_xlabel().endswith("(bar at 0.5-1: under 1 s, zeros included)")
+        assert axes[0][0].get_xlabel().endswith("(bar at 0.5-1: zeros)")  # integer data
+    finally:
+        plt.close(fig)
+
+
 # -- the command ---------------------------------------------------------------------------
 def test_a_failed_plot_closes_its_figure(tmp_path):
     """Found by a newcomer session: plot_analysis to a folder that does not exist or to an
@@ -126,6 +150,31 @@ def test_a_failed_plot_closes_its_figure(tmp_path):
                                         r"or Analyzer\.result\(\)\), got list"):
         plot_analysis([r], tmp_path / "a.png")
     assert len(plt.get_fignums()) == before
+
+
+def test_a_window_option_that_does_not_fit_the_trace_is_warned_about(tmp_path):
+    """Found by newcomer10: ``kvtier analyze --window-requests 100`` on a trace with
+    timestamps (the embedded sample), or ``--window-s 10`` on one without, was ignored in
+    silence (the table's 'working set per 60s' was the only hint)."""
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    res = CliRunner().invoke(app, ["analyze", "--window-requests", "100", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert ("warning: --window-requests 100 is for traces without timestamps; this one has "
+            "them, so the working set is per --window-s 60 s") in res.output
+    assert "working set per 60s" in res.output
+    text = tmp_path / "t.txt"
+    text.write_text("1 2 3\n1 2 4\n")
+    res = CliRunner().invoke(app, ["analyze", str(text), "--window-s", "10"])
+    assert res.exit_code == 0, res.output
+    assert ("warning: --window-s 10 is for traces with timestamps; this one is read without "
+            "(its first request has none), so the working set is per --window-requests 1000 "
+            "requests") in res.output
+    for args in (["--window-s", "10"], []):  # the window that fits: no warning
+        res = CliRunner().invoke(app, ["analyze", "--no-progress", *args])
+        assert res.exit_code == 0 and "warning" not in res.output, res.output
 
 
 def test_analyze_command_json_and_plot(tmp_path):

@@ -116,6 +116,26 @@ def test_more_instances_than_requests_queue_no_request():
     assert many["instances"] == 10**20 and many["utilization_no_tier"] < 1e-15
 
 
+@pytest.mark.parametrize("field", ["kv_bytes_per_token", "instances", "block_tokens"])
+def test_an_int_too_large_for_a_float_is_refused_by_name(field):
+    """Found by newcomer10: ``kvtier replay --cost --kv-bytes-per-token 1e400`` (the int),
+    ``--instances`` and ``--block-tokens`` of that size ended in a traceback
+    ("OverflowError: int too large to convert to float": math.isfinite of the int, then the
+    utilization's and the table's float arithmetic)."""
+    args = {"kv_bytes_per_token": 1000, field: 10**400}
+    with pytest.raises(ValueError, match=rf"^{field} must be .*, got 1000000"):
+        CostModel(**args)
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    option = "--" + {"kv_bytes_per_token": "kv-bytes-per-token"}.get(field, field.replace("_", "-"))
+    res = CliRunner().invoke(app, ["replay", "-p", "lru", "-c", "10", "--cost", option,
+                                   str(10**400)])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit)  # no OverflowError
+    assert f"error: {option} must be" in res.output
+
+
 @pytest.mark.parametrize("lengths, hits, stamps, stored, match", [
     ([1000, 1000], [-5, 2], None, 3, r"hit_blocks\[0\] is -5"),
     ([-1000, 1000], [1, 2], None, 3, r"input_lengths\[0\] is -1000"),
@@ -249,3 +269,12 @@ def test_evaluate_takes_numpy_integers_as_plain_ints():
                      np.int64(3))
     assert numpy == plain
     assert type(numpy["hit_tokens"]) is int and type(numpy["write_bytes"]) is int
+
+
+@pytest.mark.parametrize("model", [None, {"kv_bytes_per_token": 1000}, "llama-3.1-8b"])
+def test_evaluate_names_a_model_that_is_not_a_cost_model(model):
+    """Found by newcomer10: evaluate(None, ...) raised AttributeError "'NoneType' object has
+    no attribute 'kv_bytes_per_token'"."""
+    with pytest.raises(TypeError, match=rf"^model must be a CostModel \(e.g. CostModel.build\(\)\), "
+                                        rf"got {type(model).__name__}$"):
+        evaluate(model, [1000], [1], None, 0)

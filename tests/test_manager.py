@@ -283,6 +283,15 @@ def test_numpy_integer_sizes_are_taken_as_plain_ints(policy):
     assert out is not None and sorted(out.block_ids) == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("bad", ["no", "false", 0, None])
+def test_enable_events_must_be_a_bool(bad):
+    """Found by newcomer10: enable_events="no" (a flag from a config file) turned events on,
+    and a caller that never takes them grows the event list by one per store for ever."""
+    with pytest.raises(ValueError, match=rf"^enable_events must be a bool, got {bad!r}$"):
+        OffloadingManager(4, enable_events=bad)
+    assert OffloadingManager(4, enable_events=np.bool_(True)).enable_events is True
+
+
 def test_constructor_rejects_unknown_policy():
     with pytest.raises(ValueError, match="unknown policy 'nope'.*lru"):
         OffloadingManager(4, "nope")

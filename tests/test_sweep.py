@@ -37,6 +37,19 @@ def test_a_bad_worker_count_is_refused(workers):
         run_grid(embedded_sample_path(), ["lru"], [10], workers=workers)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("field", ["trace", "options"])
+def test_trace_and_options_of_the_wrong_type_are_named(workers, field):
+    """Found by newcomer10: run_grid(..., trace={}) raised AttributeError "'dict' object has
+    no attribute 'open'" (in each worker process with workers > 1), while options={} was
+    named, but only by the first replay."""
+    from kvtier.trace import embedded_sample_path
+
+    kind = {"trace": "TraceOptions", "options": "ReplayOptions"}[field]
+    with pytest.raises(TypeError, match=rf"^{field} must be a {kind} \(or None\), got dict$"):
+        run_grid(embedded_sample_path(), ["lru"], [10, 20], workers=workers, **{field: {}})
+
+
 @pytest.mark.parametrize(("policies", "capacities", "name"), [
     ("lru", [10], "policies"), (["lru"], "100", "capacities"), (["lru"], 100, "capacities")])
 def test_a_lone_str_or_number_is_not_a_list(policies, capacities, name):

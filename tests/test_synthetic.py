@@ -82,3 +82,11 @@ def test_unknown_field_and_bad_block_tokens():
         generate(sesions=3)
     with pytest.raises(ValueError, match="block_tokens"):
         generate(sessions=3, block_tokens=1)
+
+
+def test_a_spec_that_is_not_a_synthetic_spec_is_named():
+    """Found by newcomer10: generate({"sessions": 2}) raised AttributeError "'dict' object
+    has no attribute 'seed'"."""
+    with pytest.raises(TypeError, match=r"spec must be a SyntheticSpec or None, got dict "
+                                        r"\(pass fields as keywords: generate\(sessions=2\)\)"):
+        generate({"sessions": 2})

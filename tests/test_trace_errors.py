@@ -80,6 +80,25 @@ def test_mooncake_lengths_that_disagree_warn_once_and_replay_goes_on(tmp_path):
         list(read_trace(path, strict=True))
 
 
+def test_a_skipped_bad_line_is_not_counted_as_a_length_mismatch(tmp_path):
+    # the second line's length disagrees, but the line is bad for another reason (its
+    # timestamp): skipped, it is no request, so it must not count in the length warning
+    path = tmp_path / "m.jsonl"
+    path.write_text(
+        '{"hash_ids": [1, 2], "input_length": 1000}\n'                     # fine
+        '{"hash_ids": [1], "input_length": 2048, "timestamp": "x"}\n'     # bad line
+        '{"hash_ids": [1, 2, 3], "input_length": 1}\n'                     # wrong length
+        '{"hash_ids": [1], "input_length": 4096, "output_length": -1}\n'  # bad line
+    )
+    with pytest.warns(TraceWarning) as record:
+        reader = read_trace(path, skip_bad_lines=True)
+        assert sum(1 for _ in reader) == 2
+    assert reader.bad_lines == 2 and reader.length_mismatches == 1
+    message = str(record[0].message)
+    assert "1 of 2 requests have an input_length" in message and "first at line 3" in message
+    assert reader.fitting_block_tokens is None  # 1 token in 3 blocks: no block size fits
+
+
 def test_a_16_token_block_trace_at_512_names_block_size_16(tmp_path):
     path = tmp_path / "b16.jsonl"
     lines = mooncake_lines(300, block_tokens=16, seed=3)
@@ -246,3 +265,21 @@ def test_a_text_key_with_more_digits_than_python_converts_is_a_bad_line(tmp_path
         list(read_trace(path))
     reader = read_trace(path, skip_bad_lines=True)
     assert [r.keys for r in reader] == [[1, 2], [1, 3]] and reader.bad_lines == 1
+
+
+@pytest.mark.parametrize("flag", ["skip_bad_lines", "strict"])
+@pytest.mark.parametrize("value", ["no", "false", 1, None])
+def test_a_flag_that_is_not_a_bool_is_refused(tmp_path, flag, value):
+    """Found by newcomer10: read_trace(path, skip_bad_lines="no") (a flag read from a config
+    file) was taken as true and skipped every bad line in silence; strict="no" made
+    warnings errors. Flags are bools (numpy's too), as the Redis tier's cluster= is."""
+    from kvtier.trace import TraceOptions
+
+    with pytest.raises(ValueError, match=rf"^{flag} must be a bool, got {value!r}$"):
+        read_trace(tmp_path / "t.txt", **{flag: value})
+    with pytest.raises(ValueError, match=rf"^{flag} must be a bool, got {value!r}$"):
+        TraceOptions(**{flag: value})
+    np = pytest.importorskip("numpy")
+    options = TraceOptions(**{flag: np.bool_(True)})
+    assert getattr(options, flag) is True
+    assert getattr(read_trace(tmp_path / "t.txt", **{flag: np.bool_(False)}), flag) is False

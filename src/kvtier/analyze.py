@@ -69,7 +69,8 @@ def percentile(sorted_values: Sequence[float], p: float) -> float | None:
 
 def _log2_histogram(sorted_values: Sequence[float]) -> list[dict]:
     """Counts per power-of-two bucket: ``[0, 1)``, ``[1, 2)``, ``[2, 4)``, ... (the first
-    bucket holds the zeros), as ``[{"lo", "hi", "count"}, ...]`` over non-empty buckets."""
+    bucket holds the zeros, and of real values everything below 1), as ``[{"lo", "hi",
+    "count"}, ...]`` over non-empty buckets."""
     out: list[dict] = []
     i, n = 0, len(sorted_values)
     lo = 0.0
@@ -474,8 +475,10 @@ def analyze(
     return an.result()
 
 
-def _hist_axes(ax, sorted_values, xlabel: str, title: str) -> None:
-    """Log2-bucket histogram; log x and log y when the values span decades."""
+def _hist_axes(ax, sorted_values, xlabel: str, title: str, first_bar: str = "zeros") -> None:
+    """Log2-bucket histogram; log x and log y when the values span decades. ``first_bar``
+    names what bucket [0, 1) holds in the x label: the zeros of integer data, everything
+    below 1 of real-valued data."""
     hist = _log2_histogram(sorted_values)
     if not hist:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
@@ -490,7 +493,7 @@ def _hist_axes(ax, sorted_values, xlabel: str, title: str) -> None:
         ax.set_xscale("log", base=10)
     if max(counts) / min(counts) >= 100:
         ax.set_yscale("log")
-    ax.set_xlabel(xlabel + ("  (bar at 0.5-1: zeros)" if hist[0]["lo"] == 0 else ""))
+    ax.set_xlabel(xlabel + (f"  (bar at 0.5-1: {first_bar})" if hist[0]["lo"] == 0 else ""))
     ax.set_ylabel("count")
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
@@ -551,7 +554,8 @@ def _draw_analysis(fig: Any, axes: Any, result: TraceAnalysis, out: str | os.Pat
                "earlier requests", "prefix-sharing depth per request")
     ax = axes[1][0]
     if result.has_timestamps:
-        _hist_axes(ax, result.reuse_times_s, "time between reuses (s)", "time between reuses")
+        _hist_axes(ax, result.reuse_times_s, "time between reuses (s)", "time between reuses",
+                   first_bar="under 1 s, zeros included")  # seconds: not only zeros there
     else:
         ax.text(0.5, 0.5, "no timestamps in this trace", ha="center", va="center",
                 transform=ax.transAxes)

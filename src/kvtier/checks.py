@@ -52,6 +52,20 @@ def check_nonnegative_int(name: str, value: Any, unit: str = "") -> int:
     return number
 
 
+def check_bool(name: str, value: Any) -> bool:
+    """Return ``value`` as a plain ``bool`` if it is a ``bool`` or ``numpy.bool_``.
+
+    Raises:
+        ValueError: ``"<name> must be a bool, got <value>"``: a flag written as ``"no"`` or
+            ``"false"`` (read from a config file or a URL) would otherwise be taken as true.
+    """
+    if isinstance(value, bool):
+        return value
+    if type(value).__name__ in ("bool_", "bool"):  # numpy's (named bool_ before numpy 2)
+        return bool(value)
+    raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
 def check_timeout(value: Any, method: str) -> float | None:
     """A ``timeout`` argument (seconds to wait, e.g. a tier's ``flush``) as threading's
     waits take it: ``None`` and ``inf`` wait as long as it takes (``None``), a negative number

@@ -160,7 +160,8 @@ def _check_plot_format(target: Path) -> None:
 
 
 _COST_OPTIONS = {"kv_bytes_per_token": "--kv-bytes-per-token",
-                 "prefill_tokens_per_s": "--prefill-tps", "read_gb_per_s": "--read-gbps"}
+                 "prefill_tokens_per_s": "--prefill-tps", "read_gb_per_s": "--read-gbps",
+                 "instances": "--instances", "block_tokens": "--block-tokens"}
 """CostModel's argument names -> the replay options that set them (for error messages)."""
 
 
@@ -688,11 +689,12 @@ def analyze_cmd(
     strict: StrictOpt = False,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1,
                                                  help="Analyze only the first N requests.")] = None,
-    window_s: Annotated[float, typer.Option(
-        "--window-s", min=0.001, help="Working-set window, seconds (traces with timestamps).")] = 60.0,
-    window_requests: Annotated[int, typer.Option(
+    window_s: Annotated[Optional[float], typer.Option(
+        "--window-s", min=0.001, help="Working-set window, seconds (traces with timestamps).  "
+                                      "\\[default: 60]")] = None,
+    window_requests: Annotated[Optional[int], typer.Option(
         "--window-requests", min=1, help="Working-set window, requests (traces without "
-                                         "timestamps).")] = 1000,
+                                         "timestamps).  \\[default: 1000]")] = None,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="Image of the distributions (PNG; log axes where they span decades).")] = None,
     json_out: JsonOpt = None,
@@ -773,6 +775,11 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
     path = trace if trace is not None else embedded_sample_path()
     if fmt not in FORMATS:
         raise _CliError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
+    # None: not given (the working set's window option that does not fit the trace is
+    # warned about below, not ignored in silence)
+    given_s, given_requests = window_s is not None, window_requests is not None
+    window_s = 60.0 if window_s is None else window_s
+    window_requests = 1000 if window_requests is None else window_requests
     if not math.isfinite(window_s):  # typer's min=0.001 lets inf through
         raise _CliError(f"--window-s must be a finite number > 0 (seconds), got {window_s}")
     _check_writable(json_out, "--json")
@@ -796,6 +803,13 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
         result = analyze(it, window_s=window_s, window_requests=window_requests,
                          progress=(lambda n: bar.advance(task, n)) if bar is not None else None)
     elapsed = time.perf_counter() - t0
+    if given_requests and result.has_timestamps:
+        _warn(f"--window-requests {window_requests} is for traces without timestamps; this one "
+              f"has them, so the working set is per --window-s {window_s:g} s")
+    elif given_s and not result.has_timestamps:
+        _warn(f"--window-s {window_s:g} is for traces with timestamps; this one is read "
+              f"without (its first request has none), so the working set is per "
+              f"--window-requests {window_requests} requests")
     d = result.to_dict()
     out = _out_console(json_out)
     out.print(_analysis_table(d))

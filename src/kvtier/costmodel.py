@@ -89,6 +89,14 @@ AUTO_UTILIZATION = 0.8
 """Target no-tier utilization when the number of instances is chosen automatically."""
 
 
+def _finite(value: numbers.Real) -> bool:
+    """``value`` is finite as a float (an int too large for a float is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 @dataclass(frozen=True)
 class CostModel:
     """The deployment the figures are computed for.
@@ -117,10 +125,12 @@ class CostModel:
 
     def __post_init__(self) -> None:
         # numpy numbers are taken (as by OffloadingManager) and kept as plain int / float
+        # an int too large for a float (10**400) is refused too: the formulas are float
+        # arithmetic (before: OverflowError tracebacks, found by a newcomer session)
         for name in ("kv_bytes_per_token", "prefill_tokens_per_s", "read_gb_per_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-                    or not math.isfinite(value) or value <= 0:
+                    or not _finite(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
             plain = int(value) if isinstance(value, numbers.Integral) else float(value)
             object.__setattr__(self, name, plain)
@@ -131,6 +141,9 @@ class CostModel:
             number = _as_int(value)
             if number is None or number < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            if not _finite(number):
+                raise ValueError(f"{name} must be an int a float can hold (below 1.8e308), "
+                                 f"got {value!r}")
             object.__setattr__(self, name, number)
 
     @classmethod
@@ -307,7 +320,11 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
             ``stored_blocks`` is negative or not an int (numpy integers are taken; floats and
             bools are not), or a timestamp is not a finite number (a bool is not; the
             message names the list and the position).
+        TypeError: ``model`` is not a :class:`CostModel`.
     """
+    if not isinstance(model, CostModel):
+        raise TypeError(f"model must be a CostModel (e.g. CostModel.build()), got "
+                        f"{type(model).__name__}")
     n = len(hit_blocks)
     if len(input_lengths) != n or (timestamps_ms is not None and len(timestamps_ms) != n):
         raise ValueError(f"per-request inputs differ in length: {len(input_lengths)} input "

@@ -41,7 +41,7 @@ from typing import Any
 
 from kvtier.admission import AdmissionTracker
 from kvtier.admission_adaptive import make_admission
-from kvtier.checks import check_positive_int, key_list, unhashable_error
+from kvtier.checks import check_bool, check_positive_int, key_list, unhashable_error
 from kvtier.errors import BlockStateError, PolicyError, RequestStateError
 from kvtier.policies import CachePolicy, get_policy
 from kvtier.policies.base import protected_set
@@ -181,8 +181,8 @@ class OffloadingManager:
 
     Raises:
         ValueError: a non-positive size, threshold or ``max_open_requests``, an unknown
-            policy or admission name, or ``admission`` other than ``"all"`` together with
-            ``store_threshold >= 2``.
+            policy or admission name, ``admission`` other than ``"all"`` together with
+            ``store_threshold >= 2``, or ``enable_events`` not a bool.
         TypeError: ``policy`` is neither a name nor a CachePolicy subclass.
 
     Example::
@@ -213,6 +213,7 @@ class OffloadingManager:
             raise ValueError(f"num_blocks must be at most {MAX_BLOCKS}, got {num_blocks}")
         store_threshold = check_positive_int("store_threshold", store_threshold, "lookups")
         max_tracker_size = check_positive_int("max_tracker_size", max_tracker_size, "keys")
+        enable_events = check_bool("enable_events", enable_events)  # "no" would read as true
         if admission != "all" and store_threshold >= 2:
             raise ValueError(
                 f"admission={admission!r} cannot be combined with store_threshold="

@@ -101,7 +101,8 @@ def run_grid(
             it came (points running, or being handed out), and none is left behind.
         kvtier.trace.TraceFormatError: bad trace. ValueError: bad policy or argument (e.g.
             ``workers`` or ``limit`` not an int >= 1). TypeError: ``policies`` or
-            ``capacities`` is a lone str or number, not a list.
+            ``capacities`` is a lone str or number, not a list; ``trace`` / ``options`` not a
+            TraceOptions / ReplayOptions.
     """
     # numpy integers are taken as plain ints (as by replay's capacities); bools are not
     if limit is not None:
@@ -119,6 +120,11 @@ def run_grid(
         if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
             raise TypeError(f"{name} must be a list of {what}, not a single {value!r} (wrap it "
                             "in a list)")
+    # checked here, not first in each worker process
+    for name, value, kind in (("trace", trace, TraceOptions), ("options", options, ReplayOptions)):
+        if value is not None and not isinstance(value, kind):
+            raise TypeError(f"{name} must be a {kind.__name__} (or None), got "
+                            f"{type(value).__name__}")
     trace = TraceOptions() if trace is None else trace
     options = ReplayOptions() if options is None else options
     points = [(p, c) for p in policies for c in capacities]

@@ -141,10 +141,15 @@ def generate(spec: SyntheticSpec | None = None, *, block_tokens: int = 512,
 
     Raises:
         ValueError: a bad field (see :class:`SyntheticSpec`), an unknown field name, or
-            ``block_tokens`` < 2.
+            ``block_tokens`` < 2. TypeError: ``spec`` is neither a SyntheticSpec nor None.
     """
     if spec is None:
         spec = SyntheticSpec()
+    elif not isinstance(spec, SyntheticSpec):
+        example = (", ".join(f"{k}={v!r}" for k, v in spec.items()) if isinstance(spec, dict)
+                   else "sessions=2000")
+        raise TypeError(f"spec must be a SyntheticSpec or None, got {type(spec).__name__} "
+                        f"(pass fields as keywords: generate({example}))")
     if fields:
         unknown = set(fields) - set(SyntheticSpec.__dataclass_fields__)
         if unknown:

@@ -62,7 +62,7 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, NamedTuple
 
-from kvtier.checks import check_positive_int
+from kvtier.checks import check_bool, check_positive_int
 
 __all__ = [
     "FORMATS",
@@ -404,6 +404,8 @@ class TraceReader:
                 path, None, f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}"
             )
         block_tokens = check_positive_int("block_tokens", block_tokens, "tokens")
+        skip_bad_lines = check_bool("skip_bad_lines", skip_bad_lines)
+        strict = check_bool("strict", strict)
         self.path = Path(path)
         self.fmt = fmt
         self.block_tokens = block_tokens
@@ -521,6 +523,7 @@ class TraceReader:
                     except _LineError as exc:
                         if skip:
                             self.bad_lines += 1
+                            self._uncount_mismatch(lineno)
                             continue
                         raise TraceFormatError(shown, lineno, str(exc)) from None
                     if req is None:  # comment
@@ -535,6 +538,21 @@ class TraceReader:
                 )
             raise TraceFormatError(shown, None, "empty trace: no request lines")
         self._report_lengths(shown)
+
+    def _uncount_mismatch(self, lineno: int) -> None:
+        """A line skipped as bad is no request: take back the length mismatch the parser
+        counted for it before a later check refused it (error path only)."""
+        last = self._last_mismatch
+        if last is None or last[0] != lineno:
+            return
+        pair = last[1]
+        mismatched = self._mismatched
+        mismatched[pair] -= 1
+        if not mismatched[pair]:
+            del mismatched[pair]
+        if self._first_mismatch == lineno:  # this line set it: no earlier mismatch
+            self._first_mismatch = None
+        self._last_mismatch = None
 
     def report_lengths(self) -> None:
         """Warn now about the lines of the current pass so far whose ``input_length``
@@ -583,6 +601,7 @@ class TraceReader:
         mismatched: dict[tuple[int, int], int] = {}
         self._mismatched = mismatched
         self._first_mismatch: int | None = None
+        self._last_mismatch: tuple[int, tuple[int, int]] | None = None  # (line, pair)
         reader = self
         want_hash = fmt in ("mooncake", "jsonl")
         want_tokens = fmt in ("tokens", "jsonl")
@@ -620,6 +639,9 @@ class TraceReader:
                     mismatched[pair] = mismatched.get(pair, 0) + 1
                     if reader._first_mismatch is None:
                         reader._first_mismatch = reader.lines
+                    # a later check of this line may still find it bad: _generate then
+                    # takes this count back (_uncount_mismatch)
+                    reader._last_mismatch = (reader.lines, pair)
                 keys = ids
             else:
                 tokens = obj.get("token_ids") if want_tokens else None
@@ -752,7 +774,8 @@ def read_trace(
     Raises:
         TraceFormatError: unknown ``fmt`` (at once); while iterating: missing or unreadable
             file, unknown format, a bad line (unless skipped), or no request at all.
-        ValueError: ``block_tokens`` is not a positive int.
+        ValueError: ``block_tokens`` is not a positive int, or ``skip_bad_lines`` /
+            ``strict`` is not a bool.
     """
     return TraceReader(path, fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines,
                        strict=strict)
@@ -771,7 +794,8 @@ class TraceOptions:
             :class:`TraceReader`) into :class:`TraceFormatError`.
 
     Raises:
-        TraceFormatError: unknown ``fmt``. ValueError: ``block_tokens`` not a positive int.
+        TraceFormatError: unknown ``fmt``. ValueError: ``block_tokens`` not a positive int,
+            or a flag that is not a bool.
     """
 
     fmt: str = "auto"
@@ -786,6 +810,10 @@ class TraceOptions:
                 f"unknown format {self.fmt!r}; expected one of {', '.join(FORMATS)}",
             )
         check_positive_int("block_tokens", self.block_tokens, "tokens")
+        # kept as plain bools ("no" would read as true; numpy's bool taken)
+        object.__setattr__(self, "skip_bad_lines", check_bool("skip_bad_lines",
+                                                              self.skip_bad_lines))
+        object.__setattr__(self, "strict", check_bool("strict", self.strict))
 
     def open(self, path: str | os.PathLike) -> TraceReader:
         """``read_trace(path)`` with these options."""

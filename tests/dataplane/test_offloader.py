@@ -166,6 +166,10 @@ def test_pinned_block_cannot_be_evicted_while_its_load_runs():
     # the tier is full: storing 3 new blocks needs 3 evictions but only q, r are evictable
     assert off.offload(["n0", "n1", "n2"], [3, 4, 5]) is None
     assert off.refused_blocks == 3
+    # only the new blocks count, each once: "p" is stored, "n0" named twice (found by
+    # newcomer10: every key of the call was counted, 5 here)
+    assert off.offload(["p", "n0", "n0", "n1", "n2"], [0, 3, 3, 4, 5]) is None
+    assert off.refused_blocks == 3 + 3
     assert "p" in off.manager and off.manager.ref_count("p") == 1
     # 2 new blocks fit by evicting q and r, never p
     store = off.offload(["n0", "n1"], [3, 4])

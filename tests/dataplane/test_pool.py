@@ -90,3 +90,11 @@ def test_slot_index_checked():
 def test_bad_max_bytes_is_named(max_bytes):
     with pytest.raises(ValueError, match=r"max_bytes \(or None\) must be an int >= 0 \(bytes\)"):
         HostBlockPool(4, [8], torch.float32, max_bytes=max_bytes)
+
+
+@pytest.mark.parametrize("bad", ["no", "false", 0])
+def test_pin_memory_must_be_a_bool_or_none(bad):
+    """Found by newcomer10: pin_memory="no" (a flag from a config file) was read as true: on a
+    CPU machine the error said "pin_memory=True needs CUDA", on a CUDA one it pinned."""
+    with pytest.raises(ValueError, match=rf"^pin_memory must be a bool, got {bad!r}$"):
+        HostBlockPool(2, [4], torch.float32, pin_memory=bad)

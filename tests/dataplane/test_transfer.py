@@ -279,6 +279,22 @@ def test_constructor_validation():
         TransferEngine(ok, pool, staging_bytes=0)
 
 
+def test_a_kv_cache_without_blocks_is_named_for_what_it_lacks():
+    """Found by newcomer10: a 0-d KV tensor raised IndexError ("tuple index out of range",
+    from the message naming the block count), and one with 0 blocks said "every tensor
+    needs the same number of blocks (0)", which it had."""
+    pool = HostBlockPool(4, [2], torch.float32)
+    with pytest.raises(ValueError, match=r"kv_caches\[0\] has shape \(\): a KV cache tensor "
+                                         r"needs a block dimension \(dimension 0\)"):
+        TransferEngine(torch.tensor(5.0), pool)
+    with pytest.raises(ValueError, match=r"kv_caches\[1\] has shape \(\): a KV cache tensor "
+                                         r"needs a block dimension"):
+        TransferEngine([torch.zeros(4, 2), torch.tensor(1.0)], pool)
+    with pytest.raises(ValueError, match=r"kv_caches\[0\] has shape \(0, 2\): no device "
+                                         r"blocks \(dimension 0 must be >= 1\)"):
+        TransferEngine(torch.zeros(0, 2), pool)
+
+
 def test_closed_engine_refuses_jobs():
     pool, kv, eng = make("cpu", 1, 4, 4)
     with eng:

@@ -213,6 +213,16 @@ def test_evict_refuses_a_count_that_is_not_a_positive_int(policy, n):
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=_name)
+def test_evict_with_protected_none_protects_nothing(policy):
+    """Found by newcomer10: ``evict(n, None)`` worked on ARC (nothing protected) and raised
+    "'NoneType' object is not iterable" on every other policy."""
+    a, b = full(policy, 10), full(policy, 10)
+    assert a.policy.evict(2, None) == b.policy.evict(2, ())
+    assert a.policy.snapshot() == b.policy.snapshot()
+    assert a.policy.evict(20, None) is None
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=_name)
 def test_evict_takes_a_numpy_integer_count(policy):
     np = pytest.importorskip("numpy")
     m = full(policy, 10)

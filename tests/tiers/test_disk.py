@@ -147,6 +147,21 @@ def test_read_of_a_key_without_an_encoding_names_it_and_counts_nothing(tmp_path,
         assert t.read([1, 2]) == [blk(1), blk(2)]
 
 
+@pytest.mark.parametrize("blocks, match", [
+    (None, r"DiskTier.write: blocks must be an iterable of blocks, got None"),
+    (5, r"DiskTier.write: blocks must be an iterable of blocks, got 5"),
+    (b"x" * BB, r"DiskTier.write: blocks must be a list of blocks, not a single bytes "
+                r"object of 4096 bytes \(wrap it in a list\)"),
+])
+def test_write_names_blocks_that_are_not_a_list_of_blocks(tmp_path, blocks, match):
+    """Found by newcomer10: write([1], None) raised "'NoneType' object is not iterable", and
+    write([1], one_block) "1 keys but 4096 blocks" (the block's bytes taken as blocks)."""
+    with DiskTier(tmp_path, 4, BB) as t:
+        with pytest.raises(TypeError, match=match):
+            t.write([1], blocks)
+        assert t.stats().writes == 0 and len(t) == 0
+
+
 def hold_writes(monkeypatch) -> threading.Event:
     """Make the tier's block writes wait (at most 10 s) until the returned event is set."""
     gate = threading.Event()

@@ -381,6 +381,32 @@ def test_from_url_names_a_repeated_query_option_and_the_rule_of_a_bad_one():
             RedisTier.from_url(f"{url}?{query}", block_bytes=BLOCK, fingerprint=FP)
 
 
+@pytest.mark.parametrize("url", ["localhost:6379", "127.0.0.1", "x", ""])
+def test_a_url_without_redis_scheme_is_named_as_given(url):
+    """Found by newcomer10: redact_url (and from_url's rebuilt URL) wrote a URL without a
+    ``scheme://`` back mangled, so the error named a URL nobody gave: ``localhost:6379`` as
+    ``localhost://6379``, ``127.0.0.1`` as ``://27.0.0.1`` (its first character dropped)."""
+    assert redact_url(url) == url
+    for make in (RedisTier, RedisTier.from_url):
+        with pytest.raises(ValueError, match="must use redis://") as info:
+            make(url, block_bytes=BLOCK, fingerprint=FP)
+        assert f"Redis URL {url!r} must use" in str(info.value)
+
+
+@pytest.mark.parametrize("blocks, match", [
+    (None, r"RedisTier.write: blocks must be an iterable of blocks, got None"),
+    (bytearray(BLOCK), r"RedisTier.write: blocks must be a list of blocks, not a single "
+                       r"bytearray object of \d+ bytes \(wrap it in a list\)"),
+])
+def test_write_names_blocks_that_are_not_a_list_of_blocks(blocks, match):
+    """Found by newcomer10: write([1], None) raised "'NoneType' object is not iterable", and
+    write([1], one_block) "write got 1 keys but N blocks" (the block's bytes as blocks)."""
+    with RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP) as tier:
+        with pytest.raises(TypeError, match=match):
+            tier.write([1], blocks)
+        assert tier.stats().writes == 0
+
+
 @pytest.mark.parametrize("cluster", ["no", 1, None])
 def test_cluster_must_be_a_bool(cluster):
     """Found by a newcomer session: ``cluster="no"`` was read as True (a cluster tier with
@@ -402,6 +428,19 @@ def test_numpy_ints_are_taken_for_ttl_and_breaker_failures():
                {"ttl_s": 1.5}):
         with pytest.raises(ValueError, match=next(iter(kw))):
             RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP, **kw)
+
+
+def test_a_ttl_redis_refuses_is_refused_at_construction(shared_redis_server):
+    """Found by newcomer10: ttl_s=10**20 (or 2**62: 'keep them for ever') was taken, and
+    every write then failed on the server ("ERR invalid expire time"), counted as backend
+    errors only. Redis takes EX up to about 9.2e15 s; the tier takes up to 9e15."""
+    with pytest.raises(ValueError, match=r"ttl_s must be None or an int > 0 seconds, at most "
+                                         r"9,000,000,000,000,000 \(Redis refuses"):
+        RedisTier(shared_redis_server.url, block_bytes=BLOCK, fingerprint=FP, ttl_s=2**62)
+    with make_tier(shared_redis_server.url, ttl_s=9 * 10**15) as tier:
+        tier.write([1], blocks_for([1]))
+        assert tier.flush(10) and tier.lookup_prefix([1]) == 1
+        assert tier.stats().writes_failed == 0
 
 
 @pytest.mark.parametrize("timeout", [float("nan"), "5", True])

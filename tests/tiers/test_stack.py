@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from kvtier import OffloadingManager
@@ -426,6 +427,13 @@ def test_bad_stack_arguments():
         with pytest.raises(TypeError, match=rf"lower must be a list of tiers \(e\.g\. "
                                             rf"\[disk\]\), got {name}"):
             _host_stack(2, wrong)
+    # found by newcomer10: block_bytes was not checked without lower tiers: "8" was taken,
+    # and host_stats() then reported bytes_read = loads * "8", a str
+    for bad in ("8", 0, -8, 8.0):
+        with pytest.raises(ValueError, match=rf"block_bytes must be a positive int \(bytes\), "
+                                             rf"got {bad!r}"):
+            TierStack(OffloadingManager(2), [], bad, bytes, print)
+    assert TierStack(OffloadingManager(2), [], np.int64(8), bytes, print).block_bytes == 8
 
 
 # -- simulation (kvtier replay --tiers) ------------------------------------------------------

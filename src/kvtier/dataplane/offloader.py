@@ -101,7 +101,8 @@ class KVOffloader:
         self._ids = itertools.count()
         self._jobs: dict[int, tuple[str, list[Hashable]]] = {}
         self._stashed: list[OffloadResult] = []
-        #: blocks whose store was refused because the tier was full of pinned/pending blocks
+        #: new blocks (each once per call) whose store was refused because the tier was full
+        #: of pinned/pending blocks
         self.refused_blocks = 0
 
     @classmethod
@@ -182,8 +183,8 @@ class KVOffloader:
         """
         ids = self._check_pairs(keys, block_ids)
         out = self.manager.prepare_store(keys, req_context)
-        if out is None:
-            self.refused_blocks += len(keys)
+        if out is None:  # nothing changed: the blocks refused are the call's new ones
+            self.refused_blocks += len(set(self.manager.missing(keys)))
             return None
         if not out.keys_to_store:
             return None

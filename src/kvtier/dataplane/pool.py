@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvtier.checks import check_nonnegative_int, check_positive_int
+from kvtier.checks import check_bool, check_nonnegative_int, check_positive_int
 from kvtier.errors import KVTierError
 
 __all__ = ["HostBlockPool", "PoolAllocationError", "available_host_memory"]
@@ -91,8 +91,8 @@ class HostBlockPool:
         num_blocks, block_shape, dtype, pinned.
 
     Raises:
-        ValueError: non-positive ``num_blocks`` or a bad ``block_shape``; ``pin_memory=True``
-            without CUDA.
+        ValueError: non-positive ``num_blocks`` or a bad ``block_shape``; ``pin_memory``
+            neither a bool nor None; ``pin_memory=True`` without CUDA.
         TypeError: ``dtype`` is not a ``torch.dtype``.
         PoolAllocationError: (a ``MemoryError``) the pool's size in bytes exceeds ``max_bytes``
             or the available host memory; raised before allocating anything.
@@ -115,6 +115,8 @@ class HostBlockPool:
         shape = _check_block_shape(block_shape)
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        if pin_memory is not None:  # "no" would read as true
+            pin_memory = check_bool("pin_memory", pin_memory)
         cuda = torch.cuda.is_available()
         if pin_memory is None:
             pin_memory = cuda

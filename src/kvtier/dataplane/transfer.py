@@ -489,7 +489,13 @@ class TransferEngine:
                     f"kv_caches[{i}] is on {t.device}, kv_caches[0] on {tensors[0].device}: "
                     "all KV cache tensors must be on one device"
                 )
-            if t.dim() < 1 or t.shape[0] != tensors[0].shape[0] or t.shape[0] < 1:
+            if t.dim() < 1:
+                raise ValueError(f"kv_caches[{i}] has shape (): a KV cache tensor needs a "
+                                 "block dimension (dimension 0)")
+            if t.shape[0] < 1:
+                raise ValueError(f"kv_caches[{i}] has shape {tuple(t.shape)}: no device blocks "
+                                 "(dimension 0 must be >= 1)")
+            if t.shape[0] != tensors[0].shape[0]:
                 raise ValueError(
                     f"kv_caches[{i}] has shape {tuple(t.shape)}: every tensor needs the same "
                     f"number of blocks ({tensors[0].shape[0]}) on dimension 0"

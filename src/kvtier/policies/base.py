@@ -248,7 +248,8 @@ class CachePolicy(ABC):
         Args:
             n: number of victims wanted (>= 1).
             protected: keys that must not be evicted (the manager passes the keys of the
-                current ``prepare_store`` that are already resident, usually none).
+                current ``prepare_store`` that are already resident, usually none);
+                ``None`` protects nothing, as ``()``.
                 Pinned and pending blocks are never candidates.
 
         Returns:
@@ -266,7 +267,9 @@ class CachePolicy(ABC):
             n = n.__index__()  # a numpy integer
         if n < 1:
             raise ValueError(f"{type(self).__name__}.evict: n must be >= 1, got {n}")
-        if protected:
+        if protected is None:  # nothing protected (before: ARC took it so, the others raised)
+            protected = ()
+        elif protected:
             protected = protected_set(protected)
         if self.count_eligible(protected) < n:
             return None

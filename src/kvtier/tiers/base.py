@@ -98,6 +98,25 @@ def block_nbytes(block: Any, key: Key) -> int:
                         "object (bytes, bytearray, memoryview or an array)") from None
 
 
+def block_list(blocks: Any, method: str) -> list[Any]:
+    """``blocks`` (a write's blocks: any iterable of bytes-like blocks, e.g. a list or a 2-D
+    array's rows) as a list.
+
+    Raises:
+        TypeError: ``blocks`` is one ``bytes`` / ``bytearray`` / ``memoryview`` (a forgotten
+            list: its byte values would be taken as blocks) or is not iterable.
+    """
+    if isinstance(blocks, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"{method}: blocks must be a list of blocks, not a single "
+            f"{type(blocks).__name__} object of {memoryview(blocks).nbytes} bytes (wrap it in "
+            "a list)")
+    try:
+        return list(blocks)
+    except TypeError:
+        raise TypeError(f"{method}: blocks must be an iterable of blocks, got {blocks!r}") from None
+
+
 def encode_key(key: Key) -> bytes:
     """A stable byte encoding of a block key, the same in every process and across restarts.
 

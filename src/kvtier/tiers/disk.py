@@ -57,6 +57,7 @@ from kvtier.tiers.base import (
     BlockTier,
     Key,
     TierStats,
+    block_list,
     block_nbytes,
     encode_key,
     plan_write,
@@ -495,7 +496,7 @@ class DiskTier(BlockTier):
             keys = key_list(keys, "DiskTier.write")
         self._check_open()
         keys = list(keys)
-        blocks = list(blocks)
+        blocks = block_list(blocks, "DiskTier.write")
         if len(keys) != len(blocks):
             raise ValueError(f"write: {len(keys)} keys but {len(blocks)} blocks")
         encoded = []

@@ -69,6 +69,7 @@ from kvtier.tiers.base import (
     BlockTier,
     Key,
     TierStats,
+    block_list,
     block_nbytes,
     encode_key,
     join_fingerprint_fields,
@@ -146,12 +147,22 @@ def _no_client_setinfo() -> dict[str, Any]:
 _NO_CLIENT_SETINFO = _no_client_setinfo()
 
 
+_SCHEMES = ("redis", "rediss", "unix")
+
+# the largest ttl_s: Redis answers "invalid expire time" when now (ms) + EX * 1000 passes
+# 2**63 - 1, i.e. above about 9.22e15 s (every write then failed, counted as backend errors)
+_MAX_TTL_S = 9 * 10**15
+
+
 def _unsplit(parts: Any) -> str:
     """``urlunsplit(parts)``, keeping the ``//`` of a URL with an empty host: urlunsplit
     writes ``unix:///tmp/redis.sock`` back as ``unix:/tmp/redis.sock``, which redis-py
     refuses ("must specify one of the following schemes")."""
     url = urlunsplit(parts)
-    if not parts.netloc and not url.startswith(f"{parts.scheme}://"):
+    # only for the schemes that take a ``//``: a URL without one (``localhost:6379``, or no
+    # scheme at all) is written back as given, for the error that names it
+    if (not parts.netloc and parts.scheme in _SCHEMES
+            and not url.startswith(f"{parts.scheme}://")):
         url = f"{parts.scheme}://{url[len(parts.scheme) + 1:]}"
     return url
 
@@ -345,7 +356,8 @@ class RedisTier(BlockTier):
         compression: ``"none"`` (default) or ``"zstd"`` (level 1; a block is stored compressed
             only when that saves at least 10 %). Random-ish bf16 KV compresses about 1.28x at
             ~0.16 GB/s per core, slower than loopback Redis: see docs/redis.md.
-        ttl_s: optional expiry of written blocks, seconds (``None``: Redis's eviction only).
+        ttl_s: optional expiry of written blocks, seconds (``None``: Redis's eviction only;
+            at most 9e15, the largest Redis takes).
         lookup_mode: ``"script"`` (standalone default: one Lua script call that stops at the
             first missing key) or ``"pipeline"`` (one EXISTS per key in one pipeline; the only
             mode for a cluster).
@@ -413,8 +425,10 @@ class RedisTier(BlockTier):
             raise ValueError(f"compression must be 'none' or 'zstd', got {compression!r}")
         if ttl_s is not None:
             ttl = _as_int(ttl_s)  # numpy ints taken, kept as plain ints
-            if ttl is None or ttl <= 0:
-                raise ValueError(f"ttl_s must be None or an int > 0 seconds, got {ttl_s!r}")
+            if ttl is None or ttl <= 0 or ttl > _MAX_TTL_S:
+                raise ValueError(
+                    f"ttl_s must be None or an int > 0 seconds, at most {_MAX_TTL_S:,} (Redis "
+                    f"refuses an EX whose expiry in ms overflows 64 bits), got {ttl_s!r}")
             ttl_s = ttl
         if type(cluster) is not bool and type(cluster).__name__ != "bool_":
             raise ValueError(f"cluster must be a bool, got {cluster!r}")
@@ -443,9 +457,9 @@ class RedisTier(BlockTier):
             parts = urlsplit(url)
         except ValueError:
             raise ValueError(f"unparsable Redis URL {self._url_redacted}") from None
-        if parts.scheme not in ("redis", "rediss", "unix"):
+        if parts.scheme not in _SCHEMES:
             raise ValueError(
-                f"Redis URL {self._url_redacted} must use redis://, rediss:// or unix://"
+                f"Redis URL {self._url_redacted!r} must use redis://, rediss:// or unix://"
             )
         query_names = {k for k, _ in parse_qsl(parts.query)}
         tier_opts = sorted(query_names & set(_TIER_QUERY_OPTIONS))
@@ -904,7 +918,7 @@ class RedisTier(BlockTier):
             keys = key_list(keys, "RedisTier.write")
         self._check_open()
         if type(blocks) is not list and type(blocks) is not tuple:  # any iterable, as DiskTier
-            blocks = list(blocks)
+            blocks = block_list(blocks, "RedisTier.write")
         if len(keys) != len(blocks):
             raise ValueError(f"write got {len(keys)} keys but {len(blocks)} blocks")
         rkeys = [self.redis_key(k) for k in keys]

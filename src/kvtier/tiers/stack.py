@@ -42,7 +42,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from kvtier.checks import check_timeout
+from kvtier.checks import check_positive_int, check_timeout
 from kvtier.manager import OffloadingManager
 from kvtier.tiers.base import BlockTier, TierStats
 
@@ -96,8 +96,8 @@ class TierStack:
         host_name: the host tier's name in events and stats.
 
     Raises:
-        ValueError: an unknown demotion mode, repeated tier names, or a tier of another
-            block size.
+        ValueError: an unknown demotion mode, repeated tier names, a tier of another
+            block size, or ``block_bytes`` not a positive int.
         TypeError: ``host`` is not an OffloadingManager, ``lower`` is one tier (or None)
             rather than a list, or a tier is not a BlockTier.
 
@@ -118,6 +118,9 @@ class TierStack:
     ) -> None:
         if not isinstance(host, OffloadingManager):
             raise TypeError(f"host must be an OffloadingManager, got {type(host).__name__}")
+        # checked here too: without lower tiers nothing compares it ("8" made host_stats'
+        # bytes a str)
+        block_bytes = check_positive_int("block_bytes", block_bytes, "bytes")
         if demotion not in DEMOTION_MODES:
             raise ValueError(
                 f"demotion must be one of {', '.join(DEMOTION_MODES)}, got {demotion!r}"
