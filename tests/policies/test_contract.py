@@ -431,17 +431,6 @@ def test_release_order_never_matters_on_random_sequences(policy, ops):
     assert run(True) == run(False)
 
 
-# ARC adapts its target once per occurrence of a ghost key (vLLM's ARC too): the fix is in
-# kvtier/policies/arc.py, which another session-12 helper owns (see the ARC test below)
-ARC_GHOST_REPEAT = "ARCPolicy.touch adapts its target twice for a ghost key named twice"
-ONE_USE_POLICIES = [
-    pytest.param(p, marks=pytest.mark.xfail(reason=ARC_GHOST_REPEAT, strict=False))
-    if p == "arc" else p
-    for p in POLICIES
-]
-
-
-@pytest.mark.xfail(reason=ARC_GHOST_REPEAT, strict=True)
 def test_arc_counts_a_ghost_key_named_twice_in_one_touch_once():
     targets = []
     for touched in ([0, 1, 0, 1], [0, 1]):
@@ -453,7 +442,7 @@ def test_arc_counts_a_ghost_key_named_twice_in_one_touch_once():
     assert targets[0] == targets[1]
 
 
-@pytest.mark.parametrize("policy", ONE_USE_POLICIES, ids=_name)
+@pytest.mark.parametrize("policy", POLICIES, ids=_name)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=_OPS)
 def test_a_key_named_twice_in_one_touch_is_one_use(policy, ops):
