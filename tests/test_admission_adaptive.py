@@ -476,9 +476,13 @@ def test_second_sight_follows_at_once_when_the_doorkeeper_is_kept_again():
     # points to those waits (docs/policies.md, "versions tried")
     a = DuelingAdmission(64)
     assert a.rate == 1
-    a._filling, a._kept, a.selective = False, False, False
-    a.psel, a._s2, a._ha = 50.0, 1.0, 10.0
-    a._seen.update(range(10**6, 10**6 + 100))  # sights from before the pause
+    a._filling, a.selective = False, False
+    a._s2, a._ha = 1.0, 10.0
+    a.record([10**6, 10**6 + 1])  # a sight before the pause
+    a.psel = -1000.0  # admit-all far ahead: the doorkeeper pauses
+    a.record([5, 6])
+    assert a.info()["mode"] == "admit-all"
+    a.psel = 50.0  # now second sight, beyond the bar: the doorkeeper is kept again
     a.record([1, 2, 3])
     assert a.info()["mode"] == "second-sight"
     assert a.admit([1, 2, 3]) == 0  # first sights
@@ -802,7 +806,8 @@ def test_the_doorkeepers_log_equals_updating_it_at_each_lookup(blocks, factor, c
     # while admit-all is chosen the doorkeeper's sights wait in a log until admit, a new
     # generation, second sight or snapshot() reads them: the same answers after every call,
     # and the same whole state (read on a copy, so the log is not applied early); PSEL is
-    # set now and then (on both) so that the doorkeeper pauses and is emptied and kept again
+    # set now and then (on both) so that the doorkeeper pauses and is kept again (resuming
+    # with its sights and its log of the lookups before the pause)
     import copy
 
     lazy = DuelingAdmission(blocks, window_factor=factor)
