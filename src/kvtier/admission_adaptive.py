@@ -18,9 +18,10 @@ spatial sample of the key space (SHARDS, Waldspurger et al., FAST'15), so that i
 estimates that of the tier. Shadow A admits every miss; shadow B admits a missed key only
 when it was looked up before *and* so were the sampled keys before it in the call
 (prefix-closed, as the real tier). Each sampled lookup adds the shadows' difference of hits
-to PSEL, and PSEL decays by ``1 / (HORIZON * shadow_capacity)`` per sampled reference: it
-is a running sum over about the last :data:`HORIZON` shadow turnovers, so evidence from an
-earlier phase is forgotten at that pace.
+to PSEL, and PSEL decays by ``1 / (HORIZON * shadow_capacity)`` per sampled reference that
+is not a hit in both shadows (a hit in both is no evidence either way and changes neither
+shadow): it is a running sum over about the last :data:`HORIZON` shadow turnovers of such
+references, so evidence from an earlier phase is forgotten at that pace.
 
 **The choice** (:meth:`DuelingAdmission._decide`). *Fill:* until the shadows are full both
 store every miss (a free slot costs nothing, so the tier stores every block then too), so
@@ -50,9 +51,7 @@ error is itself noisy, so the bar is the t-quantile's first-order expansion (Cor
 Student's t with about ``s2`` degrees of freedom for +-1 disagreements):
 ``z * se + (z**3 + z) / 4 / se``, within 5 % of ``z * se`` once ``s2`` > 25 and within 1 %
 once ``s2`` > 125. With z = 2, a run of disagreements in one direction at the start now
-switches after 6 of them (with the earlier estimate: 3). Second sight also needs the
-tier's doorkeeper to hold one whole generation (it is not kept up while admit-all leads
-clearly, see below).
+switches after 6 of them (with the earlier estimate: 3).
 
 **The sample.** Keys are prefix block hashes (a key names its whole prefix), so a key always
 sits at the same depth in a request; a key is sampled when its depth is a multiple of
@@ -70,13 +69,14 @@ keys (as TinyLFU's doorkeeper is reset every sample of W references, Einziger, F
 Manes, ACM ToS 2017). A key counts as seen before when its previous lookup is at most one to
 two generations old. The tier's doorkeeper is not kept while admit-all leads by more than
 :data:`KEEP_LEAD` shadow hits per sampled reference (except for calls that may not fit):
-then every looked-up block is stored anyway. While admit-all is chosen nothing reads the
-tier's doorkeeper but a call that may not fit, so its updates wait in a log (a copy of each
-lookup's keys) applied when it is read (that call, second sight, a lookup at which a
-generation may end, :meth:`snapshot`) and dropped when it is emptied: the same doorkeeper
-whenever it is read, without its set work for the lookups it never serves. The shadows
-have their own doorkeeper over the sampled keys, with generations of
-``rate * WINDOW_FACTOR * num_blocks`` sampled keys (the same span of time).
+then every looked-up block is stored anyway; kept again, it resumes with what it held (the
+blocks first seen during the pause were all stored). While admit-all is chosen nothing
+reads the tier's doorkeeper but a call that may not fit, so its updates wait in a log (a
+copy of each lookup's keys) applied when it is read (that call, second sight, a lookup at
+which a generation may end, :meth:`snapshot`): the same doorkeeper whenever it is read,
+without its set work for the lookups it never serves. The shadows have their own doorkeeper
+over the sampled keys, with generations of ``rate * WINDOW_FACTOR * num_blocks`` sampled
+keys (the same span of time).
 
 **Requests in flight.** A block whose store is in flight is not readable (HIT_PENDING, a
 miss, and the lookup stops there) and not evictable. The shadows model both: a key a shadow
@@ -86,8 +86,11 @@ fails as a whole when too few of its keys are evictable (the tier's atomic
 lookup: the store calls :meth:`admit` answered form a FIFO (stores complete oldest first);
 the oldest calls whose blocks exceed ``pending`` have completed, and the age of the oldest
 left is one observation of ``D``; ``D`` is their maximum, decaying by 1/256 per call (a call
-that stored nothing shows no age, so one observation is only a lower bound). Pinned loads
-are not modelled (they are the blocks just read, the most recent ones). When a call's
+that stored nothing shows no age, so one observation is only a lower bound). A key a
+shadow's lookup hits is loaded: pinned (readable, not evictable) for ``D`` calls too, as the
+tier's ``prepare_load`` pins the prefix it reads until the request completes (pins hold 20
+to 30 % of a 1 %-of-distinct-blocks tier with 32 requests in flight; unmodelled, the shadows
+read half the tier's hits there). When a call's
 admitted blocks cannot fit at all (the whole store would fail), admit-all falls back to the
 second-sight answer for that call.
 
@@ -102,8 +105,9 @@ State (independent of the trace's length): the doorkeepers hold at most ``2 * (G
 (``G = WINDOW_FACTOR * num_blocks``, ``L`` the longest call; the tier's log of lookups not
 yet applied included: it is applied before the generation and the log together pass ``G``)
 and ``2 * (rate * G + L)`` sampled keys, the shadows at most ``2 * ceil(rate * num_blocks)``
-keys plus their policies' ghost state (bounded by their capacity) and their pending keys (at
-most their capacity), the FIFO of store calls in flight at most ``num_blocks + L`` entries
+keys plus their policies' ghost state (bounded by their capacity), their pending and pinned
+keys (at most their capacity) and the FIFO of their pins (at most twice their pinned keys
+plus one lookup's), the FIFO of store calls in flight at most ``num_blocks + L`` entries
 (after each lookup its blocks but the oldest entry's are fewer than the tier's pending
 blocks) plus the last answered call (held aside until the next call), plus a few counters.
 Time per key looked up: a slice and a hash for ``1 / stride`` of the keys, and two shadow
@@ -162,18 +166,20 @@ MAX_STRIDE = 4
 computed for one key in ``stride`` only."""
 
 HORIZON = 8
-"""PSEL's memory, in shadow turnovers: each sampled reference decays PSEL by
-``1 / (HORIZON * shadow_capacity)``, so the duel weighs the last ``8 * shadow_capacity``
-sampled references (about eight times the shadows' size) and forgets what the shadows saw
-before, as a saturating counter does not (see docs/policies.md, "versions tried")."""
+"""PSEL's memory, in shadow turnovers: each sampled reference that is not a hit in both
+shadows decays PSEL by ``1 / (HORIZON * shadow_capacity)``, so the duel weighs the last
+``8 * shadow_capacity`` such references (about eight times the shadows' size) and forgets
+what the shadows saw before, as a saturating counter does not (see docs/policies.md,
+"versions tried"). A hit in both is no evidence either way and changes neither shadow, so
+it does not age the evidence (before, every sampled reference did, so a stretch of shared
+hits washed it out)."""
 
 KEEP_LEAD = 0.005
 """The tier's doorkeeper is not kept up while admit-all leads by more than this many shadow
 hits per sampled reference (PSEL below ``-KEEP_LEAD * HORIZON * shadow_capacity``): then
-every looked-up block is stored anyway. It is kept again (emptied first: what it held is
-stale) when PSEL passes back above this line or second sight is chosen, and second sight
-waits until it holds one whole generation (without that wait, `multi-turn` 1 % W=0 lost
-1.4 points: docs/policies.md)."""
+every looked-up block is stored anyway. It is kept again when PSEL passes back above this
+line or second sight is chosen, with what it held before the pause (second sight no longer
+waits for a whole generation of fresh sights: docs/policies.md, "versions tried")."""
 
 SWITCH_Z = 2.0
 """Hysteresis of the tier's choice, in standard errors of PSEL: the tier changes rule when
@@ -249,9 +255,8 @@ class DuelingAdmission:
         self._z = switch_z
         self._tc = (switch_z ** 3 + switch_z) / 4  # the small-sample term, see _decide
         self._decay = 1 / (horizon * self.shadow_capacity)  # PSEL's decay per sampled ref
-        self._keep1 = 1 - self._decay  # ... its factor per sampled ref, and its square
-        self._keep1sq = self._keep1 * self._keep1
         self._keep_above = -KEEP_LEAD / self._decay  # the doorkeeper is kept while PSEL > this
+        self._keep1 = 1 - self._decay  # ... its factor per sampled ref
         if shadow_policy is None or getattr(shadow_policy, "needs_future", False):
             from kvtier.policies.lru import LRUPolicy  # noqa: PLC0415 (import cycle)
 
@@ -265,7 +270,7 @@ class DuelingAdmission:
         self._seen_old: set[Hashable] = set()  # ... and in the previous one
         # lookups not yet added to _seen (tuples, oldest first) and their keys in all: while
         # admit-all is chosen nothing reads the doorkeeper until a call may not fit, so its
-        # updates wait here (see _apply_log) and are dropped when it is emptied
+        # updates wait here (see _apply_log)
         self._log: list[tuple] = []
         self._logged = 0
         self._sseen: set[int] = set()  # the same for sampled keys (by hash)
@@ -283,8 +288,6 @@ class DuelingAdmission:
         # after the fill: the second-sight shadow's stores left until it has replaced one
         # shadow size of the fill's contents (see _settling)
         self._settle = 0
-        self._kept = True  # the tier's doorkeeper was kept up at the last lookup
-        self._warm = True  # ... and holds a whole generation (or every sight so far)
         self.selective = False  # the tier's current choice: True second sight, False admit-all
         # (admit-all first: the fill, see _decide)
         self.switches = 0
@@ -355,15 +358,11 @@ class DuelingAdmission:
             last = tuple(keys)  # (a copy: the caller may reuse its list)
             if self.stride > 1:
                 hash(last)  # hashes the keys the sample skipped: validate first
-            if keep and not self._kept:
-                # kept again after a pause: what it holds is stale, and until it has one
-                # whole generation of sights second sight would refuse reused blocks
-                self._seen_old = set()
-                self._seen = set()
-                self._warm = False
-                if self._log:
-                    self._log = []
-                    self._logged = 0
+            # kept again after a pause: it resumes with what it holds (and its log of the
+            # lookups before the pause), and second sight may follow at once (it used to be
+            # emptied, and second sight held back until it held a whole generation of
+            # sights: with shadows that model pinned loads that cost up to 1.1 points on
+            # reuse-heavy traffic, docs/policies.md "versions tried")
             if not self.selective and len(self._seen) + self._logged < self.window:
                 # admit-all, and no new generation can start at this lookup: the sights
                 # wait in the log until something reads them (_apply_log), or are dropped
@@ -381,15 +380,11 @@ class DuelingAdmission:
                     self._seen_old = seen  # forgotten
                     self._seen = seen = set()
                     self.generations += 1
-                    if not self._warm:
-                        self._warm = True
-                        self._decide()
                 self._last = last
                 self._last_run = self._leading_seen(last)
                 seen.update(last)
         else:
             self._last_run = -1
-        self._kept = keep
         if pending:
             n = self._adm
             if n is not None:  # _push spelled out (no frame: W=32 call log 1,373 -> 1,345)
@@ -496,10 +491,7 @@ class DuelingAdmission:
                 self.sampled_refs += 1
                 self.shadow_hits_all += 1
                 self.shadow_hits_second += 1
-                keep = self._keep1
-                self.psel *= keep
-                self._s2 *= self._keep1sq
-                self._ha = self._ha * keep + 1
+                self._ha += 1  # (a hit in both: no evidence, no decay, see _weigh)
                 if self.selective:
                     self._decide()
                 return
@@ -541,7 +533,7 @@ class DuelingAdmission:
                 self.psel = psel = self.psel * k1 + d
                 self._s2 = s2 = self._s2 * k1 * k1 + d * d
                 self._ha = ha = self._ha * k1 + in_a
-                if ha < 1 or self._filling or not self._warm:
+                if ha < 1 or self._filling:
                     self._decide()
                 elif psel < 0.0 if self.selective else psel > 0.0:
                     self._test_switch(psel, s2)
@@ -577,7 +569,7 @@ class DuelingAdmission:
                 self.psel = psel = self.psel * keep + d
                 self._s2 = s2 = self._s2 * keep * keep + d * d
                 self._ha = ha = self._ha * keep + in_a
-                if ha < 1 or self._filling or not self._warm:
+                if ha < 1 or self._filling:
                     self._decide()
                 elif psel < 0.0 if self.selective else psel > 0.0:
                     self._test_switch(psel, s2)
@@ -608,19 +600,18 @@ class DuelingAdmission:
             self.shadow_hits_all += hits_a
             self.shadow_hits_second += hits_b
             sseen = self._sseen
-            keep = 1 - n * self._decay
-            if keep < 0.0:  # (as below)
-                keep = 0.0
             if hits_a == n and hits_b == n:  # (as below; shadow A is touched already)
                 for h in reversed(sampled):
                     sb.move_to_end(h)
                 sseen.update(sampled)
-                self.psel *= keep
-                self._s2 *= keep * keep
-                self._ha = self._ha * keep + n
+                self._ha += n
                 if self.selective:
                     self._decide()
                 return
+            # (as below: decay by the keys not hit in both shadows)
+            keep = 1 - (n - (hits_a if hits_a < hits_b else hits_b)) * self._decay
+            if keep < 0.0:
+                keep = 0.0
             if len(sseen) >= self.sample_window:
                 self._sseen_old = sseen
                 self._sseen = sseen = set()
@@ -664,7 +655,7 @@ class DuelingAdmission:
             self.psel = psel = self.psel * keep + d
             self._s2 = s2 = self._s2 * keep * keep + d * d
             self._ha = ha = self._ha * keep + hits_a
-            if ha < 1 or self._filling or not self._warm:
+            if ha < 1 or self._filling:
                 self._decide()
             elif psel < 0.0 if self.selective else psel > 0.0:
                 self._test_switch(psel, s2)
@@ -681,18 +672,32 @@ class DuelingAdmission:
                 break
             hits_b += 1
         depth = self._depth
-        if self._inflight and not (depth >= 1 or ma.held or mb.held):
+        if self._inflight and not (depth >= 1 or ma.held or mb.held or ma.pins or mb.pins):
             self._inflight = False
         if self._inflight:
             # requests in flight: a key a shadow stored in the last `depth` calls is
             # pending (not evictable, and a lookup stops there: the tier's HIT_PENDING)
             oldest = self._calls - int(depth)
-            if ma.held:
+            if ma.held or ma.pins:
                 ma.complete(oldest)
-                hits_a = _until_pending(sampled, hits_a, ma.held)
-            if mb.held:
+                if ma.held:
+                    hits_a = _until_pending(sampled, hits_a, ma.held)
+            if mb.held or mb.pins:
                 mb.complete(oldest)
-                hits_b = _until_pending(sampled, hits_b, mb.held)
+                if mb.held:
+                    hits_b = _until_pending(sampled, hits_b, mb.held)
+            if depth >= 1:
+                # ... and the keys a lookup hits are loaded: pinned (readable, not
+                # evictable) until its request completes, `depth` calls later, as the tier's
+                # prepare_load. Without this the shadows evicted what the tier could not and
+                # stored where its stores failed: at 1 % of distinct blocks with 32 requests
+                # in flight, where pins hold 20-30 % of the tier, they read 4.8 / 8.6 % of
+                # hits against the tier's 12.0 / 14.0 (docs/policies.md, "versions tried")
+                call = self._calls
+                if hits_a:
+                    ma.pin(sampled[:hits_a], call)
+                if hits_b:
+                    mb.pin(sampled[:hits_b], call)
         self.sampled_refs += n
         self.shadow_hits_all += hits_a
         self.shadow_hits_second += hits_b
@@ -704,12 +709,7 @@ class DuelingAdmission:
                 ma.touch(sampled)
                 mb.touch(sampled)
             sseen.update(sampled)
-            keep = 1 - n * self._decay
-            if keep < 0.0:  # a lookup of more than HORIZON shadow sizes: forget everything
-                keep = 0.0
-            self.psel *= keep
-            self._s2 *= keep * keep
-            self._ha = self._ha * keep + n
+            self._ha += n  # (no evidence, no decay: see _weigh)
             if self.selective:  # hits only: the choice can only turn to admit-all
                 self._decide()
             return
@@ -735,9 +735,10 @@ class DuelingAdmission:
             stored = mb.access(sampled, run, cap, call)
             if stored and self._settle:
                 self._settling(stored)
-        keep = 1 - n * self._decay
-        if keep < 0.0:  # (as above: PSEL stays a decayed sum, never flips sign)
-            keep = 0.0
+        # PSEL decays by the sampled keys not hit in both shadows (see _weigh)
+        keep = 1 - (n - (hits_a if hits_a < hits_b else hits_b)) * self._decay
+        if keep < 0.0:  # a lookup of more than HORIZON shadow sizes of such keys: forget
+            keep = 0.0  # everything (PSEL stays a decayed sum, never flips sign)
         self._weigh(hits_b - hits_a, hits_a, keep)
 
     def _end_fill(self) -> None:
@@ -753,9 +754,9 @@ class DuelingAdmission:
         held the fill's unfiltered contents (admit-all's), a bias against second sight (a
         cold-start bias, as the fill's). Unless the tier already follows second sight, or
         PSEL shows one rule ahead beyond the switch test's bar (a decided duel: admit-all
-        ahead even so, or second sight ahead while, e.g., the doorkeeper's warm-up holds the
-        tier), the duel restarts: PSEL and its variance from 0 (the admit-all shadow's hit
-        count, for the "no hits" rule, is kept)."""
+        ahead even so, or second sight ahead while the tier has not switched yet), the duel
+        restarts: PSEL and its variance from 0 (the admit-all shadow's hit count, for the
+        "no hits" rule, is kept)."""
         self._settle = settle = self._settle - stored if stored < self._settle else 0
         if settle or self.selective:
             return
@@ -769,13 +770,15 @@ class DuelingAdmission:
 
     def _weigh(self, d: int, hits_a: int, keep: float) -> None:
         """One sampled lookup's evidence: PSEL and the admit-all shadow's hits decay by
-        ``keep`` and take ``d`` (second-sight hits minus admit-all hits) and ``hits_a``,
+        ``keep`` (``1 - decay`` per sampled key not hit in both shadows; ``|d|`` is at most
+        their number, so ``|PSEL|`` stays below ``1 / decay``) and take ``d`` (second-sight
+        hits minus admit-all hits) and ``hits_a``,
         PSEL's variance decays by ``keep ** 2`` and takes ``d * d``; then the tier's rule
         (:meth:`_decide`'s usual last case inlined, the other cases through it)."""
         self.psel = psel = self.psel * keep + d
         self._s2 = s2 = self._s2 * keep * keep + d * d
         self._ha = ha = self._ha * keep + hits_a
-        if ha < 1 or self._filling or not self._warm:
+        if ha < 1 or self._filling:
             self._decide()
         elif psel < 0.0 if self.selective else psel > 0.0:
             # the bar only where PSEL points away from the current rule (LRU 16,000
@@ -794,10 +797,10 @@ class DuelingAdmission:
     def _decide(self) -> None:
         """The tier's rule from the duel: admit-all during the fill (a free slot costs
         nothing; the duel restarts once second sight has replaced the fill, see
-        :meth:`_settling`); then second sight while the admit-all shadow had less than one hit in
-        PSEL's horizon (storing first sights would gain nothing); admit-all while the
-        tier's doorkeeper is not warm (see :meth:`record`); then the current rule until PSEL
-        shows the other one ahead by more than :data:`SWITCH_Z` standard errors, plus
+        :meth:`_settling`); then second sight while the admit-all shadow had less than one
+        hit in PSEL's horizon (storing first sights would gain nothing); then the current
+        rule until PSEL shows the other one ahead by more than :data:`SWITCH_Z` standard
+        errors, plus
         Student's small-sample term ``(z**3 + z) / 4 / se`` (the first-order expansion of
         the t-quantile in its degrees of freedom, here about ``s2``: the noise estimate
         rests on few disagreements early on)."""
@@ -805,8 +808,6 @@ class DuelingAdmission:
             selective = False
         elif self._ha < 1:
             selective = True
-        elif not self._warm:
-            selective = False
         else:
             # PSEL's standard error when the rules are equal: sqrt(sum of d^2 w^2), kept
             # exactly (s2 decays by keep^2 where PSEL decays by keep)
@@ -948,11 +949,12 @@ class DuelingAdmission:
             "shadow_all": self._mini_a.policy.snapshot(),
             "shadow_second": self._mini_b.policy.snapshot(),
             "last": (list(self._last), self._last_run),
-            "counters": (self.psel, self._s2, self._ha, self._filling, self._settle, self._kept,
-                         self._warm, self.selective, self.switches, self.sampled_refs,
+            "counters": (self.psel, self._s2, self._ha, self._filling, self._settle,
+                         self.selective, self.switches, self.sampled_refs,
                          self.shadow_hits_all, self.shadow_hits_second, self.generations,
                          self._calls, self._depth, self._live_flight()),
             "pending": (dict(self._mini_a.held), dict(self._mini_b.held)),
+            "pinned": (dict(self._mini_a.pins), dict(self._mini_b.pins)),
         }
 
 
@@ -990,7 +992,8 @@ class _Mini:
     public hooks in the manager's order (touch the looked-up keys, evict for room, insert
     the admitted ones, on_store; mark them evictable when their store completes)."""
 
-    __slots__ = ("fifo", "held", "insert", "keys", "on_store", "policy", "touch")
+    __slots__ = ("fifo", "held", "insert", "keys", "on_store", "pin_fifo", "pin_refs", "pins",
+                 "policy", "touch")
 
     def __init__(self, policy_cls: type, capacity: int) -> None:
         from kvtier.policies import CachePolicy  # noqa: PLC0415 (import cycle)
@@ -999,6 +1002,9 @@ class _Mini:
         self.keys: set[int] = set()  # the resident sampled keys
         self.held: dict[int, int] = {}  # pending keys (stores in flight) -> their call
         self.fifo: deque = deque()  # (call, keys) of the stores in flight, oldest first
+        self.pins: dict[int, int] = {}  # pinned keys (loads in flight) -> their last call
+        self.pin_fifo: deque = deque()  # (call, keys) of the loads in flight, oldest first
+        self.pin_refs = 0  # keys in pin_fifo
         cls = type(pol)
         self.touch = pol.touch if cls.touch is not CachePolicy.touch else None
         self.insert = pol.insert if cls.insert is not CachePolicy.insert else None
@@ -1047,8 +1053,46 @@ class _Mini:
                 self.on_store(new)
         return len(new)
 
+    def pin(self, keys: list[int], call: int) -> None:
+        """The lookup of call ``call`` loads ``keys`` (resident, not pending): pinned until
+        :meth:`complete` passes ``call`` (a key pinned again stays pinned until its last load
+        completes, as the tier's pin count; loads complete oldest first)."""
+        pins = self.pins
+        fresh = [h for h in dict.fromkeys(keys) if h not in pins]
+        for h in keys:
+            pins[h] = call
+        pin_fifo = self.pin_fifo
+        pin_fifo.append((call, keys))
+        self.pin_refs += len(keys)
+        if self.pin_refs > 2 * len(pins) + len(keys):
+            # keys pinned again leave stale entries: rebuilt from the pins, so the FIFO
+            # holds at most 2 * pinned + one lookup's keys (O(1) amortized per pin)
+            by_call: dict[int, list[int]] = {}
+            for h, c in pins.items():
+                by_call.setdefault(c, []).append(h)
+            pin_fifo.clear()
+            pin_fifo.extend(sorted(by_call.items()))
+            self.pin_refs = len(pins)
+        if fresh:
+            self.policy.mark_non_evictable(fresh)
+
+    def _unpin(self, oldest: int) -> list[int]:
+        """Release the loads of calls before ``oldest``; returns the keys no longer pinned."""
+        pin_fifo = self.pin_fifo
+        pins = self.pins
+        freed = []
+        while pin_fifo and pin_fifo[0][0] < oldest:
+            call, done = pin_fifo.popleft()
+            self.pin_refs -= len(done)
+            for h in done:
+                if pins.get(h) == call:  # (not pinned again by a later load)
+                    del pins[h]
+                    freed.append(h)
+        return freed
+
     def complete(self, oldest: int) -> None:
-        """The stores of calls before ``oldest`` completed: their keys become evictable."""
+        """The stores and loads of calls before ``oldest`` completed: their keys become
+        evictable."""
         fifo = self.fifo
         held = self.held
         while fifo and fifo[0][0] < oldest:
@@ -1056,6 +1100,10 @@ class _Mini:
             for h in done:
                 del held[h]
             self.policy.mark_evictable(done)
+        if self.pin_fifo:
+            freed = self._unpin(oldest)
+            if freed:
+                self.policy.mark_evictable(freed)
 
 
 def _until_pending(sampled: list[int], hits: int, held: dict) -> int:
@@ -1187,12 +1235,15 @@ class _LRUMini:
     ``OrderedDict`` without the policy's method calls (tested equal). Speed trick on the
     duel's hot path: LRU 16,000 blocks, docs/performance.md "Adaptive admission"."""
 
-    __slots__ = ("fifo", "held", "keys", "policy")
+    __slots__ = ("fifo", "held", "keys", "pin_fifo", "pin_refs", "pins", "policy")
 
     def __init__(self, policy_cls: type, capacity: int) -> None:
         self.keys: OrderedDict[int, None] = OrderedDict()  # least recent first
         self.held: dict[int, int] = {}
         self.fifo: deque = deque()
+        self.pins: dict[int, int] = {}
+        self.pin_fifo: deque = deque()
+        self.pin_refs = 0
         self.policy = self  # snapshot() reads policy.snapshot()
 
     def snapshot(self) -> dict:
@@ -1239,12 +1290,13 @@ class _LRUMini:
         over = len(order) + len(new) - cap
         if over > 0:
             held = self.held
-            if held:
-                if len(order) - len(held) < over:
+            pins = self.pins
+            if held or pins:  # (a pinned key is resident and ready: never pending too)
+                if len(order) - len(held) - len(pins) < over:
                     return 0  # too few evictable keys: the store fails as a whole
                 victims = []
-                for h in order:  # least recent first, past the pending keys
-                    if h not in held:
+                for h in order:  # least recent first, past the pending and pinned keys
+                    if h not in held and h not in pins:
                         victims.append(h)
                         if len(victims) == over:
                             break
@@ -1267,9 +1319,18 @@ class _LRUMini:
                 held[h] = call
         return len(new)
 
+    pin = _Mini.pin
+    _unpin = _Mini._unpin
+
+    def mark_non_evictable(self, keys: list[int]) -> None:
+        """(:meth:`pin`'s hook call: the order keeps pinned keys in place, and
+        :meth:`access` passes over them.)"""
+
     def complete(self, oldest: int) -> None:
         fifo = self.fifo
         held = self.held
         while fifo and fifo[0][0] < oldest:
             for h in fifo.popleft()[1]:
                 del held[h]
+        if self.pin_fifo:
+            self._unpin(oldest)
