@@ -603,6 +603,27 @@ def test_ping_raises_for_a_dead_server_and_passes_for_a_live_one(shared_redis_se
         tier.ping()
 
 
+def test_a_database_index_the_server_lacks_is_refused_at_construction(shared_redis_server):
+    """Found by a newcomer pass: redis://host:port/99999 (redis-server has 16 databases)
+    built a tier whose every call failed on SELECT and answered miss in silence."""
+    base = shared_redis_server.url.rsplit("/", 1)[0]
+    with pytest.raises(ValueError, match=r"/99999: the server has no database 99999 "
+                                         r"\(DB index is out of range"):
+        make_tier(base + "/99999")
+    with pytest.raises(ValueError, match=r"database index \(the path, /db\) must be an int "
+                                         r">= 0, got -1"):
+        make_tier(base + "/-1")
+    with make_tier(base + "/15") as tier:  # the last of the default 16
+        tier.write([1], [b"x" * BLOCK])
+        assert tier.flush(5)
+        assert tier.lookup_prefix([1]) == 1
+    from redis_servers import free_port
+
+    # an unreachable server is not an error at construction: calls answer miss until it is up
+    with make_tier(f"redis://127.0.0.1:{free_port()}/99999") as tier:
+        assert tier.lookup_prefix([1]) == 0
+
+
 def test_purge_deletes_only_its_namespace_and_fingerprint(shared_redis_server):
     r = raw_client(shared_redis_server)
     ns = f"p*?{uuid.uuid4().hex[:6]}"  # glob characters in the namespace are matched as such
