@@ -49,7 +49,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote_plus, urlencode, urlsplit, urlunsplit
 
 import xxhash
 
@@ -190,8 +190,14 @@ def redact_url(url: str) -> str:
 def _redact_query(query: str) -> str:
     if not query:
         return query
-    pairs = parse_qsl(query, keep_blank_values=True)
-    return urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs])
+    # each name=value item kept as written (not re-encoded: urlencode wrote *** as
+    # %2A%2A%2A), a password's value replaced by ***
+    items = query.split("&")
+    for i, item in enumerate(items):
+        name = item.split("=", 1)[0]
+        if unquote_plus(name).lower() == "password":
+            items[i] = f"{name}=***"
+    return "&".join(items)
 
 
 def fingerprint_id(fingerprint: str, block_bytes: int) -> int:
