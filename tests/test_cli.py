@@ -119,6 +119,13 @@ def test_bad_line_exits_nonzero_naming_file_and_line(tmp_path):
     [
         (["-p", "nosuch"], "unknown policy 'nosuch'"),
         (["-c", "ten"], "neither a block count"),
+        # a newcomer pass: -c -5 was "neither a block count nor a percentage", --tiers host:0
+        # did not say which tier item was wrong
+        (["-c", "-5"], "capacity must be >= 1 block, got '-5'"),
+        (["-c", "-5%"], "capacity '-5%' must be > 0%"),
+        (["--tiers", "host:0"], "--tiers item 'host:0': capacity must be >= 1 block, got '0'"),
+        (["--tiers", "host:10,disk:-3"],
+         "--tiers item 'disk:-3': capacity must be >= 1 block, got '-3'"),
         (["--format", "xml"], "unknown format 'xml'"),
         (["--protocol", "put"], "unknown protocol 'put'"),
         (["--protocol", "get", "-W", "2"], "--inflight needs --protocol prefix"),

@@ -212,6 +212,11 @@ def test_parse_capacity():
             parse_capacity(bad, 100)
     with pytest.raises(ValueError, match="distinct block count is unknown"):
         parse_capacity("10%")
+    # a negative count or percentage is named by its rule (was "neither a block count ...")
+    with pytest.raises(ValueError, match=r"capacity must be >= 1 block, got ' -5 '"):
+        parse_capacity(" -5 ", 100)
+    with pytest.raises(ValueError, match=r"capacity '-2.5%' must be > 0%"):
+        parse_capacity("-2.5%", 100)
 
 
 def test_parse_capacity_names_a_capacity_above_what_a_tier_can_hold():

@@ -245,6 +245,11 @@ def parse_capacity(spec: str | int, unique_blocks: int | None = None) -> int:
         else:
             p = _PERCENT_RE.match(spec)
             if not p:
+                neg = spec.strip()
+                if neg[:1] == "-" and _CAPACITY_RE.match(neg[1:]):
+                    raise ValueError(f"capacity must be >= 1 block, got {spec!r}")
+                if neg[:1] == "-" and _PERCENT_RE.match(neg[1:]):
+                    raise ValueError(f"capacity {spec!r} must be > 0%")
                 raise ValueError(
                     f"capacity {spec!r} is neither a block count (e.g. 4000) nor a "
                     "percentage of the trace's distinct blocks (e.g. 10%)"
