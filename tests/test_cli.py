@@ -373,3 +373,18 @@ def test_an_interrupted_sweep_ends_its_running_points_at_once(monkeypatch):
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not multiprocessing.active_children()
+
+
+def test_table_title_lines_have_no_trailing_spaces():
+    """Found by a newcomer pass: the tables' title lines were padded to the table width
+    with spaces (title_justify="left")."""
+    res = run("replay", "-p", "lru", "-c", "10", "--cost")
+    assert res.exit_code == 0, res.output
+    titles = [line for line in res.stdout.splitlines()
+              if line.startswith(("cost model —", "kvtier replay"))]
+    assert len(titles) == 2, res.stdout
+    assert all(t == t.rstrip() for t in titles), titles
+    res = run("analyze")
+    assert res.exit_code == 0, res.output
+    title = next(line for line in res.stdout.splitlines() if line.startswith("kvtier analyze"))
+    assert title == title.rstrip()
