@@ -91,8 +91,7 @@ AUTO_UTILIZATION = 0.8
 
 MAX_VALUES = {
     "kv_bytes_per_token": (1e9, "bytes/token; the largest models today use about 1e6"),
-    "prefill_tokens_per_s": (1e9, "tokens/s of one instance; GPUs today prefill about 1e4 to "
-                                  "1e5"),
+    "prefill_tokens_per_s": (1e9, "tokens/s of one instance; GPUs today prefill 1e4 to 1e5"),
     "read_gb_per_s": (1e6, "GB/s; GPU memory today reads about 5e3"),
 }
 """Upper bounds of :class:`CostModel`'s sizes and rates, with their unit and why: a thousand

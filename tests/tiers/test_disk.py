@@ -97,7 +97,7 @@ def test_bad_input_raises_and_changes_nothing(tmp_path):
     calls = {"lookup_prefix": lambda: t.lookup_prefix([1]), "read": lambda: t.read([1]),
              "write": lambda: t.write([1], [blk(1)]), "check_keys": lambda: t.check_keys([1]),
              "in": lambda: 1 in t, "len": lambda: len(t)}
-    for name, call in calls.items():
+    for call in calls.values():
         with pytest.raises(ValueError, match=r"^disk tier .* is closed$"):
             call()
 

@@ -590,7 +590,7 @@ class RedisTier(BlockTier):
                 f"Redis URL {self._url_redacted}: the server has no database {db} ({exc}; "
                 "redis-server has 16, 0-15, unless its `databases` setting says more)"
             ) from None
-        except Exception:  # not reachable now: the calls answer miss until it is
+        except (redis.RedisError, OSError):  # not reachable now: the calls answer miss until it is
             return
         finally:
             probe.disconnect()
