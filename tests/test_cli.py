@@ -119,6 +119,13 @@ def test_bad_line_exits_nonzero_naming_file_and_line(tmp_path):
     [
         (["-p", "nosuch"], "unknown policy 'nosuch'"),
         (["-c", "ten"], "neither a block count"),
+        # a newcomer pass: -c -5 was "neither a block count nor a percentage", --tiers host:0
+        # did not say which tier item was wrong
+        (["-c", "-5"], "capacity must be >= 1 block, got '-5'"),
+        (["-c", "-5%"], "capacity '-5%' must be > 0%"),
+        (["--tiers", "host:0"], "--tiers item 'host:0': capacity must be >= 1 block, got '0'"),
+        (["--tiers", "host:10,disk:-3"],
+         "--tiers item 'disk:-3': capacity must be >= 1 block, got '-3'"),
         (["--format", "xml"], "unknown format 'xml'"),
         (["--protocol", "put"], "unknown protocol 'put'"),
         (["--protocol", "get", "-W", "2"], "--inflight needs --protocol prefix"),
@@ -366,3 +373,18 @@ def test_an_interrupted_sweep_ends_its_running_points_at_once(monkeypatch):
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not multiprocessing.active_children()
+
+
+def test_table_title_lines_have_no_trailing_spaces():
+    """Found by a newcomer pass: the tables' title lines were padded to the table width
+    with spaces (title_justify="left")."""
+    res = run("replay", "-p", "lru", "-c", "10", "--cost")
+    assert res.exit_code == 0, res.output
+    titles = [line for line in res.stdout.splitlines()
+              if line.startswith(("cost model —", "kvtier replay"))]
+    assert len(titles) == 2, res.stdout
+    assert all(t == t.rstrip() for t in titles), titles
+    res = run("analyze")
+    assert res.exit_code == 0, res.output
+    title = next(line for line in res.stdout.splitlines() if line.startswith("kvtier analyze"))
+    assert title == title.rstrip()

@@ -278,3 +278,20 @@ def test_evaluate_names_a_model_that_is_not_a_cost_model(model):
     with pytest.raises(TypeError, match=rf"^model must be a CostModel \(e.g. CostModel.build\(\)\), "
                                         rf"got {type(model).__name__}$"):
         evaluate(model, [1000], [1], None, 0)
+
+
+@pytest.mark.parametrize(("option", "value", "limit"), [
+    ("--prefill-tps", "1e308", "1e+09"), ("--read-gbps", "1e7", "1e+06"),
+    ("--kv-bytes-per-token", str(10**10), "1e+09")])
+def test_an_absurd_size_or_rate_is_refused_by_name(option, value, limit):
+    """Found by a newcomer pass: ``kvtier replay --cost --prefill-tps 1e308`` printed a
+    300-digit rate and saved-% figures of 80 digits. Values above MAX_VALUES are refused."""
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    res = CliRunner().invoke(app, ["replay", "-p", "lru", "-c", "10", option, value])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit)
+    assert f"error: {option} must be at most {limit} (" in res.output
+    # the bounds themselves are taken
+    CostModel(10**9, prefill_tokens_per_s=1e9, read_gb_per_s=1e6)

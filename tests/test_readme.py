@@ -38,3 +38,32 @@ def test_readme_replay_table_counts_match_the_code():
     assert len(rows) == 6 and rows == [ln.split()[:9] for ln in got[4:-1]]
     caption = shown[-1].split("; parsed in")[0]  # the parse time varies
     assert got[-1].startswith(caption)
+
+
+def test_readme_full_trace_commands_work_from_any_checkout_location(tmp_path):
+    """Found by a newcomer pass: the README's full-trace commands named
+    ../shared/traces/..., which is only there when the checkout sits next to shared/. They
+    name "$KVTIER_SHARED_TRACE" now, and the README's export line finds the trace from a
+    checkout nested deeper (as a git worktree is)."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    text = (REPO_ROOT / "README.md").read_text()
+    assert "../shared/traces" not in text.replace("`../shared/traces/` (or any", "")
+    commands = re.findall(r"kvtier (?:replay|sweep)\s+(\S+)", text)
+    assert '"$KVTIER_SHARED_TRACE"' in commands
+    export = re.search(r"`export KVTIER_SHARED_TRACE=\$\((.*?)\)`", text).group(1)
+    trace = tmp_path / "shared" / "traces" / "mooncake_conversation.jsonl"
+    trace.parent.mkdir(parents=True)
+    trace.write_text("")
+    checkout = tmp_path / "wt" / "mine"
+    checkout.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "KVTIER_SHARED_TRACE"}
+    env["PYTHONPATH"] = str(REPO_ROOT / "src")
+    argv = shlex.split(export)
+    assert argv[0] == "python"
+    found = subprocess.run([sys.executable, *argv[1:]], cwd=checkout, env=env,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert found == str(trace.resolve())

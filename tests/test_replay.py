@@ -212,6 +212,11 @@ def test_parse_capacity():
             parse_capacity(bad, 100)
     with pytest.raises(ValueError, match="distinct block count is unknown"):
         parse_capacity("10%")
+    # a negative count or percentage is named by its rule (was "neither a block count ...")
+    with pytest.raises(ValueError, match=r"capacity must be >= 1 block, got ' -5 '"):
+        parse_capacity(" -5 ", 100)
+    with pytest.raises(ValueError, match=r"capacity '-2.5%' must be > 0%"):
+        parse_capacity("-2.5%", 100)
 
 
 def test_parse_capacity_names_a_capacity_above_what_a_tier_can_hold():
@@ -267,3 +272,29 @@ def test_a_bare_key_list_is_named_as_analyze_names_it():
     with pytest.raises(TypeError, match=r"request 1 \(\[3, 4\]\) has no .keys: replay\(\) "
                                         "takes Request objects"):
         replay([Request([1, 2], 1024, None, None), [3, 4]], "lru", 8)
+
+
+def test_hits_out_without_append_is_named():
+    """Found by a newcomer pass: hits_out={} raised a bare AttributeError mid-replay."""
+    with pytest.raises(TypeError, match=r"hits_out must be a list or array .*got dict"):
+        replay(TINY, "lru", 4, hits_out={})
+
+
+def test_requests_that_are_not_iterable_are_named():
+    """Found by a newcomer pass: replay(None, ...) said "'NoneType' object is not iterable"."""
+    with pytest.raises(TypeError, match=r"requests must be an iterable of "
+                                        r"kvtier.trace.Request.*got NoneType"):
+        replay(None, "lru", 4)
+
+
+def test_a_str_input_length_is_named_and_not_counted():
+    """Found by a newcomer pass: a str input_length gave a bare TypeError from `+=`. The bad
+    request is refused before it reaches the manager or hits_out."""
+    hits: list = []
+    bad = reqs(([1, 2], 8), ([1, 2], "8"))
+    with pytest.raises(TypeError, match=r"request 1: input_length must be an int \(tokens\) "
+                                        r"or None, got str '8'"):
+        replay(bad, "lru", 4, block_tokens=4, hits_out=hits)
+    assert hits == [0]
+    with pytest.raises(TypeError, match=r"request 1: input_length must be an int"):
+        replay(iter(bad), "lru", 4, block_tokens=4)

@@ -55,11 +55,26 @@ def test_system_prompts_are_shared_heads():
 @pytest.mark.parametrize(
     "field, value",
     [("sessions", 0), ("turns", (3, 2)), ("turn_blocks", (0, 2)), ("dead_tail", 1.5),
-     ("one_shot", -0.1), ("system_blocks", [1, 2]), ("short_gap", True), ("seed", 1.0)],
+     ("one_shot", -0.1), ("system_blocks", [1, 2, 3]), ("system_blocks", "12"),
+     ("turns", {1, 2}), ("turns", (1.0, 2)), ("short_gap", True), ("seed", 1.0)],
 )
 def test_bad_fields_are_named(field, value):
     with pytest.raises(ValueError, match=field):
         generate(**{field: value})
+
+
+def test_a_range_field_takes_any_sequence_of_two_ints():
+    """Found by a newcomer pass: generate(turns=[1, 2]) was refused (a tuple was required)."""
+    np = pytest.importorskip("numpy")
+    want = generate(sessions=40, turns=(1, 2), system_blocks=(0, 3), seed=3)
+    assert generate(sessions=40, turns=[1, 2], system_blocks=range(0, 4, 3), seed=3) == want
+    spec = SyntheticSpec(turns=np.array([1, 2]), one_shot_blocks=[2, 5])
+    assert spec.turns == (1, 2) and spec.one_shot_blocks == (2, 5)
+    assert type(spec.turns[0]) is int
+    hash(spec)  # kept as tuples: the frozen spec stays hashable
+    with pytest.raises(ValueError, match=r"^turns must be a \(low, high\) pair \(a sequence "
+                                         r"of two ints\) with 1 <= low <= high, got \[1\]"):
+        generate(turns=[1])
 
 
 def test_numpy_numbers_are_taken_as_plain_numbers():

@@ -240,7 +240,9 @@ def _results_table(results: list[ReplayResult], title: str, console: Console) ->
         (tuple(c for c in _COLUMNS if c not in _UNIFORM), _COMPACT, True),
     )
     for columns, header, compact in layouts:
-        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD,
+        # title_justify "default": left, unpadded ("left" pads the title line to the
+        # table's width with trailing spaces); the same in the cost and analyze tables
+        table = Table(title=title, title_justify="default", box=box.SIMPLE_HEAD,
                       pad_edge=False, collapse_padding=True, show_edge=False,
                       padding=0 if compact else (0, 1))
         for name in columns:
@@ -646,7 +648,7 @@ def _cost_table(results: list[ReplayResult], costs: list[dict]) -> Table:
     c0 = costs[0] if costs else {}
     queue = (f"FIFO over {c0.get('instances')} prefill instance(s)"
              if c0.get("queue") == "fifo" else "no queue (no timestamps)")
-    table = Table(title=f"cost model — {queue}", title_justify="left", box=box.SIMPLE_HEAD,
+    table = Table(title=f"cost model — {queue}", title_justify="default", box=box.SIMPLE_HEAD,
                   pad_edge=False, collapse_padding=True, show_edge=False)
     for name in ("policy", "tier\nblocks", "read\nGB", "written\nGB", "prefill s\nsaved",
                  "saved\n%", "TTFT p50 s\nno tier→tier", "TTFT p99 s\nno tier→tier",
@@ -720,7 +722,7 @@ def _fmt(value, spec: str = ",.0f", unit: str = "") -> str:
 
 
 def _analysis_table(d: dict) -> Table:
-    table = Table(title="kvtier analyze", title_justify="left", box=box.SIMPLE_HEAD,
+    table = Table(title="kvtier analyze", title_justify="default", box=box.SIMPLE_HEAD,
                   pad_edge=False, collapse_padding=True, show_edge=False)
     table.add_column("figure", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)

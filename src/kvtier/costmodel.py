@@ -89,6 +89,17 @@ AUTO_UTILIZATION = 0.8
 """Target no-tier utilization when the number of instances is chosen automatically."""
 
 
+MAX_VALUES = {
+    "kv_bytes_per_token": (1e9, "bytes/token; the largest models today use about 1e6"),
+    "prefill_tokens_per_s": (1e9, "tokens/s of one instance; GPUs today prefill 1e4 to 1e5"),
+    "read_gb_per_s": (1e6, "GB/s; GPU memory today reads about 5e3"),
+}
+"""Upper bounds of :class:`CostModel`'s sizes and rates, with their unit and why: a thousand
+times and more what any hardware offers today, so no real deployment is refused, while an
+absurd value (``--prefill-tps 1e308``) is refused by name instead of printing figures of
+300 digits."""
+
+
 def _finite(value: numbers.Real) -> bool:
     """``value`` is finite as a float (an int too large for a float is not)."""
     try:
@@ -113,7 +124,8 @@ class CostModel:
     numpy numbers are taken and kept as plain ``int`` / ``float`` (bools are refused).
 
     Raises:
-        ValueError: a value out of range (the message names it).
+        ValueError: a value out of range (the message names it), including a size or rate
+            above :data:`MAX_VALUES`.
     """
 
     kv_bytes_per_token: int
@@ -132,6 +144,9 @@ class CostModel:
             if isinstance(value, bool) or not isinstance(value, numbers.Real) \
                     or not _finite(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
+            limit, why = MAX_VALUES[name]
+            if value > limit:
+                raise ValueError(f"{name} must be at most {limit:g} ({why}), got {value!r}")
             plain = int(value) if isinstance(value, numbers.Integral) else float(value)
             object.__setattr__(self, name, plain)
         for name in ("instances", "block_tokens"):

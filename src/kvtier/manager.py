@@ -233,7 +233,10 @@ class OffloadingManager:
         self.admission = make_admission(admission, num_blocks, policy_cls)
         self.admission_mode = admission
         self._on_evict = getattr(self.admission, "evicted", None)
-        self._policy_name = policy_cls.name or policy_cls.__name__
+        # errors name the policy as the caller did: a class registered under two names has
+        # one class ``name``
+        self._policy_name = (policy if isinstance(policy, str)
+                             else policy_cls.name or policy_cls.__name__)
         # optional hooks the policy does not override are not called at all
         self._insert = self.policy.insert if _overrides(self.policy, "insert") else None
         self._on_store = self.policy.on_store if _overrides(self.policy, "on_store") else None

@@ -245,6 +245,11 @@ def parse_capacity(spec: str | int, unique_blocks: int | None = None) -> int:
         else:
             p = _PERCENT_RE.match(spec)
             if not p:
+                neg = spec.strip()
+                if neg[:1] == "-" and _CAPACITY_RE.match(neg[1:]):
+                    raise ValueError(f"capacity must be >= 1 block, got {spec!r}")
+                if neg[:1] == "-" and _PERCENT_RE.match(neg[1:]):
+                    raise ValueError(f"capacity {spec!r} must be > 0%")
                 raise ValueError(
                     f"capacity {spec!r} is neither a block count (e.g. 4000) nor a "
                     "percentage of the trace's distinct blocks (e.g. 10%)"
@@ -308,11 +313,19 @@ def replay(
         ValueError: unknown protocol or policy, a non-positive capacity / block_tokens /
             threshold, a negative window, ``inflight > 0`` with ``protocol="get"``, or an
             offline policy (``belady``) given a stream instead of a list.
-        TypeError: ``options`` is not a :class:`ReplayOptions`, or a request has no
-            ``.keys`` list (e.g. a bare list of keys: wrap it in
-            :class:`~kvtier.trace.Request`).
+        TypeError: ``requests`` is not iterable, ``hits_out`` has no ``.append``,
+            ``options`` is not a :class:`ReplayOptions`, a request has no ``.keys`` list
+            (e.g. a bare list of keys: wrap it in :class:`~kvtier.trace.Request`), or a
+            request's ``input_length`` is not an int or ``None`` (that request is refused
+            before the manager or ``hits_out`` sees it; earlier ones were replayed).
         kvtier.trace.TraceFormatError: raised by a streamed trace reader.
     """
+    if not hasattr(requests, "__iter__"):  # not iter(): that may open a trace reader's file
+        raise TypeError("requests must be an iterable of kvtier.trace.Request (e.g. "
+                        f"kvtier.trace.read_trace(path)), got {type(requests).__name__}")
+    if hits_out is not None and not callable(getattr(hits_out, "append", None)):
+        raise TypeError("hits_out must be a list or array (anything with .append, one int "
+                        f"per request), got {type(hits_out).__name__}")
     if options is None:
         options = ReplayOptions()
     elif not isinstance(options, ReplayOptions):
@@ -530,6 +543,10 @@ def _run(step, drain, requests, block_tokens, progress, streamed, hits_out=None)
         for req in requests:
             keys = req.keys
             length = req.input_length
+            n = len(keys)
+            if length is None:
+                length = n * block_tokens
+            in_tok += length  # a str length raises here, before the manager sees the request
             if streamed:
                 t0 = now()
             hits, failed_calls, failed = step(keys)
@@ -539,12 +556,8 @@ def _run(step, drain, requests, block_tokens, progress, streamed, hits_out=None)
             failed_blocks += failed
             if hits_out is not None:
                 hits_out.append(hits)
-            n = len(keys)
             n_req += 1
             refs += n
-            if length is None:
-                length = n * block_tokens
-            in_tok += length
             if hits:
                 hit_blocks += hits
                 tok = hits * block_tokens
@@ -556,6 +569,12 @@ def _run(step, drain, requests, block_tokens, progress, streamed, hits_out=None)
         if error is None:
             raise
         raise error from None
+    except TypeError:
+        length = getattr(req, "input_length", None)
+        if length is None or isinstance(length, (int, float)):
+            raise
+        raise TypeError(f"request {n_req}: input_length must be an int (tokens) or None, got "
+                        f"{type(length).__name__} {length!r:.40}") from None
     t0 = now()
     drain()
     end = now()

@@ -39,6 +39,7 @@ import heapq
 import numbers
 import random
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvtier.checks import _as_int
@@ -48,13 +49,15 @@ __all__ = ["SyntheticSpec", "generate", "trace_profile"]
 
 
 def _check_range(name: str, value: object, low: int) -> tuple[int, int]:
-    """``value`` as a ``(low, high)`` tuple of plain ints (a tuple of two ints, numpy
-    integers included), ``low <= value[0] <= value[1]``."""
-    pair = (tuple(_as_int(v) for v in value)
-            if isinstance(value, tuple) and len(value) == 2 else None)
+    """``value`` as a ``(low, high)`` tuple of plain ints (any sequence of two ints: a tuple,
+    a list, a 1-d numpy array; numpy integers included), ``low <= value[0] <= value[1]``."""
+    pair = None
+    if ((isinstance(value, Sequence) and not isinstance(value, (str, bytes)))
+            or (type(value).__name__ == "ndarray" and getattr(value, "ndim", 0) == 1)):
+        pair = tuple(_as_int(v) for v in value) if len(value) == 2 else None  # type: ignore
     if pair is None or None in pair or pair[0] < low or pair[1] < pair[0]:
-        raise ValueError(f"{name} must be a (low, high) pair of ints with {low} <= low <= high, "
-                         f"got {value!r}")
+        raise ValueError(f"{name} must be a (low, high) pair (a sequence of two ints) with "
+                         f"{low} <= low <= high, got {value!r}")
     return pair  # type: ignore[return-value]
 
 
@@ -72,7 +75,8 @@ class SyntheticSpec:
 
     Attributes:
         sessions: number of sessions (>= 1), multi-turn and one-shot together.
-        turns: (min, max) turns of a multi-turn session (>= 1).
+        turns: (min, max) turns of a multi-turn session (>= 1). This and the other
+            (min, max) fields take any sequence of two ints (kept as a tuple).
         system_prompts: distinct shared system prompts (>= 1).
         system_blocks: (min, max) blocks of a system prompt (>= 0).
         turn_blocks: (min, max) new full blocks per turn (>= 1).

@@ -360,8 +360,13 @@ def replay_tiers(
     tiers = list(tiers)
     if not tiers or tiers[0].kind != "host":
         raise ValueError("tiers must start with the host tier")
-    caps = [parse_capacity(t.capacity, unique_blocks) if t.capacity is not None else None
-            for t in tiers]
+    caps = []
+    for t in tiers:
+        try:
+            caps.append(parse_capacity(t.capacity, unique_blocks)
+                        if t.capacity is not None else None)
+        except ValueError as exc:  # say which item of host:CAP,disk:CAP it is
+            raise ValueError(f"--tiers item '{t.kind}:{t.capacity}': {exc}") from None
     host = OffloadingManager(caps[0], policy, store_threshold=store_threshold)
     lower: list[BlockTier] = []
     try:

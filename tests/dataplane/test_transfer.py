@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import threading
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -234,6 +235,9 @@ def test_empty_job_finishes_ok():
         ("load", 0, "ab", [1], TypeError, "sequence of ints"),
         ("load", [0], [0], [1], ValueError, "not hashable"),
         ("store", "busy", [0], [0], ValueError, "'busy' is already in use"),
+        # a newcomer pass: job ids True and 1 were the same id
+        ("store", True, [0], [0], ValueError, "job_id True is a bool: True and 1"),
+        ("load", np.bool_(False), [0], [1], ValueError, "job_id .*False_? is a bool"),
     ],
 )
 def test_bad_submissions_raise_and_queue_nothing(kind, job_id, src, dst, exc, match):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier import OffloadingManager
+from kvtier import OffloadingManager, PolicyError
 from kvtier.policies import PolicyPluginError, PolicyPluginWarning, registry
 from kvtier.policies.lru import LRUPolicy
 
@@ -112,15 +112,38 @@ def test_cli_help_and_replay_survive_a_broken_plugin(tmp_path):
     assert "policy plugin 'broken-pol'" in res.stderr and "no_such_module_kvtier_xyz" in res.stderr
 
 
-@pytest.mark.parametrize("name", ["a,b", " lru2", "lru2 ", "\tx"])
+@pytest.mark.parametrize("name", ["a,b", " lru2", "lru2 ", "\tx", "my policy", "a\nb"])
 def test_a_name_the_cli_cannot_select_is_refused(name):
     # newcomer finding: register_policy("a,b", ...) was accepted and listed among the CLI's
     # choices, but `kvtier replay -p a,b` splits it into 'a' and 'b' (and strips spaces), so
     # the policy could never be chosen there
+    # (a newcomer pass found inner spaces and newlines accepted too)
     before = registry.available_policies()
-    with pytest.raises(ValueError, match=re.escape(f"policy name {name!r}") + ".* comma"):
+    with pytest.raises(ValueError, match=re.escape(f"policy name {name!r}") + ".* comma and "
+                                         "no whitespace"):
         registry.register_policy(name, LRUPolicy)
     assert registry.available_policies() == before
+
+
+def test_a_class_under_two_names_is_reported_by_the_name_it_was_built_from(monkeypatch):
+    """Found by a newcomer pass: a manager built from a second name of a class reported the
+    class's ``name`` (another policy's name) in its errors."""
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+
+    class Bad(LRUPolicy):
+        name = "bad-first"
+
+        def _evict(self, n, protected):
+            return []
+
+    registry.register_policy("bad-first", Bad)
+    registry.register_policy("bad-second", Bad)
+    m = OffloadingManager(1, "bad-second")
+    m.complete_store(m.prepare_store(["a"]).keys_to_store)
+    with pytest.raises(PolicyError, match=r"^policy 'bad-second': Bad\.evict\(1\)") as err:
+        m.prepare_store(["b"])
+    assert err.value.policy == "bad-second"
+    assert OffloadingManager(1, Bad)._policy_name == "bad-first"  # a class: its own name
 
 
 def test_plugin_error_survives_pickling():

@@ -92,6 +92,14 @@ def test_bad_input_raises_and_changes_nothing(tmp_path):
     t.close()  # idempotent
     with pytest.raises(ValueError, match="closed"):
         t.lookup_prefix([1])
+    # found by a newcomer pass: `in` and len() answered after close() while every other
+    # call raised; all of them raise the same error now
+    calls = {"lookup_prefix": lambda: t.lookup_prefix([1]), "read": lambda: t.read([1]),
+             "write": lambda: t.write([1], [blk(1)]), "check_keys": lambda: t.check_keys([1]),
+             "in": lambda: 1 in t, "len": lambda: len(t)}
+    for call in calls.values():
+        with pytest.raises(ValueError, match=r"^disk tier .* is closed$"):
+            call()
 
 
 def test_read_of_an_unhashable_key_names_it_and_counts_nothing(tmp_path):

@@ -381,6 +381,16 @@ def test_from_url_names_a_repeated_query_option_and_the_rule_of_a_bad_one():
             RedisTier.from_url(f"{url}?{query}", block_bytes=BLOCK, fingerprint=FP)
 
 
+def test_a_query_password_is_shown_as_three_stars():
+    """Found by a newcomer pass: ?password=... was shown as %2A%2A%2A (the query was
+    re-encoded); the rest of the query is kept as written."""
+    url = f"redis://127.0.0.1:6379/0?ssl_cert_reqs=none&password={SECRET}&x=a%20b&PassWord=q"
+    assert redact_url(url) == ("redis://127.0.0.1:6379/0?ssl_cert_reqs=none&password=***"
+                               "&x=a%20b&PassWord=***")
+    assert redact_url(f"redis://u:{SECRET}@h:1/0?password={SECRET}") == \
+        "redis://u:***@h:1/0?password=***"
+
+
 @pytest.mark.parametrize("url", ["localhost:6379", "127.0.0.1", "x", ""])
 def test_a_url_without_redis_scheme_is_named_as_given(url):
     """Found by newcomer10: redact_url (and from_url's rebuilt URL) wrote a URL without a
@@ -601,6 +611,27 @@ def test_ping_raises_for_a_dead_server_and_passes_for_a_live_one(shared_redis_se
         assert tier.stats().backend_errors == 0  # a check, not an engine call
     with make_tier(shared_redis_server.url) as tier:
         tier.ping()
+
+
+def test_a_database_index_the_server_lacks_is_refused_at_construction(shared_redis_server):
+    """Found by a newcomer pass: redis://host:port/99999 (redis-server has 16 databases)
+    built a tier whose every call failed on SELECT and answered miss in silence."""
+    base = shared_redis_server.url.rsplit("/", 1)[0]
+    with pytest.raises(ValueError, match=r"/99999: the server has no database 99999 "
+                                         r"\(DB index is out of range"):
+        make_tier(base + "/99999")
+    with pytest.raises(ValueError, match=r"database index \(the path, /db\) must be an int "
+                                         r">= 0, got -1"):
+        make_tier(base + "/-1")
+    with make_tier(base + "/15") as tier:  # the last of the default 16
+        tier.write([1], [b"x" * BLOCK])
+        assert tier.flush(5)
+        assert tier.lookup_prefix([1]) == 1
+    from redis_servers import free_port
+
+    # an unreachable server is not an error at construction: calls answer miss until it is up
+    with make_tier(f"redis://127.0.0.1:{free_port()}/99999") as tier:
+        assert tier.lookup_prefix([1]) == 0
 
 
 def test_purge_deletes_only_its_namespace_and_fingerprint(shared_redis_server):
@@ -861,7 +892,7 @@ def test_from_url_opens_a_unix_socket_url(tmp_path_factory, monkeypatch):
         # no host part at all (the password in the query): the "//" must survive
         with RedisTier.from_url(f"unix://{sock}?password={SECRET}&namespace=u",
                                 block_bytes=BLOCK, fingerprint=FP) as tier:
-            assert f"url='unix://{sock}?password=%2A%2A%2A" in repr(tier)
+            assert f"url='unix://{sock}?password=***" in repr(tier)
             assert tier.lookup_prefix([1, 2]) == 2 and tier.stats().backend_errors == 0
         monkeypatch.setenv("KVTIER_REDIS_PASSWORD", SECRET)
         with RedisTier.from_url(f"unix://{sock}?namespace=u", block_bytes=BLOCK,

@@ -550,14 +550,15 @@ class TransferEngine:
         """Queue a copy of engine blocks ``src_block_ids`` into pool slots ``dst_slots``.
 
         Args:
-            job_id: any hashable id, unique among jobs not yet returned by :meth:`poll`.
+            job_id: any hashable id but a bool (``True == 1``), unique among jobs not yet
+                returned by :meth:`poll`.
             src_block_ids: engine block ids, ``0 <= id < num_device_blocks`` (repeats allowed).
             dst_slots: pool slots, ``0 <= slot < pool.num_blocks``, pairwise distinct, same
                 length as ``src_block_ids``.
 
         Raises:
-            ValueError: duplicate or unhashable job id, ids out of range, different lengths,
-                a slot named twice, or the engine is closed. Nothing is queued then.
+            ValueError: duplicate, unhashable or bool job id, ids out of range, different
+                lengths, a slot named twice, or the engine is closed. Nothing is queued then.
             TypeError: an id is not an int.
         """
         self._submit(STORE, job_id, src_block_ids, dst_slots)
@@ -585,6 +586,9 @@ class TransferEngine:
             hash(job_id)
         except TypeError:
             raise ValueError(f"job_id {job_id!r} is not hashable") from None
+        if type(job_id).__name__ in ("bool", "bool_"):  # numpy's too (numpy.bool)
+            raise ValueError(f"job_id {job_id!r} is a bool: True and 1 (False and 0) are the "
+                             "same id in Python; use ints, strs or other hashable ids")
         if job_id in self._unreported:
             raise ValueError(f"job_id {job_id!r} is already in use (not yet returned by poll)")
         if kind == STORE:

@@ -60,8 +60,10 @@ def register_policy(name: str, cls: type[CachePolicy]) -> type[CachePolicy]:
     Raises:
         TypeError: ``cls`` is not a :class:`CachePolicy` subclass, or leaves abstract hooks
             unimplemented (it could not be built).
-        ValueError: ``name`` is empty, has a comma or a space at either end (the CLI's
-            ``-p a,b`` could not select it), or is already taken by another class.
+        ValueError: ``name`` is empty, has a comma or whitespace (the CLI's ``-p a,b``
+            splits on commas; a space or tab would also break its tables), or is already
+            taken by another class. A class may be registered under several names; a manager
+            built from a name reports that name in its errors.
     """
     if not isinstance(cls, type) or not issubclass(cls, CachePolicy):
         raise TypeError(f"policy {name!r}: {cls!r} is not a CachePolicy subclass")
@@ -71,9 +73,9 @@ def register_policy(name: str, cls: type[CachePolicy]) -> type[CachePolicy]:
                         f"{', '.join(missing)})")
     if not isinstance(name, str) or not name:
         raise ValueError(f"policy name must be a non-empty str, got {name!r}")
-    if "," in name or name != name.strip():  # the CLI splits -p on commas and strips
-        raise ValueError(f"policy name {name!r} cannot be chosen on the command line: no "
-                         "comma, and no space at either end")
+    if "," in name or any(ch.isspace() for ch in name):  # the CLI splits -p a,b on commas
+        raise ValueError(f"policy name {name!r} cannot be chosen on the command line "
+                         "(-p a,b): no comma and no whitespace (space, tab, newline)")
     existing = _REGISTRY.get(name)
     if existing is not None and existing is not cls:
         raise ValueError(f"policy name {name!r} is already registered to {existing.__name__}")

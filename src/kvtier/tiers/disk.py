@@ -714,10 +714,16 @@ class DiskTier(BlockTier):
             raise ValueError(f"disk tier {self.path} is closed")
 
     def __contains__(self, key: Key) -> bool:
+        """``key`` is stored and readable. Raises ValueError when the tier is closed (as
+        :meth:`read` and :meth:`write` do)."""
+        if self._closed:  # one attribute test: vllm_tiers asks this per chunk of a store job
+            self._check_open()
         return key in self.manager and key not in self._bad
 
     def __len__(self) -> int:
-        """Blocks stored (readable and being written)."""
+        """Blocks stored (readable and being written). Raises ValueError when the tier is
+        closed (as :meth:`read` and :meth:`write` do)."""
+        self._check_open()
         return len(self.manager)
 
     def __repr__(self) -> str:

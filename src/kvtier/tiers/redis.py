@@ -49,7 +49,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote_plus, urlencode, urlsplit, urlunsplit
 
 import xxhash
 
@@ -190,8 +190,14 @@ def redact_url(url: str) -> str:
 def _redact_query(query: str) -> str:
     if not query:
         return query
-    pairs = parse_qsl(query, keep_blank_values=True)
-    return urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs])
+    # each name=value item kept as written (not re-encoded: urlencode wrote *** as
+    # %2A%2A%2A), a password's value replaced by ***
+    items = query.split("&")
+    for i, item in enumerate(items):
+        name = item.split("=", 1)[0]
+        if unquote_plus(name).lower() == "password":
+            items[i] = f"{name}=***"
+    return "&".join(items)
 
 
 def fingerprint_id(fingerprint: str, block_bytes: int) -> int:
@@ -370,11 +376,14 @@ class RedisTier(BlockTier):
         client_options: more keyword arguments for the redis-py client (e.g. ``ssl_ca_certs``).
 
     Raises:
-        ValueError: a bad option (names it), or a URL redis-py cannot parse (password
-            redacted in the message).
+        ValueError: a bad option (names it), a URL redis-py cannot parse (password
+            redacted in the message), or a database index the server does not have.
         TypeError: ``fingerprint`` is not a string.
 
-    The server need not be up when the tier is built: calls answer miss until it is.
+    The server need not be up when the tier is built: calls answer miss until it is. A
+    standalone URL with a database index other than 0 is checked with one connect at
+    ``timeout_s`` when the tier is built: an index the server does not have raises
+    ``ValueError`` (an unreachable server does not).
     """
 
     def __init__(
@@ -530,12 +539,13 @@ class RedisTier(BlockTier):
                 # query parameters to the connection class, which would otherwise fail on
                 # every call as a silent miss
                 pool = self._client_map["lookup"].connection_pool
-                pool.connection_class(**pool.connection_kwargs)
+                probe = pool.connection_class(**pool.connection_kwargs)
             except (ValueError, TypeError) as exc:
                 raise ValueError(
                     f"bad Redis URL or client option for {self._url_redacted}: "
                     f"{_scrub(str(exc), url)}"
                 ) from None
+            self._check_db(pool.connection_kwargs.get("db") or 0, probe)
             self._script = self._client_map["lookup"].register_script(_PREFIX_SCRIPT)
 
         self._zstd_c = None  # used by the writer thread only
@@ -560,6 +570,30 @@ class RedisTier(BlockTier):
             target=self._write_loop, name=f"kvtier-redis-writer-{name}", daemon=True
         )
         self._writer.start()
+
+    def _check_db(self, db: int, probe: Any) -> None:
+        """Refuse a database index the server does not have, at construction: otherwise
+        every call fails on connect (``SELECT``) and answers miss. Index 0 always exists and
+        is not probed; another one costs one connect at ``timeout_s`` now. An unreachable
+        server is not an error here (calls answer miss until it is up)."""
+        if db < 0:
+            raise ValueError(f"Redis URL {self._url_redacted}: the database index (the path, "
+                             f"/db) must be an int >= 0, got {db}")
+        if db == 0:
+            return
+        try:
+            probe.connect()  # redis-py sends AUTH and SELECT <db> on connect
+        except redis.ResponseError as exc:
+            if "DB index" not in str(exc):
+                return  # e.g. a bad password: the calls' own failures report it
+            raise ValueError(
+                f"Redis URL {self._url_redacted}: the server has no database {db} ({exc}; "
+                "redis-server has 16, 0-15, unless its `databases` setting says more)"
+            ) from None
+        except (redis.RedisError, OSError):  # not reachable now: the calls answer miss until it is
+            return
+        finally:
+            probe.disconnect()
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
