@@ -387,6 +387,24 @@ _OPS = st.lists(
 )
 
 
+def _store_new(m: OffloadingManager, stored: list[str], count: int, log: list):
+    """Offer ``count`` new keys (named after ``stored``'s length), log the victims."""
+    keys = [f"k{len(stored) + i}" for i in range(count)]
+    stored += keys
+    out = m.prepare_store(keys)
+    log.append(None if out is None else out.evicted_keys)
+    return out
+
+
+def _end_state(m: OffloadingManager, log: list) -> tuple[dict, list]:
+    """The policy's snapshot, then the victims of 12 more one-key stores."""
+    snap = m.policy.snapshot()
+    for i in range(12):
+        out = m.prepare_store([f"z{i}"])
+        log.append(None if out is None else out.evicted_keys)
+    return snap, log
+
+
 @pytest.mark.parametrize("policy", POLICIES, ids=_name)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=_OPS)
@@ -399,10 +417,7 @@ def test_release_order_never_matters_on_random_sequences(policy, ops):
         log = []
         for op in ops:
             if op[0] == "store":
-                keys = [f"k{len(stored) + i}" for i in range(op[1])]
-                stored += keys
-                out = m.prepare_store(keys)
-                log.append(None if out is None else out.evicted_keys)
+                out = _store_new(m, stored, op[1], log)
                 if out is not None:
                     (m.complete_store if op[2] else pending.extend)(out.keys_to_store)
             elif op[0] == "touch":
@@ -422,11 +437,7 @@ def test_release_order_never_matters_on_random_sequences(policy, ops):
             m.complete_store(pending)
         for keys in ([k] for k in reversed(pinned)) if tail_first else [pinned] if pinned else []:
             m.complete_load(keys)
-        snap = m.policy.snapshot()
-        for i in range(12):
-            out = m.prepare_store([f"z{i}"])
-            log.append(None if out is None else out.evicted_keys)
-        return snap, log
+        return _end_state(m, log)
 
     assert run(True) == run(False)
 
@@ -455,20 +466,13 @@ def test_a_key_named_twice_in_one_touch_is_one_use(policy, ops):
         log = []
         for op in ops:
             if op[0] == "store":
-                keys = [f"k{len(stored) + i}" for i in range(op[1])]
-                stored += keys
-                out = m.prepare_store(keys)
-                log.append(None if out is None else out.evicted_keys)
+                out = _store_new(m, stored, op[1], log)
                 if out is not None and op[2]:
                     m.complete_store(out.keys_to_store)
             elif op[0] == "touch":
                 keys = [stored[i] for i in op[1] if i < len(stored)]
                 keys = keys + keys[::-1]  # every key named again
                 m.touch(list(dict.fromkeys(keys)) if dedup else keys)
-        snap = m.policy.snapshot()
-        for i in range(12):
-            out = m.prepare_store([f"z{i}"])
-            log.append(None if out is None else out.evicted_keys)
-        return snap, log
+        return _end_state(m, log)
 
     assert run(False) == run(True)
