@@ -186,9 +186,7 @@ class TinyLFUAdmission:
                     break
         # slots the admitted blocks hold: at most the tier's size (a block admitted into a
         # full tier takes its victim's slot), so a failed store's release frees real slots
-        held = self._admitted + count
-        if held > self.num_blocks:
-            held = self.num_blocks
+        held = min(self._admitted + count, self.num_blocks)
         self._last_admit = (n, count, held - self._admitted)
         self._admitted = held
         self.admitted += count
