@@ -867,7 +867,7 @@ def test_shadow_pins_stay_bounded_and_deterministic_on_a_long_random_run(policy)
     oldest requests) whose in-flight depth changes, with failed stores, repeated keys and a
     reset_cache: the shadows' pending/pinned bookkeeping stays consistent and bounded, and
     the same run gives the same snapshot."""
-    import random  # noqa: PLC0415
+    import random
 
     def run() -> OffloadingManager:
         rng = random.Random(7)
