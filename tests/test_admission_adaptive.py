@@ -838,3 +838,73 @@ def test_inlined_lru_duel_with_repeated_keys_equals_the_general_path(blocks, inf
             a.record(keys, 0, pending)
         assert inline.admit(keys, blocks) == generic.admit(keys, blocks)
         _assert_same_lru_duel(inline, generic)
+
+
+def _check_shadow_flight(ad: DuelingAdmission, longest: int) -> None:
+    """The shadows' pending stores and pinned loads: resident, disjoint, within the shadow,
+    the pin FIFO compacted (at most 2 * pinned + one lookup's keys) and naming each pin's
+    last call, the policy holding every pending and pinned key (not evictable)."""
+    for mini in (ad._mini_a, ad._mini_b):
+        keys = set(mini.keys)
+        assert len(keys) <= ad.shadow_capacity
+        assert set(mini.pins) <= keys and set(mini.held) <= keys
+        assert not set(mini.pins) & set(mini.held)
+        assert mini.pin_refs == sum(len(k) for _, k in mini.pin_fifo)
+        assert mini.pin_refs <= 2 * len(mini.pins) + longest
+        calls = [c for c, _ in mini.pin_fifo]
+        assert calls == sorted(calls)
+        for h, c in mini.pins.items():
+            assert any(cc == c and h in ks for cc, ks in mini.pin_fifo)
+        assert sum(len(k) for _, k in mini.fifo) == len(mini.held)
+        snap = mini.policy.snapshot()
+        if "held" in snap:
+            assert set(mini.pins) | set(mini.held) <= set(snap["held"])
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo", "sieve"])
+def test_shadow_pins_stay_bounded_and_deterministic_on_a_long_random_run(policy):
+    """Long random engine-like runs (lookup, load the hits, store the rest, complete the
+    oldest requests) whose in-flight depth changes, with failed stores, repeated keys and a
+    reset_cache: the shadows' pending/pinned bookkeeping stays consistent and bounded, and
+    the same run gives the same snapshot."""
+    import random
+
+    def run() -> OffloadingManager:
+        rng = random.Random(7)
+        m = OffloadingManager(40, policy, admission="adaptive")
+        flight: list = []
+        depth = 4
+        longest = 0
+        for step in range(1500):
+            if step % 150 == 0:
+                depth = rng.choice([0, 1, 4, 12, 30])
+            if step == 900:  # every copy finishes, then the tier is emptied
+                for loads, stores in flight:
+                    if loads:
+                        m.complete_load(loads)
+                    if stores:
+                        m.complete_store(stores)
+                flight = []
+                m.reset_cache()
+            start = rng.randrange(200)
+            keys = [(start + i) % 200 for i in range(rng.randint(1, 12))]
+            if rng.random() < 0.1:
+                keys += keys[:2]  # a key named twice
+            longest = max(longest, len(keys))
+            hits = m.lookup_prefix(keys)
+            if hits:
+                m.prepare_load(keys[:hits])
+            out = m.prepare_store(keys[hits:])
+            flight.append((keys[:hits], [] if out is None else out.keys_to_store))
+            while len(flight) > depth:
+                loads, stores = flight.pop(0)
+                if loads:
+                    m.complete_load(loads)
+                if stores:
+                    m.complete_store(stores, success=rng.random() < 0.95)
+            _check_shadow_flight(m.admission, longest)
+        return m
+
+    a, b = run(), run()
+    assert a.admission.snapshot() == b.admission.snapshot()
+    assert a.snapshot() == b.snapshot()

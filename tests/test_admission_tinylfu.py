@@ -173,3 +173,25 @@ def test_reset_cache_gives_every_slot_back():
     out = m.prepare_store(list(range(100, 108)))
     assert out is not None and len(out.keys_to_store) == 8
     assert m.stats().skipped_stores == 0
+
+
+def test_failed_store_after_evictions_gives_its_slots_back():
+    """The free-slot count is of slots, not of blocks ever admitted: a tier that has
+    evicted is full (an admitted block takes its victim's slot), and a failed store after
+    that frees slots that first-seen keys fill without a victim. Before, the count grew
+    with every admitted block (20 here), so releasing 2 left it above the tier's 16 and
+    the 2 free slots were refused to first-seen keys."""
+    m = OffloadingManager(16, "lru", admission="tinylfu")
+    m.complete_store(m.prepare_store(list(range(16))).keys_to_store)
+    for key in (50, 51, 52, 53):  # looked up often: admitted over the victims, evicting
+        for _ in range(5):
+            m.lookup(key)
+    out = m.prepare_store([50, 51, 52, 53])
+    assert out is not None and len(out.keys_to_store) == 4 and len(out.evicted_keys) == 4
+    m.complete_store([50, 51])
+    m.complete_store([52, 53], success=False)  # 2 slots free again
+    assert m.stats().free == 2
+    out = m.prepare_store([100, 101])  # first-seen keys: they fit the free slots
+    assert out is not None and out.keys_to_store == [100, 101] and out.evicted_keys == []
+    assert m.stats().skipped_stores == 0
+    assert m.admission._admitted == 16

@@ -552,3 +552,89 @@ def test_none_cannot_open_a_request_and_unhashable_finish_names_the_context():
     with pytest.raises(TypeError, match=r"\['x'\] is not hashable"):
         m.on_request_finished(["x"])
     assert m.snapshot() == before and m.stats().requests_open == 0
+
+
+op_with_failures = st.one_of(
+    op,
+    st.tuples(st.just("fail"),),  # every pending store fails: complete_store(success=False)
+    st.tuples(st.just("reset"),),
+    st.tuples(st.just("touch"), st.lists(st.sampled_from(KEYS), max_size=3),
+              st.sampled_from(CALL_CTXS)),
+    st.tuples(st.just("lookup"), st.lists(st.sampled_from(KEYS), min_size=1, max_size=3),
+              st.sampled_from(CALL_CTXS)),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(op_with_failures, min_size=15, max_size=60))
+def test_request_records_with_failed_stores_and_resets_match_reference_model(ops):
+    """The reference model through failed stores (a request's failed new keys stay in its
+    record, inserted: it stored them, and a later store of them by the same request is no
+    new ghost-learning use), touches and lookups (not recorded) and reset_cache (forgets the
+    open requests and the counters): the same policy calls, in the same order."""
+    m = OffloadingManager(CAPACITY, RecordingLRU, max_open_requests=MAX_OPEN)
+    model = _Model()
+    pending: list = []
+    pins: list = []
+    for o in ops:
+        kind = o[0]
+        if kind == "open":
+            if model.open_request(o[1]):
+                m.on_new_request(o[1])
+            else:
+                with pytest.raises(RequestStateError):
+                    m.on_new_request(o[1])
+        elif kind == "finish":
+            if model.finish(o[1]):
+                m.on_request_finished(o[1])
+            else:
+                with pytest.raises(RequestStateError):
+                    m.on_request_finished(o[1])
+        elif kind == "store":
+            _, keys, ctx, complete = o
+            new = list(dict.fromkeys(k for k in keys if k not in m))
+            ready = [k for k in keys if k in m and m.ref_count(k) >= 0]
+            model.store_offer(ctx, keys, new, ready)
+            out = m.prepare_store(keys, ctx)
+            if out is not None:
+                assert out.keys_to_store == new
+                if new:
+                    model.store_done(ctx, new)
+                if complete:
+                    m.complete_store(out.keys_to_store)
+                else:
+                    pending += out.keys_to_store
+        elif kind == "load":
+            _, start, count, ctx = o
+            ready = [k for k in KEYS if k in m and m.ref_count(k) >= 0]
+            if not ready:
+                continue
+            keys = [ready[(start + i) % len(ready)] for i in range(count)]
+            m.prepare_load(keys, ctx)
+            model.load(ctx, keys)
+            pins += keys
+        elif kind == "release":
+            if pins:
+                key = pins.pop(o[1] % len(pins))
+                m.complete_load([key])
+        elif kind in ("complete", "fail"):
+            if pending:
+                m.complete_store(pending, success=kind == "complete")
+                pending = []
+        elif kind == "reset":
+            m.reset_cache()  # nothing in flight is let finish: pins and pending dropped
+            pending, pins = [], []
+            model.open.clear()
+            model.early.clear()
+            model.finished = model.finished_early = model.late = 0
+        elif kind == "touch":
+            m.touch(o[1], o[2])  # passed on as is (an empty call too); never recorded
+            model.calls.append(("touch", tuple(o[1])))
+        else:  # lookup
+            m.lookup_prefix(o[1], o[2])
+    assert m.policy.calls == model.calls
+    s = m.stats()
+    assert (s.requests_open, s.requests_finished, s.requests_finished_early,
+            s.late_finishes) == (len(model.open), model.finished, model.finished_early,
+                                 model.late)
+    assert [r[0] for r in m.snapshot()["requests"]] == list(model.open)

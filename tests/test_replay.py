@@ -298,3 +298,13 @@ def test_a_str_input_length_is_named_and_not_counted():
     assert hits == [0]
     with pytest.raises(TypeError, match=r"request 1: input_length must be an int"):
         replay(iter(bad), "lru", 4, block_tokens=4)
+
+
+def test_a_key_error_is_not_blamed_on_a_numpy_input_length():
+    """A TypeError from the manager (an unhashable key) in a request whose input_length is
+    a numpy integer (a number, added fine) is the manager's; it was reported as 'input_length
+    must be an int (tokens) or None, got int64'."""
+    np = pytest.importorskip("numpy")
+    bad = [Request([1, 2], np.int64(8), None, None), Request([[1], 2], np.int64(8), None, None)]
+    with pytest.raises(TypeError, match=r"block key \[1\] is not hashable"):
+        replay(bad, "lru", 4, block_tokens=4)

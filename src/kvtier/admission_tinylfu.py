@@ -112,10 +112,12 @@ class TinyLFUAdmission:
         self._counted = 0  # lookups counted since the last aging
         self.resets = 0
         self._victim_freq = 0.0  # running mean of the victims' estimates
-        self._admitted = 0  # blocks admitted: the tier has >= num_blocks - this free slots
+        self._admitted = 0  # slots admitted blocks hold (<= num_blocks): the tier has at
+        # least num_blocks - this free slots
         self.admitted = 0
         self.refused = 0
-        self._last_admit = (0, 0)  # (keys offered, admitted) by the last admit: undo_admit
+        # (keys offered, admitted, slots added to _admitted) by the last admit: undo_admit
+        self._last_admit = (0, 0, 0)
 
     def _cells(self, key: Hashable) -> list[int]:
         h = hash(key) & _MASK64
@@ -182,18 +184,21 @@ class TinyLFUAdmission:
                     count += 1
                 else:
                     break
-        self._admitted += count
+        # slots the admitted blocks hold: at most the tier's size (a block admitted into a
+        # full tier takes its victim's slot), so a failed store's release frees real slots
+        held = min(self._admitted + count, self.num_blocks)
+        self._last_admit = (n, count, held - self._admitted)
+        self._admitted = held
         self.admitted += count
         self.refused += n - count
-        self._last_admit = (n, count)
         return count
 
     def undo_admit(self) -> None:
         """The store that the last :meth:`admit` answered got no slots (``prepare_store``
         returned ``None``): take its counts back, as if never asked."""
-        n, count = self._last_admit
-        self._last_admit = (0, 0)
-        self._admitted -= count
+        n, count, held = self._last_admit
+        self._last_admit = (0, 0, 0)
+        self._admitted -= held
         self.admitted -= count
         self.refused -= n - count
 

@@ -49,6 +49,7 @@ See ``docs/replay.md`` for the formats, the output fields and measured costs.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 import time
 from collections import deque
@@ -571,7 +572,8 @@ def _run(step, drain, requests, block_tokens, progress, streamed, hits_out=None)
         raise error from None
     except TypeError:
         length = getattr(req, "input_length", None)
-        if length is None or isinstance(length, (int, float)):
+        # a number (numpy's integers too) was added fine: the error is another's (a key's)
+        if length is None or isinstance(length, numbers.Number):
             raise
         raise TypeError(f"request {n_req}: input_length must be an int (tokens) or None, got "
                         f"{type(length).__name__} {length!r:.40}") from None

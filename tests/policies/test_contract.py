@@ -476,3 +476,53 @@ def test_a_key_named_twice_in_one_touch_is_one_use(policy, ops):
         return _end_state(m, log)
 
     assert run(False) == run(True)
+
+
+_REPEAT_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("store"), st.integers(1, 4), st.booleans()),  # n keys, complete?
+        # any repeats in any order; indices past the stored keys name keys never stored
+        st.tuples(st.just("touch"), st.lists(st.integers(0, 40), max_size=8)),
+        st.tuples(st.just("complete"), st.just(0)),
+    ),
+    max_size=50,
+)
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=_name)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=_REPEAT_OPS)
+def test_a_touch_with_any_repeats_is_the_touch_of_its_first_occurrences(policy, ops):
+    """CachePolicy.touch's contract on any pattern of repeats (not only [a, b, b, a]):
+    resident, pending, evicted (ghost) and never-stored keys named several times in one call,
+    in any order, leave the state and victims of the call with each key at its first
+    position."""
+    def run(dedup: bool) -> tuple[dict, list]:
+        m = OffloadingManager(6, policy)
+        n_stored = 0
+        pending: list[str] = []
+        log = []
+        for op in ops:
+            if op[0] == "store":
+                keys = [f"k{n_stored + i}" for i in range(op[1])]
+                n_stored += op[1]
+                out = m.prepare_store(keys)
+                log.append(None if out is None else out.evicted_keys)
+                if out is not None:
+                    if op[2]:
+                        m.complete_store(out.keys_to_store)
+                    else:
+                        pending += out.keys_to_store
+            elif op[0] == "touch":
+                keys = [f"k{i}" for i in op[1]]
+                m.touch(list(dict.fromkeys(keys)) if dedup else keys)
+            elif pending:
+                m.complete_store(pending)
+                pending = []
+        snap = m.policy.snapshot()
+        for i in range(10):
+            out = m.prepare_store([f"z{i}"])
+            log.append(None if out is None else out.evicted_keys)
+        return snap, log
+
+    assert run(False) == run(True)

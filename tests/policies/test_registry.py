@@ -183,3 +183,14 @@ def test_get_policy_names_a_name_that_is_not_a_str(name):
     'list'"."""
     with pytest.raises(ValueError, match=re.escape(f"unknown policy {name!r}") + ".*known"):
         registry.get_policy(name)
+
+
+@pytest.mark.parametrize("name", ["a\x1b[31mb", "a\x00b", "a\u200bb", "lru\x7f"])
+def test_a_name_with_an_unprintable_character_is_refused(name):
+    """Control and invisible characters (an escape sequence, NUL, a zero-width space) pass
+    the whitespace rule but print as nothing or as terminal codes in the CLI's tables and
+    --help, and cannot be typed after -p."""
+    before = registry.available_policies()
+    with pytest.raises(ValueError, match=re.escape(f"policy name {name!r}") + ".*printable"):
+        registry.register_policy(name, LRUPolicy)
+    assert registry.available_policies() == before

@@ -60,8 +60,9 @@ def register_policy(name: str, cls: type[CachePolicy]) -> type[CachePolicy]:
     Raises:
         TypeError: ``cls`` is not a :class:`CachePolicy` subclass, or leaves abstract hooks
             unimplemented (it could not be built).
-        ValueError: ``name`` is empty, has a comma or whitespace (the CLI's ``-p a,b``
-            splits on commas; a space or tab would also break its tables), or is already
+        ValueError: ``name`` is empty, has a comma, whitespace or a character that does
+            not print (``str.isprintable``: a control code, a zero-width space; the CLI's
+            ``-p a,b`` splits on commas, and the others would break its tables), or is already
             taken by another class. A class may be registered under several names; a manager
             built from a name reports that name in its errors.
     """
@@ -73,9 +74,12 @@ def register_policy(name: str, cls: type[CachePolicy]) -> type[CachePolicy]:
                         f"{', '.join(missing)})")
     if not isinstance(name, str) or not name:
         raise ValueError(f"policy name must be a non-empty str, got {name!r}")
-    if "," in name or any(ch.isspace() for ch in name):  # the CLI splits -p a,b on commas
+    # the CLI splits -p a,b on commas; a space breaks its tables, a control or invisible
+    # character (isprintable is False for every whitespace but the space) prints as nothing
+    if "," in name or " " in name or not name.isprintable():
         raise ValueError(f"policy name {name!r} cannot be chosen on the command line "
-                         "(-p a,b): no comma and no whitespace (space, tab, newline)")
+                         "(-p a,b): no comma and no whitespace (space, tab, newline), only "
+                         "printable characters")
     existing = _REGISTRY.get(name)
     if existing is not None and existing is not cls:
         raise ValueError(f"policy name {name!r} is already registered to {existing.__name__}")
