@@ -445,9 +445,10 @@ class _Model:
         rec["ins"].update(k for k in new if k in rec["keys"])
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(op, min_size=15, max_size=60))
-def test_request_records_match_reference_model(ops):
+def _drive_against_model(ops, after_finish=None) -> None:
+    """Run ``ops`` on a manager and on the reference model: the same policy calls, in the
+    same order, and the same request counters. ``after_finish(m, calls_before)`` runs after
+    each finish op."""
     m = OffloadingManager(CAPACITY, RecordingLRU, max_open_requests=MAX_OPEN)
     model = _Model()
     pending: list = []
@@ -467,6 +468,8 @@ def test_request_records_match_reference_model(ops):
             else:
                 with pytest.raises(RequestStateError):
                     m.on_request_finished(o[1])
+            if after_finish is not None:
+                after_finish(m, calls_before)
         elif kind == "store":
             _, keys, ctx, complete = o
             new = list(dict.fromkeys(k for k in keys if k not in m))
@@ -494,23 +497,43 @@ def test_request_records_match_reference_model(ops):
             if pins:
                 key = pins.pop(o[1] % len(pins))
                 m.complete_load([key])
-        else:  # complete every pending store
+        elif kind in ("complete", "fail"):
             if pending:
-                m.complete_store(pending)
+                m.complete_store(pending, success=kind == "complete")
                 pending = []
-        if kind == "finish" and len(m.policy.calls) > calls_before:
-            # the default use leaves the finished request's resident keys (pinned and pending
-            # ones too: logical recency) at the MRU end, keys[0] most recent
-            keys = m.policy.calls[-1][1]
-            order = m.policy.snapshot()["order"]
-            resident = [k for k in reversed(keys) if k in m]
-            assert order[len(order) - len(resident):] == resident
+        elif kind == "reset":
+            m.reset_cache()  # nothing in flight is let finish: pins and pending dropped
+            pending, pins = [], []
+            model.open.clear()
+            model.early.clear()
+            model.finished = model.finished_early = model.late = 0
+        elif kind == "touch":
+            m.touch(o[1], o[2])  # passed on as is (an empty call too); never recorded
+            model.calls.append(("touch", tuple(o[1])))
+        else:  # lookup
+            m.lookup_prefix(o[1], o[2])
     assert m.policy.calls == model.calls
     s = m.stats()
     assert (s.requests_open, s.requests_finished, s.requests_finished_early,
             s.late_finishes) == (len(model.open), model.finished, model.finished_early,
                                  model.late)
     assert [r[0] for r in m.snapshot()["requests"]] == list(model.open)
+
+
+def _finished_keys_at_mru_end(m: OffloadingManager, calls_before: int) -> None:
+    # the default use leaves the finished request's resident keys (pinned and pending ones
+    # too: logical recency) at the MRU end, keys[0] most recent
+    if len(m.policy.calls) > calls_before:
+        keys = m.policy.calls[-1][1]
+        order = m.policy.snapshot()["order"]
+        resident = [k for k in reversed(keys) if k in m]
+        assert order[len(order) - len(resident):] == resident
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(op, min_size=15, max_size=60))
+def test_request_records_match_reference_model(ops):
+    _drive_against_model(ops, _finished_keys_at_mru_end)
 
 
 def test_key_reused_then_stored_again_is_reused_not_inserted_only():
@@ -572,69 +595,4 @@ def test_request_records_with_failed_stores_and_resets_match_reference_model(ops
     record, inserted: it stored them, and a later store of them by the same request is no
     new ghost-learning use), touches and lookups (not recorded) and reset_cache (forgets the
     open requests and the counters): the same policy calls, in the same order."""
-    m = OffloadingManager(CAPACITY, RecordingLRU, max_open_requests=MAX_OPEN)
-    model = _Model()
-    pending: list = []
-    pins: list = []
-    for o in ops:
-        kind = o[0]
-        if kind == "open":
-            if model.open_request(o[1]):
-                m.on_new_request(o[1])
-            else:
-                with pytest.raises(RequestStateError):
-                    m.on_new_request(o[1])
-        elif kind == "finish":
-            if model.finish(o[1]):
-                m.on_request_finished(o[1])
-            else:
-                with pytest.raises(RequestStateError):
-                    m.on_request_finished(o[1])
-        elif kind == "store":
-            _, keys, ctx, complete = o
-            new = list(dict.fromkeys(k for k in keys if k not in m))
-            ready = [k for k in keys if k in m and m.ref_count(k) >= 0]
-            model.store_offer(ctx, keys, new, ready)
-            out = m.prepare_store(keys, ctx)
-            if out is not None:
-                assert out.keys_to_store == new
-                if new:
-                    model.store_done(ctx, new)
-                if complete:
-                    m.complete_store(out.keys_to_store)
-                else:
-                    pending += out.keys_to_store
-        elif kind == "load":
-            _, start, count, ctx = o
-            ready = [k for k in KEYS if k in m and m.ref_count(k) >= 0]
-            if not ready:
-                continue
-            keys = [ready[(start + i) % len(ready)] for i in range(count)]
-            m.prepare_load(keys, ctx)
-            model.load(ctx, keys)
-            pins += keys
-        elif kind == "release":
-            if pins:
-                key = pins.pop(o[1] % len(pins))
-                m.complete_load([key])
-        elif kind in ("complete", "fail"):
-            if pending:
-                m.complete_store(pending, success=kind == "complete")
-                pending = []
-        elif kind == "reset":
-            m.reset_cache()  # nothing in flight is let finish: pins and pending dropped
-            pending, pins = [], []
-            model.open.clear()
-            model.early.clear()
-            model.finished = model.finished_early = model.late = 0
-        elif kind == "touch":
-            m.touch(o[1], o[2])  # passed on as is (an empty call too); never recorded
-            model.calls.append(("touch", tuple(o[1])))
-        else:  # lookup
-            m.lookup_prefix(o[1], o[2])
-    assert m.policy.calls == model.calls
-    s = m.stats()
-    assert (s.requests_open, s.requests_finished, s.requests_finished_early,
-            s.late_finishes) == (len(model.open), model.finished, model.finished_early,
-                                 model.late)
-    assert [r[0] for r in m.snapshot()["requests"]] == list(model.open)
+    _drive_against_model(ops)
