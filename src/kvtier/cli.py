@@ -16,21 +16,21 @@ Exit status: 0 on success, 1 on bad input or arguments (message on stderr), 2 on
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import json
 import math
-from array import array
 import os
-import sys
-import time
 import shutil
 import signal
 import stat
+import sys
 import tempfile
+import time
 import warnings
+from array import array
 from contextlib import contextmanager, nullcontext
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
@@ -40,7 +40,13 @@ from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from kvtier.admission_adaptive import ADMISSION_MODES

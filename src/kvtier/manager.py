@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Hashable, Sequence
 from functools import partial
-from operator import attrgetter
 from itertools import filterfalse, repeat
+from operator import attrgetter
 from typing import Any
 
 from kvtier.admission import AdmissionTracker

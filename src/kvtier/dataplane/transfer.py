@@ -42,11 +42,10 @@ status instead of aborting inside a torch op.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 import operator
 import threading
 import weakref
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field

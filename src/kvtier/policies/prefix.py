@@ -83,10 +83,10 @@ from typing import ClassVar
 
 from kvtier.policies.arc import ARCPolicy
 from kvtier.policies.base import CachePolicy, Key
-from kvtier.policies.order import LogicalOrder
 from kvtier.policies.leaf_reuse import LEAF_MIN_STORES, LeafReuseEstimator
 from kvtier.policies.lfu import LFUPolicy
 from kvtier.policies.lru import LRUPolicy
+from kvtier.policies.order import LogicalOrder
 from kvtier.policies.prefix_duel import INNER, EvictionDuel
 from kvtier.policies.s3fifo import S3FIFOPolicy
 from kvtier.policies.sieve import SievePolicy
