@@ -784,3 +784,69 @@ def test_docs_tiered_offloader_example_runs_as_written(tmp_path):
     exec(compile(block, "docs/tiers.md", "exec"), ns)  # noqa: S102 - the doc's own code
     assert ns["n"] == 2 and ns["found"].runs == [("host", 2)]
     assert torch.equal(kv[0][5], kv[0][0]) and torch.equal(kv[1][6], kv[1][1])
+
+
+def _host_disk_redis_stack(tmp_path, url, demotion="write-back"):
+    """A 2-slot host (bytes per slot in a dict) over a disk tier and a Redis tier."""
+    from kvtier.tiers.redis import RedisTier
+
+    size = 64
+    host = OffloadingManager(2, "lru")
+    slots: dict[int, bytes] = {}
+    disk = DiskTier(tmp_path / "disk", 8, size)
+    redis = RedisTier.from_url(url, block_bytes=size, fingerprint="fp",
+                               namespace=f"close-{tmp_path.name}")
+    stack = TierStack(host, [disk, redis], size, slots.__getitem__, slots.__setitem__,
+                      demotion=demotion)
+    return stack, host, slots, disk, redis
+
+
+def test_close_with_a_closed_disk_still_demotes_to_redis_and_names_what_was_lost(
+        tmp_path, redis_server):
+    """Found by an earlier session: close() wrote the pending demotions tier by tier, the
+    closed disk raised first, and the Redis tier's share was dropped with it, silently.
+    Now every tier that can take the blocks gets them, every tier is closed, and close
+    raises afterwards naming the tier that could not take them."""
+    pytest.importorskip("kvtier.tiers.redis")
+    stack, host, slots, disk, redis = _host_disk_redis_stack(tmp_path, redis_server.url)
+    for key in ("a", "b", "c"):  # c evicts a (LRU); its bytes wait for flush_demotions
+        out = host.prepare_store([key])
+        slots[out.block_ids[0]] = key.encode() * 64
+        host.complete_store([key])
+    assert [k for k, _ in stack._victims] == ["a"]
+    disk.close()  # its owner closed it
+    with pytest.raises(RuntimeError, match=r"1 block.*not.*disk.*closed") as err:
+        stack.close()
+    assert "redis" not in str(err.value).split("closed")[0]  # Redis is not named as failing
+    assert stack.demoted == 1  # written to Redis
+    stack.close()  # idempotent: nothing left to report
+    # the Redis tier got a's bytes before it was closed: read them with a fresh client
+    from kvtier.tiers.redis import RedisTier
+
+    again = RedisTier.from_url(redis_server.url, block_bytes=64, fingerprint="fp",
+                               namespace=f"close-{tmp_path.name}")
+    try:
+        assert again.read(["a"]) == [b"a" * 64]
+    finally:
+        again.close()
+
+
+def test_close_under_write_through_still_closes_redis_when_the_disk_refuses(
+        tmp_path, redis_server):
+    """Write-through: a block promoted from Redis waits for the disk below the host; with
+    the disk closed, close reports it (not Redis, which it came from) and closes Redis."""
+    pytest.importorskip("kvtier.tiers.redis")
+    stack, host, slots, disk, redis = _host_disk_redis_stack(
+        tmp_path, redis_server.url, demotion="write-through")
+    redis.write(["x"], [b"x" * 64])
+    assert redis.flush(10)
+    found = stack.lookup(["x"])
+    assert found.runs == [("redis", 1)]
+    assert stack.promote(["x"], found) == 1 and slots[host.slot_of("x")] == b"x" * 64
+    disk.close()
+    with pytest.raises(RuntimeError, match=r"1 block was not demoted to 'disk'") as err:
+        stack.close()
+    assert "'redis'" not in str(err.value)
+    with pytest.raises(RuntimeError, match="closed"):  # closed all the same
+        redis.read(["x"])
+    stack.close()

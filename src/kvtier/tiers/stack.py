@@ -446,12 +446,63 @@ class TierStack:
         return all([tier.flush(max(deadline - time.monotonic(), 0.0)) for tier in self.lower])
 
     def close(self) -> None:
-        """Write pending demotions, close every lower tier. Idempotent."""
-        if (self._victims or self._through) and self.lower:
-            try:
-                self.flush_demotions()
-            except (ValueError, RuntimeError):  # a tier already closed (disk / Redis)
-                self._victims = []
-                self._through = []
+        """Write pending demotions to every lower tier that can take them, then close every
+        lower tier. Idempotent.
+
+        A tier that refuses the pending blocks (e.g. one its owner closed already) does not
+        keep the others from getting theirs, and a tier whose ``close`` raises does not keep
+        the others open.
+
+        Raises:
+            RuntimeError: after all of that, when something could not be done: names each
+                tier that did not take the pending blocks (how many, and its error), each
+                tier whose ``close`` failed, and the evicted blocks whose host slot could not
+                be read (dropped, not demoted). Closing again raises nothing.
+        """
+        unread, self._unread = self._unread, []
+        victims, self._victims = self._victims, []
+        through, self._through = self._through, []
+        problems: list[str] = []
+        first: BaseException | None = None
+        written: set[Hashable] = set()
         for tier in self.lower:
-            tier.close()
+            todo = list(victims)
+            if through:
+                contains = getattr(type(tier), "__contains__", None)
+                for k, b, src in through:
+                    if src == tier.name:
+                        continue
+                    try:
+                        if contains is not None and contains(tier, k):
+                            continue
+                    except Exception:  # a closed tier: its write below says why
+                        pass
+                    todo.append((k, b))
+            if not todo:
+                continue
+            try:
+                tier.write([k for k, _ in todo], [b for _, b in todo])
+            except Exception as exc:
+                first = first or exc
+                n = len(todo)
+                problems.append(f"{n} block{'s were' if n != 1 else ' was'} not demoted to "
+                                f"{tier.name!r} ({type(exc).__name__}: {exc})")
+            else:
+                written.update(k for k, _ in todo)
+        self.demoted += len(written)
+        for tier in self.lower:
+            try:
+                tier.close()
+            except Exception as exc:
+                first = first or exc
+                problems.append(f"tier {tier.name!r} failed to close "
+                                f"({type(exc).__name__}: {exc})")
+        if unread:
+            key, exc = unread[0]
+            first = first or exc
+            more = f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""
+            problems.append(f"block {key!r} was evicted from {self.host_name} but its slot "
+                            f"could not be read ({type(exc).__name__}: {exc}){more}; it was "
+                            "dropped, not demoted")
+        if problems:
+            raise RuntimeError("TierStack.close: " + "; ".join(problems)) from first
