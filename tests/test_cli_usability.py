@@ -82,6 +82,17 @@ def test_a_percentage_under_one_block_says_so_and_runs_one_block():
     assert json.loads(res.stdout)["results"][0]["capacity"] == 11879
 
 
+def test_a_percentage_that_underflows_a_float_runs_one_block_with_a_true_warning():
+    """`-c 1e-400%` was refused as "must be > 0%" (the float is 0.0) though it is a positive
+    percentage like 1e-9%, which runs at 1 block: it now runs the same, and the warning
+    gives what the percentage itself gives, not 0."""
+    res = run("replay", "-p", "lru", "-c", "1e-400%", "--json", "-")
+    assert res.exit_code == 0, res.stderr
+    assert ("capacity 1e-400% gives 0 blocks of the trace's 11,879 distinct blocks "
+            "(1.2e-398 blocks): run at 1 block") in " ".join(res.stderr.split())
+    assert json.loads(res.stdout)["results"][0]["capacity"] == 1
+
+
 def test_a_policy_or_capacity_named_twice_is_refused():
     # newcomer finding: -p lru,lru replayed lru twice and printed two identical rows
     for args in (("replay", "-p", "lru,arc", "-p", "lru", "-c", "100"),

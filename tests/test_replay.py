@@ -219,6 +219,16 @@ def test_parse_capacity():
         parse_capacity("-2.5%", 100)
 
 
+def test_parse_capacity_treats_an_underflowing_percentage_as_the_positive_number_it_is():
+    """Found by an earlier session: "1e-400%" (a positive percentage whose float underflows
+    to 0.0) was refused as "must be > 0%" while "1e-9%" ran at 1 block: both are positive
+    percentages under half a block, so both give the smallest tier; 0 stays refused."""
+    assert parse_capacity("1e-400%", 100) == parse_capacity("1e-9%", 100) == 1
+    for zero in ("0%", "0.0%", "0e-400%", "0.000e5%"):
+        with pytest.raises(ValueError, match=rf"capacity '{zero}' must be > 0%"):
+            parse_capacity(zero, 100)
+
+
 def test_parse_capacity_names_a_capacity_above_what_a_tier_can_hold():
     """Found by a newcomer session: ``kvtier replay -c 999...9%`` (400 digits) ended in a
     traceback (OverflowError: cannot convert float infinity to integer), and ``-c 10**20`` or

@@ -32,6 +32,7 @@ import warnings
 from array import array
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -183,10 +184,14 @@ def _capacities(specs, unique_blocks: int) -> list[int]:
                   "distinct blocks: every block fits, nothing is ever evicted")
         elif cap == 1 and isinstance(spec, str) and spec.strip().endswith("%"):
             # parse_capacity's "at least 1 block": say what the percentage itself gives
-            blocks = unique_blocks * float(spec.strip()[:-1].strip()) / 100.0
+            pct = spec.strip()[:-1].strip()
+            blocks = unique_blocks * float(pct) / 100.0
             if round(blocks) < 1:
+                # a float that underflows (1e-400%) is shown from the decimal text, not as 0
+                shown = (f"{blocks:.2g}" if blocks else
+                         f"{Decimal(unique_blocks) * Decimal(pct) / 100:.2g}")
                 _warn(f"capacity {spec} gives 0 blocks of the trace's {unique_blocks:,} "
-                      f"distinct blocks ({blocks:.2g} blocks): run at 1 block, the smallest "
+                      f"distinct blocks ({shown} blocks): run at 1 block, the smallest "
                       "tier")
         if cap not in out:
             out.append(cap)

@@ -53,6 +53,7 @@ import numbers
 import re
 import time
 from collections import deque
+from decimal import Decimal
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 
@@ -260,9 +261,11 @@ def parse_capacity(spec: str | int, unique_blocks: int | None = None) -> int:
                     f"capacity {spec!r} is a percentage but the trace's distinct block "
                     "count is unknown"
                 )
-            pct = float(p.group(1))
-            if pct <= 0:
+            # the sign from the decimal text: "1e-400%" is positive though its float is 0.0
+            # (it was refused as "must be > 0%" while "1e-9%" ran at 1 block)
+            if Decimal(p.group(1)) <= 0:
                 raise ValueError(f"capacity {spec!r} must be > 0%")
+            pct = float(p.group(1))
             blocks = unique_blocks * pct / 100.0  # inf for a percentage of 400 digits
             if blocks > MAX_BLOCKS:
                 raise ValueError(f"capacity {spec!r} = {blocks:,.0f} blocks is above the "
