@@ -980,3 +980,19 @@ def test_documented_vllm_serve_lines_build_kvtier(page):
         else:
             built.add(("policy", manager._policy.kvtier.name))
     assert built == {("spec", "arc"), ("policy", "arc")}
+
+
+def test_adapter_num_blocks_is_read_only_as_the_managers():
+    """Found by an earlier session: the core manager's num_blocks is read-only (the slots,
+    the policy and admission are sized by it), but the adapter's own num_blocks was a plain
+    attribute: setting it changed nothing in the tier, only get_stats' usage denominator.
+    It is now read through to the manager, and setting it is refused, changing nothing."""
+    m = kv.KVTierOffloadingManager(4, "lru")
+    ctx = ReqContext("r")
+    m.on_new_request(ctx)
+    assert m.prepare_store(keys(1, 2), ctx) is not None  # 2 of 4 chunks pending
+    with pytest.raises(AttributeError, match=r"num_blocks is fixed at construction \(4 "):
+        m.num_blocks = 8
+    assert m.num_blocks == 4 == m.manager.num_blocks
+    data = m.get_stats().data["data"]
+    assert data[CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC][()] == 0.5

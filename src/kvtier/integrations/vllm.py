@@ -585,7 +585,6 @@ class KVTierOffloadingManager(OffloadingManager):
         self.medium: Medium = Medium.CPU
         self.manager: kvtier.OffloadingManager = _Manager(num_blocks, policy,
                                                           enable_events=enable_events)
-        self.num_blocks = num_blocks
         self.policy_name = policy
         self.store_threshold = store_threshold
         self.max_tracker_size = max_tracker_size
@@ -613,6 +612,16 @@ class KVTierOffloadingManager(OffloadingManager):
         self.complete_load = self.manager.complete_load
         if not enable_events:
             self.complete_store = self.manager.complete_store
+
+    @property
+    def num_blocks(self) -> int:
+        """The tier's capacity in chunks: kvtier's manager's, read-only as there (a plain
+        attribute here could be set without resizing anything). Not on a per-call path."""
+        return self.manager.num_blocks
+
+    @num_blocks.setter
+    def num_blocks(self, value: Any) -> None:
+        self.manager.num_blocks = value  # raises AttributeError naming the rule
 
     # -- per-request state -------------------------------------------------------------------
     # The per-request paths read the ReqContext's handle inline (directly from its state dict
