@@ -292,6 +292,23 @@ def test_enable_events_must_be_a_bool(bad):
     assert OffloadingManager(4, enable_events=np.bool_(True)).enable_events is True
 
 
+@pytest.mark.parametrize("bad", ["no", "false", 0, None])
+def test_setting_enable_events_checks_it_as_the_constructor_does(bad):
+    """Found by an earlier session: the constructor refused enable_events="no", but
+    ``m.enable_events = "no"`` was taken as is (events on, and the attribute read back
+    "no"). The attribute is checked the same way; a refused value changes nothing."""
+    m = OffloadingManager(4)
+    with pytest.raises(ValueError, match=rf"^enable_events must be a bool, got {bad!r}$"):
+        m.enable_events = bad
+    assert m.enable_events is False
+    m.complete_store(m.prepare_store(["a"]).keys_to_store)
+    assert m.take_events() == []
+    m.enable_events = np.bool_(True)  # numpy's bool, as the constructor takes it
+    assert m.enable_events is True
+    m.complete_store(m.prepare_store(["b"]).keys_to_store)
+    assert [e.keys for e in m.take_events()] == [("b",)]
+
+
 def test_constructor_rejects_unknown_policy():
     with pytest.raises(ValueError, match="unknown policy 'nope'.*lru"):
         OffloadingManager(4, "nope")

@@ -240,7 +240,7 @@ class OffloadingManager:
         # optional hooks the policy does not override are not called at all
         self._insert = self.policy.insert if _overrides(self.policy, "insert") else None
         self._on_store = self.policy.on_store if _overrides(self.policy, "on_store") else None
-        self.enable_events = enable_events
+        self._enable_events = enable_events  # read through the class property enable_events
         self.store_threshold = store_threshold
         self.max_tracker_size = max_tracker_size
         # request mode's ghost learning: touch, unless the policy has a cheaper hook for keys
@@ -264,6 +264,16 @@ class OffloadingManager:
     # instructions per block reference: docs/performance.md, "num_blocks read-only")
     num_blocks = property(attrgetter("_num_blocks"), _set_num_blocks,
                           doc="The tier's capacity in blocks (read-only).")
+
+    def _set_enable_events(self, value: Any) -> None:
+        self._enable_events = check_bool("enable_events", value)  # "no" would read as true
+
+    # checked as the constructor checks it ("no" was taken as true, and read back "no"); a
+    # property on the class over _enable_events, no instance attribute more; the manager's
+    # own paths read _enable_events (see num_blocks)
+    enable_events = property(attrgetter("_enable_events"), _set_enable_events,
+                             doc="Record events for :meth:`take_events` (a bool; setting "
+                                 "anything else raises ValueError, nothing changed).")
 
     @property
     def max_open_requests(self) -> int:
@@ -708,7 +718,7 @@ class OffloadingManager:
                 evicted_keys = victims
                 self._evictable -= 1
                 self._evictions += 1
-                if self.enable_events:
+                if self._enable_events:
                     self._events.append(OffloadingEvent(tuple(victims), True))
             slot_of[key] = slot
             self._pending_keys.add(key)
@@ -839,7 +849,7 @@ class OffloadingManager:
                 self._on_evict(victims)
             self._evictable -= shortfall
             self._evictions += shortfall
-            if self.enable_events:
+            if self._enable_events:
                 self._events.append(OffloadingEvent(tuple(victims), True))
         elif rec is not None:
             if rec.inserted:
@@ -935,7 +945,7 @@ class OffloadingManager:
                 self.policy.mark_evictable(keys)
                 self._evictable += 1
                 self._completed_stores += 1
-                if self.enable_events:
+                if self._enable_events:
                     self._events.append(OffloadingEvent((key,), False))
             return
         if type(success) is not bool:
@@ -963,7 +973,7 @@ class OffloadingManager:
             self.policy.mark_evictable(done)
             self._evictable += len(done)
             self._completed_stores += len(done)
-            if self.enable_events:
+            if self._enable_events:
                 self._events.append(OffloadingEvent(tuple(done), False))
         else:
             self.policy.remove(done)
