@@ -996,3 +996,113 @@ def test_adapter_num_blocks_is_read_only_as_the_managers():
     assert m.num_blocks == 4 == m.manager.num_blocks
     data = m.get_stats().data["data"]
     assert data[CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC][()] == 0.5
+
+
+class _ShortEvictLRU(kvtier.policies.lru.LRUPolicy):
+    """A faulty custom policy: its evict returns one victim too few (a PolicyError)."""
+
+    name = "short-evict-lru"
+
+    def _evict(self, n, protected):
+        return super()._evict(n, protected)[:-1]
+
+
+class _FailingFinishLRU(kvtier.policies.lru.LRUPolicy):
+    """A faulty custom policy: its request hook raises."""
+
+    name = "failing-finish-lru"
+
+    def on_request_finished(self, keys, inserted, reused):
+        raise RuntimeError("policy bug")
+
+
+def _no_policy(snapshot):
+    return {k: v for k, v in snapshot.items() if k != "policy"}
+
+
+def test_a_faulty_policy_in_the_call_that_opens_a_request_leaves_no_half_open_request():
+    """Found by an earlier session: a prepare_store under a context vLLM never opened opens
+    the request first; when the policy then broke its contract (PolicyError), the request
+    stayed open in kvtier's manager and its handle in the ReqContext, though the call had
+    failed. Now the call closes what it opened (without a use) and raises: the manager (the
+    policy aside, as PolicyError says) and the context are as before."""
+    m = kv.KVTierOffloadingManager(2, _ShortEvictLRU)
+    done = ReqContext("done")
+    m.on_new_request(done)
+    m.complete_store(m.prepare_store(keys(1, 2), done).keys_to_store, done)
+    m.on_request_finished(done)  # the tier is full: the next store evicts
+    ctx = ReqContext("r")
+    before = _no_policy(m.manager.snapshot())
+    with pytest.raises(kvtier.PolicyError, match="short-evict-lru"):
+        m.prepare_store(keys(3), ctx)
+    assert _no_policy(m.manager.snapshot()) == before  # no open request left
+    assert ctx.get_state(kv._RequestAccess) is None
+    m.on_new_request(ctx)  # the request can be opened and finished as usual
+    m.on_request_finished(ctx)
+    assert m.manager.snapshot()["requests"] == []
+
+
+def test_on_new_request_that_fails_leaves_the_context_without_a_handle():
+    """Opening a request at the manager's cap finishes the oldest early (its use applied
+    now); when the policy raises there, the new request is not open in the manager, and
+    its context must not hold a handle either (it held one: a later on_request_finished
+    raised RequestStateError, a prepare_store ran unrecorded)."""
+    m = kv.KVTierOffloadingManager(4, _FailingFinishLRU)
+    cap = m.manager.max_open_requests
+    first = ReqContext("first")
+    m.on_new_request(first)
+    m.complete_store(m.prepare_store(keys(1), first).keys_to_store, first)
+    for i in range(cap - 1):
+        m.on_new_request(ReqContext(f"r{i}"))
+    ctx = ReqContext("new")
+    with pytest.raises(RuntimeError, match="policy bug"):  # finishing "first" early
+        m.on_new_request(ctx)
+    assert ctx.get_state(kv._RequestAccess) is None
+
+
+def test_a_faulty_policy_under_a_request_vllm_opened_leaves_it_open_and_finishable():
+    """The request vLLM opened with on_new_request is vLLM's to finish, so a prepare_store
+    that raises PolicyError under it does not close it: the handle stays, and vLLM's
+    on_request_finished closes it as usual (no RequestStateError, no request left open)."""
+    m = kv.KVTierOffloadingManager(2, _ShortEvictLRU)
+    done = ReqContext("done")
+    m.on_new_request(done)
+    m.complete_store(m.prepare_store(keys(1, 2), done).keys_to_store, done)
+    m.on_request_finished(done)
+    ctx = ReqContext("r")
+    m.on_new_request(ctx)
+    handle = ctx.get_state(kv._RequestAccess)
+    with pytest.raises(kvtier.PolicyError, match="short-evict-lru"):
+        m.prepare_store(keys(1, 3), ctx)
+    assert ctx.get_state(kv._RequestAccess) is handle
+    assert [c for c, *_ in m.manager.snapshot()["requests"]] == [handle]
+    m.on_request_finished(ctx)
+    assert m.manager.snapshot()["requests"] == []
+
+
+class _FailingPinLRU(kvtier.policies.lru.LRUPolicy):
+    """A faulty custom policy: told of pins, its hook raises."""
+
+    name = "failing-pin-lru"
+
+    def share_held_state(self, pending, pins):
+        return False
+
+    def mark_non_evictable(self, keys):
+        raise RuntimeError("pin bug")
+
+
+def test_a_faulty_policy_in_the_load_that_opens_a_request_leaves_no_open_request():
+    """prepare_load's first call under a context opens the request too: when the policy
+    raises in it, the request is closed again and the context holds no handle (what the
+    faulty hook left in the manager's pins is the manager's, not checked here)."""
+    m = kv.KVTierOffloadingManager(4, _FailingPinLRU)
+    done = ReqContext("done")
+    m.on_new_request(done)
+    m.complete_store(m.prepare_store(keys(1), done).keys_to_store, done)
+    m.on_request_finished(done)
+    ctx = ReqContext("r")
+    with pytest.raises(RuntimeError, match="pin bug"):
+        m.prepare_load(keys(1), ctx)
+    assert m.manager.snapshot()["requests"] == []
+    assert ctx.get_state(kv._RequestAccess) is None

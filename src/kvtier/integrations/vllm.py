@@ -38,7 +38,8 @@ opens the request under a private token, ``prepare_load`` / ``prepare_store`` ar
 ghost lists nothing (vLLM's ``on_store_miss`` runs before its eviction can fail). A
 ``prepare_load`` / ``prepare_store`` under a context ``on_new_request`` never opened opens the
 request itself (as vLLM's manager), but only once its keys are checked: a call that raises
-(a key not stored, in flight or not hashable) opens nothing and changes nothing. With
+(a key not stored, in flight or not hashable) opens nothing and changes nothing, and one
+that raises after opening it (a faulty policy's ``PolicyError``) closes it again. With
 ``store_threshold >= 2``, ``kv_offload_stores_skipped`` counts as vLLM's: every refused
 occurrence of a key not in the tier (a key named twice in a call and refused counts 2).
 
@@ -57,7 +58,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -436,6 +437,12 @@ class _Manager(kvtier.OffloadingManager):
         return _V_HIT
 
 
+    def discard_request(self, req_context: Hashable) -> None:
+        """Close open request ``req_context`` without applying its use (no policy call, no
+        counter): the adapter's undo of a request opened by a call that then raised. O(1).
+        A context that is not open is ignored."""
+        self._requests.pop(req_context, None)
+
     def check_load(self, keys: Sequence[OffloadKey]) -> None:
         """Raise what :meth:`prepare_load` of ``keys`` would raise, changing nothing
         (the adapter checks a load before it opens a request for it). O(len(keys)).
@@ -628,11 +635,35 @@ class KVTierOffloadingManager(OffloadingManager):
     # with _FAST_PLAIN) and open a request only when it has none (or a stale one): one
     # Python frame less per call, and no dataclass __init__ (docs/performance.md, "Request
     # mode, round 4" and "round 5 (manager and adapter)")
-    def _open(self, req_context: ReqContext) -> _RequestAccess:
-        """``prepare_load`` / ``prepare_store`` of a request that has no current handle (not
-        opened by ``on_new_request``, or opened before ``reset_cache``): open it now."""
+    def _call_opening(
+        self, call: Callable[[list[OffloadKey], ReqContext], Any], keys: list[OffloadKey],
+        req_context: ReqContext,
+    ) -> Any:
+        """``prepare_load`` / ``prepare_store`` (``call``) of a request that has no current
+        handle (not opened by ``on_new_request``, or opened before ``reset_cache``): open it
+        now, then make the call under it. If the call raises (e.g. a ``PolicyError`` of a
+        faulty policy), the request it opened is closed again without a use and the
+        context's handle is what it was (none, or the stale one), so no half-open request is
+        left; a request the manager's ``max_open_requests`` cap finished early to make room
+        stays finished (its use was applied). Off the per-call paths: vLLM opens its
+        requests with ``on_new_request``."""
+        prior = req_context.get_state(_RequestAccess)
         self.on_new_request(req_context)
-        return req_context.get_state(_RequestAccess)
+        state = req_context.get_state(_RequestAccess)
+        try:
+            return call(keys, req_context)
+        except BaseException:
+            self.manager.discard_request(state)
+            if _FAST_PLAIN:  # see _PLAIN
+                if prior is None:
+                    del req_context._state[_RequestAccess]
+                else:
+                    req_context._state[_RequestAccess] = prior
+            elif prior is not None:
+                req_context.set_state(prior)
+            else:  # vLLM's ReqContext cannot drop a state: a handle of no manager instead
+                state.epoch = None
+            raise
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         state = (req_context._state.get(_RequestAccess) if _FAST_PLAIN  # see _PLAIN
@@ -643,11 +674,14 @@ class KVTierOffloadingManager(OffloadingManager):
             state = _RequestAccess()
             state.epoch = self._epoch
             state.finished = False
+            # kvtier's manager first: when it raises (a faulty policy's hook, run when the
+            # cap finishes the oldest request early), the context gets no handle of a
+            # request that is not open
+            self.manager.on_new_request(state)
             if _FAST_PLAIN:
                 req_context._state[_RequestAccess] = state
             else:
                 req_context.set_state(state)
-            self.manager.on_new_request(state)
         if _FAST_PLAIN:  # no dataclass __init__
             out = _new(RequestOffloadingContext)
             out.policy = _CHUNK_LEVEL
@@ -694,7 +728,7 @@ class KVTierOffloadingManager(OffloadingManager):
                  else req_context.get_state(_RequestAccess))
         if state is None or state.epoch is not self._epoch:
             self.manager.check_load(keys)  # a refused load opens no request
-            state = self._open(req_context)
+            return self._call_opening(self.prepare_load, keys, req_context)
         slots = self.manager.prepare_load(keys, state)
         if _FAST_SPECS:  # see _SPECS
             spec = _new_spec(CPULoadStoreSpec)
@@ -721,7 +755,7 @@ class KVTierOffloadingManager(OffloadingManager):
                  else req_context.get_state(_RequestAccess))
         if token is None or token.epoch is not self._epoch:
             _check_hashable(keys, "prepare_store")  # a refused store opens no request
-            token = self._open(req_context)
+            return self._call_opening(self.prepare_store, keys, req_context)
         m = self.manager
         if self._counts is not None:
             _check_hashable(keys, "prepare_store")  # before any count changes
