@@ -44,11 +44,15 @@ def test_readme_full_trace_commands_work_from_any_checkout_location(tmp_path):
     """Found by a newcomer pass: the README's full-trace commands named
     ../shared/traces/..., which is only there when the checkout sits next to shared/. They
     name "$KVTIER_SHARED_TRACE" now, and the README's export line finds the trace from a
-    checkout nested deeper (as a git worktree is)."""
+    checkout nested deeper (as a git worktree is), from any folder of it: the former
+    ``python -c 'from kvtier.trace import ...'`` failed inside src/kvtier, whose types.py
+    shadowed the standard library's (``-c`` puts the current folder on sys.path); the line
+    is ``kvtier shared-trace`` now, a command, which does not."""
     import os
     import shlex
     import subprocess
     import sys
+    from pathlib import Path
 
     text = (REPO_ROOT / "README.md").read_text()
     assert "../shared/traces" not in text.replace("`../shared/traces/` (or any", "")
@@ -59,11 +63,22 @@ def test_readme_full_trace_commands_work_from_any_checkout_location(tmp_path):
     trace.parent.mkdir(parents=True)
     trace.write_text("")
     checkout = tmp_path / "wt" / "mine"
-    checkout.mkdir(parents=True)
+    package = checkout / "src" / "kvtier"  # a folder whose types.py shadows the stdlib's
+    package.mkdir(parents=True)
+    (package / "types.py").write_text("raise ImportError('the checkout shadowed types')\n")
     env = {k: v for k, v in os.environ.items() if k != "KVTIER_SHARED_TRACE"}
     env["PYTHONPATH"] = str(REPO_ROOT / "src")
     argv = shlex.split(export)
-    assert argv[0] == "python"
-    found = subprocess.run([sys.executable, *argv[1:]], cwd=checkout, env=env,
-                           capture_output=True, text=True, check=True).stdout.strip()
-    assert found == str(trace.resolve())
+    assert argv[0] == "kvtier"
+    script = Path(sys.executable).parent / "kvtier"  # the console script of this install
+    assert script.is_file(), "kvtier is not installed in this environment (pip install -e .)"
+    for cwd in (checkout, package):
+        found = subprocess.run([str(script), *argv[1:]], cwd=cwd, env=env,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        assert found == str(trace.resolve()), cwd
+    # no trace found: nothing on standard output, the reason on standard error, status 1
+    trace.unlink()
+    res = subprocess.run([str(script), *argv[1:]], cwd=checkout, env=env,
+                         capture_output=True, text=True)
+    assert (res.returncode, res.stdout) == (1, "")
+    assert "KVTIER_SHARED_TRACE" in res.stderr and "shared/traces" in res.stderr

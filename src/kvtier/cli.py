@@ -61,6 +61,7 @@ from kvtier.trace import (
     TraceWarning,
     count_unique_blocks,
     embedded_sample_path,
+    find_shared_trace,
 )
 
 app = typer.Typer(
@@ -1012,6 +1013,30 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
     out.print(f"miss-ratio curves written to {cmd.plot}", highlight=False, markup=False,
               soft_wrap=True)
     return results
+
+
+# -- shared-trace --------------------------------------------------------------------------
+@app.command("shared-trace")
+def shared_trace_cmd() -> None:
+    """Print the full shared trace's path, for
+    export KVTIER_SHARED_TRACE=$(kvtier shared-trace) in a development checkout.
+
+    $KVTIER_SHARED_TRACE when set, else the first shared/traces/mooncake_conversation.jsonl
+    in a folder above the current one (kvtier.trace.find_shared_trace, the look-up the tests,
+    scripts/ and benchmarks/ use). A command, not python -c, so that it works in any folder
+    of the checkout (in src/kvtier, python -c imports kvtier/types.py as the standard
+    library's types). Exit status 1, nothing printed, when that file is not there.
+    """
+    path = find_shared_trace(".")
+    if not path.is_file():
+        env = os.environ.get("KVTIER_SHARED_TRACE")
+        if env:
+            reason = f"KVTIER_SHARED_TRACE={env!r} is not a file"
+        else:
+            reason = (f"no shared/traces/mooncake_conversation.jsonl in a folder above "
+                      f"{Path.cwd()}; set KVTIER_SHARED_TRACE to the trace's path")
+        raise _fail(_CliError(reason))
+    print(path)
 
 
 def _fold_help(doc: str | None) -> str | None:
