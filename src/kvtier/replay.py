@@ -53,9 +53,9 @@ import numbers
 import re
 import time
 from collections import deque
-from decimal import Decimal
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
+from decimal import Decimal
 
 from kvtier.admission_adaptive import ADMISSION_MODES
 from kvtier.checks import _as_int
