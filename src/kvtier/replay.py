@@ -55,7 +55,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
-from decimal import Decimal
 
 from kvtier.admission_adaptive import ADMISSION_MODES
 from kvtier.checks import _as_int
@@ -261,9 +260,10 @@ def parse_capacity(spec: str | int, unique_blocks: int | None = None) -> int:
                     f"capacity {spec!r} is a percentage but the trace's distinct block "
                     "count is unknown"
                 )
-            # the sign from the decimal text: "1e-400%" is positive though its float is 0.0
-            # (it was refused as "must be > 0%" while "1e-9%" ran at 1 block)
-            if Decimal(p.group(1)) <= 0:
+            # zero from the text, not the float: "1e-400%" is positive though its float is
+            # 0.0 (it was refused as "must be > 0%" while "1e-9%" ran at 1 block); the
+            # numeral has no sign, so it is zero exactly when its mantissa has no digit 1-9
+            if not p.group(1).lower().partition("e")[0].strip("0."):
                 raise ValueError(f"capacity {spec!r} must be > 0%")
             pct = float(p.group(1))
             blocks = unique_blocks * pct / 100.0  # inf for a percentage of 400 digits
