@@ -850,3 +850,49 @@ def test_close_under_write_through_still_closes_redis_when_the_disk_refuses(
     with pytest.raises(RuntimeError, match="closed"):  # closed all the same
         redis.read(["x"])
     stack.close()
+
+
+def test_an_eviction_with_a_closed_lower_tier_keeps_the_host_and_its_policy_in_step(tmp_path):
+    """Found in session 13: under write-back the eviction asks each lower tier whether it
+    holds the victim already (``in``); a disk closed by its owner raised there, inside the
+    policy's eviction, after the policy had let the victim go: prepare_store raised and the
+    host kept the block its policy no longer knew (never evictable again). The eviction now
+    completes; the victim is copied, and flush_demotions names the closed tier."""
+    host = OffloadingManager(2, "lru")
+    slots: dict[int, bytes] = {}
+    disk = DiskTier(tmp_path / "disk", 8, 64)
+    stack = TierStack(host, [disk], 64, slots.__getitem__, slots.__setitem__)
+    for key in ("a", "b"):
+        out = host.prepare_store([key])
+        slots[out.block_ids[0]] = key.encode() * 64
+        host.complete_store([key])
+    disk.close()
+    out = host.prepare_store(["c"])
+    assert out is not None and out.evicted_keys == ["a"]
+    assert sorted(host.snapshot()["slot_of"]) == ["b", "c"]
+    assert host.policy.snapshot()["order"] == ["b", "c"]  # the policy agrees (LRU first)
+    with pytest.raises(RuntimeError, match=r"1 block was not demoted to 'disk' \(ValueError: "
+                                           r"disk tier .* is closed\)"):
+        stack.flush_demotions()
+    assert stack.flush_demotions() == 0  # reported once
+    stack.close()
+
+
+def test_flush_demotions_writes_every_tier_that_can_take_them(tmp_path, redis_server):
+    """flush_demotions wrote the victims tier by tier and a tier that raised (a disk its
+    owner closed) kept the tiers after it from getting them: Redis lost them, silently
+    under the disk's error. Now every other tier gets them, then it raises naming the
+    tier that did not."""
+    pytest.importorskip("kvtier.tiers.redis")
+    stack, host, slots, disk, redis = _host_disk_redis_stack(tmp_path, redis_server.url)
+    for key in ("a", "b", "c"):
+        out = host.prepare_store([key])
+        slots[out.block_ids[0]] = key.encode() * 64
+        host.complete_store([key])
+    disk.close()
+    with pytest.raises(RuntimeError, match=r"1 block was not demoted to 'disk'") as err:
+        stack.flush_demotions()
+    assert "'redis'" not in str(err.value)
+    assert stack.demoted == 1
+    assert redis.flush(10) and redis.read(["a"]) == [b"a" * 64]
+    stack.close()

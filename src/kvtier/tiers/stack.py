@@ -192,10 +192,18 @@ class TierStack:
     def _held_below(self, key: Hashable) -> bool:
         """Every lower tier already holds ``key`` readable (asked only of tiers that answer
         ``in`` without I/O, i.e. define ``__contains__``; any other tier counts as not
-        holding it). Saves the copy of a victim that was promoted from below."""
+        holding it). Saves the copy of a victim that was promoted from below. Never raises:
+        it runs inside the policy's eviction, after the policy let the victims go (a disk
+        closed by its owner raised here, and the host kept a block its policy no longer
+        knew); a tier whose ``in`` raises counts as not holding it (its write says why)."""
         for tier in self.lower:
             contains = getattr(type(tier), "__contains__", None)
-            if contains is None or not contains(tier, key):
+            if contains is None:
+                return False
+            try:
+                if not contains(tier, key):
+                    return False
+            except Exception:
                 return False
         return True
 
@@ -352,45 +360,74 @@ class TierStack:
     def flush_demotions(self) -> int:
         """Write the blocks the host evicted since the last call to every lower tier
         (write-back), or the blocks promoted since the last call to the lower tiers that do
-        not hold them (write-through); returns how many blocks went down. Call after every
-        host ``prepare_store`` and every :meth:`promote`.
+        not hold them (write-through); returns how many blocks went down (to at least one
+        tier). Call after every host ``prepare_store`` and every :meth:`promote`.
+
+        A tier that refuses the blocks (its ``write`` raises, e.g. a disk its owner closed)
+        does not keep the other tiers from getting them; the blocks are not kept for a
+        later call.
 
         Raises:
-            RuntimeError: ``read_slot`` failed for an evicted block (named, with its error):
-                that block was dropped, not demoted; the others are written first.
+            RuntimeError: after every tier was written: names each tier that refused the
+                blocks (how many, and its error), and each evicted block whose slot
+                ``read_slot`` could not read (with its error; dropped, not demoted).
         """
+        done, problems, first = self._demote_pending()
+        if problems:
+            raise RuntimeError("; ".join(problems)) from first
+        return done
+
+    def _demote_pending(self) -> tuple[int, list[str], BaseException | None]:
+        """Write the pending demotions tier by tier (see :meth:`flush_demotions`), each
+        tier's error caught; returns (blocks written to at least one tier, what went wrong,
+        the first error). Nothing stays pending."""
         unread, self._unread = self._unread, []
-        pairs, self._victims = self._victims, []
-        if pairs:
-            self._write_down(pairs)
+        victims, self._victims = self._victims, []
         through, self._through = self._through, []
-        if through:
-            pairs.extend(self._write_promoted(through))
+        problems: list[str] = []
+        first: BaseException | None = None
+        if not self.lower:
+            victims, through = [], []
+        written = [False] * (len(victims) + len(through))
+        for tier in self.lower:
+            todo = list(range(len(victims)))  # write-back: every tier gets every victim
+            if through:  # write-through: the tiers that lack a promoted block
+                contains = getattr(type(tier), "__contains__", None)
+                base = len(victims)
+                for i, (key, _, src) in enumerate(through):
+                    if src == tier.name:
+                        continue
+                    try:
+                        if contains is not None and contains(tier, key):
+                            continue
+                    except Exception:  # e.g. a closed tier: its write below says why
+                        pass
+                    todo.append(base + i)
+            if not todo:
+                continue
+            items = [victims[i] if i < len(victims) else through[i - len(victims)][:2]
+                     for i in todo]
+            try:
+                tier.write([k for k, _ in items], [b for _, b in items])
+            except Exception as exc:
+                first = first or exc
+                n = len(items)
+                problems.append(f"{n} block{'s were' if n != 1 else ' was'} not demoted to "
+                                f"{tier.name!r} ({type(exc).__name__}: {exc})")
+            else:
+                for i in todo:
+                    written[i] = True
+        done = sum(written)
+        self.demoted += done
         if unread:
             key, exc = unread[0]
+            first = first or exc
             more = f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""
-            raise RuntimeError(
+            problems.append(
                 f"write-back: block {key!r} was evicted from {self.host_name} but its slot "
                 f"could not be read ({type(exc).__name__}: {exc}){more}; it was dropped, "
-                "not demoted") from exc
-        return len(pairs)
-
-    def _write_promoted(
-        self, through: list[tuple[Hashable, Any, str]]
-    ) -> list[tuple[Hashable, Any]]:
-        """Write-through of promoted blocks: each lower tier gets those it lacks (not the
-        tier a block came from, nor one that answers ``in`` that it holds it); returns the
-        blocks written to at least one tier (counted in :attr:`demoted`)."""
-        written: dict[Hashable, Any] = {}
-        for tier in self.lower:
-            contains = getattr(type(tier), "__contains__", None)
-            todo = [(k, b) for k, b, src in through
-                    if src != tier.name and (contains is None or not contains(tier, k))]
-            if todo:
-                tier.write([k for k, _ in todo], [b for _, b in todo])
-                written.update(todo)
-        self.demoted += len(written)
-        return list(written.items())
+                "not demoted")
+        return done, problems, first
 
     def _write_down(self, pairs: list[tuple[Hashable, Any]]) -> None:
         keys = [k for k, _ in pairs]
@@ -459,37 +496,7 @@ class TierStack:
                 tier whose ``close`` failed, and the evicted blocks whose host slot could not
                 be read (dropped, not demoted). Closing again raises nothing.
         """
-        unread, self._unread = self._unread, []
-        victims, self._victims = self._victims, []
-        through, self._through = self._through, []
-        problems: list[str] = []
-        first: BaseException | None = None
-        written: set[Hashable] = set()
-        for tier in self.lower:
-            todo = list(victims)
-            if through:
-                contains = getattr(type(tier), "__contains__", None)
-                for k, b, src in through:
-                    if src == tier.name:
-                        continue
-                    try:
-                        if contains is not None and contains(tier, k):
-                            continue
-                    except Exception:  # a closed tier: its write below says why
-                        pass
-                    todo.append((k, b))
-            if not todo:
-                continue
-            try:
-                tier.write([k for k, _ in todo], [b for _, b in todo])
-            except Exception as exc:
-                first = first or exc
-                n = len(todo)
-                problems.append(f"{n} block{'s were' if n != 1 else ' was'} not demoted to "
-                                f"{tier.name!r} ({type(exc).__name__}: {exc})")
-            else:
-                written.update(k for k, _ in todo)
-        self.demoted += len(written)
+        _, problems, first = self._demote_pending()
         for tier in self.lower:
             try:
                 tier.close()
@@ -497,12 +504,5 @@ class TierStack:
                 first = first or exc
                 problems.append(f"tier {tier.name!r} failed to close "
                                 f"({type(exc).__name__}: {exc})")
-        if unread:
-            key, exc = unread[0]
-            first = first or exc
-            more = f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""
-            problems.append(f"block {key!r} was evicted from {self.host_name} but its slot "
-                            f"could not be read ({type(exc).__name__}: {exc}){more}; it was "
-                            "dropped, not demoted")
         if problems:
             raise RuntimeError("TierStack.close: " + "; ".join(problems)) from first
