@@ -372,6 +372,8 @@ class TierStack:
                 blocks (how many, and its error), and each evicted block whose slot
                 ``read_slot`` could not read (with its error; dropped, not demoted).
         """
+        if not (self._victims or self._through or self._unread):
+            return 0  # the usual call: nothing evicted or promoted since the last one
         done, problems, first = self._demote_pending()
         if problems:
             raise RuntimeError("; ".join(problems)) from first
@@ -388,36 +390,43 @@ class TierStack:
         first: BaseException | None = None
         if not self.lower:
             victims, through = [], []
-        written = [False] * (len(victims) + len(through))
-        for tier in self.lower:
-            todo = list(range(len(victims)))  # write-back: every tier gets every victim
-            if through:  # write-through: the tiers that lack a promoted block
-                contains = getattr(type(tier), "__contains__", None)
-                base = len(victims)
-                for i, (key, _, src) in enumerate(through):
-                    if src == tier.name:
+        done = 0
+        if victims:  # write-back: every tier gets every victim
+            keys = [k for k, _ in victims]
+            blocks = [b for _, b in victims]
+            for tier in self.lower:
+                try:
+                    tier.write(keys, blocks)
+                except Exception as exc:
+                    first = first or exc
+                    problems.append(self._refused(tier, len(keys), exc))
+                else:
+                    done = len(keys)
+        written = [False] * len(through)
+        for tier in self.lower if through else ():
+            # write-through: the tiers that lack a promoted block (not the one it came from)
+            contains = getattr(type(tier), "__contains__", None)
+            todo = []
+            for i, (key, _, src) in enumerate(through):
+                if src == tier.name:
+                    continue
+                try:
+                    if contains is not None and contains(tier, key):
                         continue
-                    try:
-                        if contains is not None and contains(tier, key):
-                            continue
-                    except Exception:  # e.g. a closed tier: its write below says why
-                        pass
-                    todo.append(base + i)
+                except Exception:  # e.g. a closed tier: its write below says why
+                    pass
+                todo.append(i)
             if not todo:
                 continue
-            items = [victims[i] if i < len(victims) else through[i - len(victims)][:2]
-                     for i in todo]
             try:
-                tier.write([k for k, _ in items], [b for _, b in items])
+                tier.write([through[i][0] for i in todo], [through[i][1] for i in todo])
             except Exception as exc:
                 first = first or exc
-                n = len(items)
-                problems.append(f"{n} block{'s were' if n != 1 else ' was'} not demoted to "
-                                f"{tier.name!r} ({type(exc).__name__}: {exc})")
+                problems.append(self._refused(tier, len(todo), exc))
             else:
                 for i in todo:
                     written[i] = True
-        done = sum(written)
+        done += sum(written)
         self.demoted += done
         if unread:
             key, exc = unread[0]
@@ -428,6 +437,11 @@ class TierStack:
                 f"could not be read ({type(exc).__name__}: {exc}){more}; it was dropped, "
                 "not demoted")
         return done, problems, first
+
+    @staticmethod
+    def _refused(tier: BlockTier, n: int, exc: BaseException) -> str:
+        return (f"{n} block{'s were' if n != 1 else ' was'} not demoted to {tier.name!r} "
+                f"({type(exc).__name__}: {exc})")
 
     def _write_down(self, pairs: list[tuple[Hashable, Any]]) -> None:
         keys = [k for k, _ in pairs]
