@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+from array import array
 
 import pytest
 from rich.console import Console
@@ -12,7 +13,8 @@ from typer.testing import CliRunner
 
 import kvtier.cli
 import kvtier.sweep
-from kvtier.cli import _results_table, app
+from kvtier.cli import _cost_table, _results_table, app
+from kvtier.costmodel import CostModel, evaluate, input_lengths
 from kvtier.replay import replay
 from kvtier.trace import embedded_sample_path, read_trace
 
@@ -125,6 +127,48 @@ def test_an_80_column_table_keeps_every_column():
     first = next(line for line in lines if line.startswith("prefix-s3fifo"))
     assert len(first.split()) == 11 and "12,031" in first and "288,500" in first
 
+
+def _cost_rows(policies, capacities, **model):
+    """Replay results and their cost figures on the embedded sample, as `--cost` has them."""
+    trace = list(read_trace(embedded_sample_path()))
+    cm = CostModel(kv_bytes_per_token=131072, **model)
+    lengths = input_lengths(trace, 512)
+    stamps = [r.timestamp for r in trace]
+    rows, costs = [], []
+    for p in policies:
+        for c in capacities:
+            hits = array("l")
+            rows.append(replay(trace, p, c, hits_out=hits))
+            costs.append(evaluate(cm, lengths, hits, stamps, rows[-1].stored_blocks))
+    return rows, costs
+
+
+def test_the_cost_table_fits_an_80_column_terminal_uncut():
+    # the README's `kvtier replay -p lru,belady -c 5%,50% --cost` on an 80-column terminal
+    # cut every wide column ("bela…", "10.105→9.8…"), and the figures with them; the
+    # longest policy name too
+    rows, costs = _cost_rows(("lru", "belady", "prefix-s3fifo"), (594, 5940))
+    console = Console(width=80, file=io.StringIO())
+    console.print(_cost_table(rows, costs, console))
+    text = console.file.getvalue()
+    assert "…" not in text
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    belady = next(line for line in text.splitlines() if line.startswith("belady"))
+    assert "10.105→8.938" in belady and len(belady.split()) == 9
+    # a wide console keeps the long headers
+    wide = Console(width=120, file=io.StringIO())
+    wide.print(_cost_table(rows, costs, wide))
+    assert "no tier→tier" in wide.file.getvalue()
+
+
+def test_the_cost_table_keeps_large_figures_whole_in_a_pipe():
+    # a slow tier (reads slower than prefill) gives TTFTs of thousands of seconds: the table
+    # was wider than the 96 columns of a pipe and its cells were cut ("no ti…")
+    res = run("replay", "-p", "lru", "-c", "5%", "--read-gbps", "0.001")
+    assert res.exit_code == 0, res.output
+    assert "…" not in res.stdout
+    row = [line for line in res.stdout.splitlines() if line.startswith("lru")][-1]
+    assert "-4,696.5" in row and "1.585→2,792.8" in row
 
 def test_sweep_without_plot_leaves_mrc_png_alone(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

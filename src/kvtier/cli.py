@@ -634,7 +634,7 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
     out.print(_trace_caption(info), highlight=False, markup=False, soft_wrap=True)
     payload = {"trace": info, "results": [r.to_dict() for r in results]}
     if costs is not None:
-        out.print(_cost_table(results, costs))
+        out.print(_cost_table(results, costs, out))
         out.print(cost_model.describe(), highlight=False, markup=False, soft_wrap=True)
         for row, cost in zip(payload["results"], costs):
             row["cost"] = cost
@@ -649,17 +649,23 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
     return results
 
 
-def _cost_table(results: list[ReplayResult], costs: list[dict]) -> Table:
-    """Per (policy, capacity): bytes moved, prefill seconds saved, TTFT without / with."""
+_COST_COLUMNS = ("policy", "tier\nblocks", "read\nGB", "written\nGB", "prefill s\nsaved",
+                 "saved\n%", "TTFT p50 s\nno tier→tier", "TTFT p99 s\nno tier→tier",
+                 "utilization\nno tier→tier")
+# the same columns with shorter headers, for narrow consoles (80 columns)
+_COST_COMPACT = ("policy", "tier\nblocks", "read\nGB", "writ-\nten GB", "saved\ns",
+                 "saved\n%", "TTFT p50\nno→tier", "TTFT p99\nno→tier", "util.\nno→tier")
+
+
+def _cost_table(results: list[ReplayResult], costs: list[dict], console: Console) -> Table:
+    """Per (policy, capacity): bytes moved, prefill seconds saved, TTFT without / with.
+
+    As wide as it needs; on a narrower console (80 columns) the same columns get shorter
+    headers and one space between columns, as in :func:`_results_table` (before, an
+    80-column terminal cut the README's ``--cost`` table: "bela…", "10.105→9.8…")."""
     c0 = costs[0] if costs else {}
     queue = (f"FIFO over {c0.get('instances')} prefill instance(s)"
              if c0.get("queue") == "fifo" else "no queue (no timestamps)")
-    table = Table(title=f"cost model — {queue}", title_justify="default", box=box.SIMPLE_HEAD,
-                  pad_edge=False, collapse_padding=True, show_edge=False)
-    for name in ("policy", "tier\nblocks", "read\nGB", "written\nGB", "prefill s\nsaved",
-                 "saved\n%", "TTFT p50 s\nno tier→tier", "TTFT p99 s\nno tier→tier",
-                 "utilization\nno tier→tier"):
-        table.add_column(name, justify="left" if name == "policy" else "right", no_wrap=True)
 
     def pair(a, b, fmt):
         return "-" if a is None else f"{a:{fmt}}→{b:{fmt}}"
@@ -670,17 +676,29 @@ def _cost_table(results: list[ReplayResult], costs: list[dict]) -> Table:
     read_f = fmt_for([c["read_bytes"] / 1e9 for c in costs])
     write_f = fmt_for([c["write_bytes"] / 1e9 for c in costs])
     saved_f = fmt_for([c["prefill_s_saved"] for c in costs])
-
+    rows = []
     for r, c in zip(results, costs):
         base = c["prefill_s_no_tier"]
         t0, t1 = c["ttft_no_tier_s"], c["ttft_with_tier_s"]
-        table.add_row(
+        rows.append((
             r.policy, f"{r.capacity:,}", f"{c['read_bytes'] / 1e9:{read_f}}",
             f"{c['write_bytes'] / 1e9:{write_f}}", f"{c['prefill_s_saved']:{saved_f}}",
-            f"{c['prefill_s_saved'] / base * 100:.1f}" if base else "-",
+            f"{c['prefill_s_saved'] / base * 100:,.1f}" if base else "-",
             pair(t0["median"], t1["median"], ",.3f"), pair(t0["p99"], t1["p99"], ",.3f"),
             pair(c["utilization_no_tier"], c["utilization_with_tier"], ".2f"),
-        )
+        ))
+    for headers, compact in ((_COST_COLUMNS, False), (_COST_COMPACT, True)):
+        table = Table(title=f"cost model — {queue}", title_justify="default",
+                      box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+                      show_edge=False, padding=0 if compact else (0, 1))
+        for name in headers:
+            table.add_column(name, justify="left" if name == "policy" else "right",
+                             no_wrap=True)
+        for row in rows:
+            table.add_row(*row)
+        natural = Measurement.get(console, console.options.update_width(10_000), table)
+        if natural.maximum <= console.width:
+            break
     return table
 
 
