@@ -52,6 +52,33 @@ def test_ctrl_c_during_replay_prints_and_writes_the_finished_rows(tmp_path, monk
     assert len(table_rows) == 2
 
 
+def test_ctrl_c_during_a_tiers_replay_prints_and_writes_the_finished_rows(tmp_path,
+                                                                         monkeypatch):
+    # `kvtier replay --tiers` ended silently with status 130 on Ctrl-C: no row of the
+    # policies that had finished, no JSON, no message
+    import kvtier.tiersim
+
+    real, calls = kvtier.tiersim.replay_tiers, []
+
+    def fake(*args, **kwargs):
+        calls.append(args[2])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kvtier.tiersim, "replay_tiers", fake)
+    out = tmp_path / "t.json"
+    res = run("replay", "--tiers", "host:100,disk:400", "-p", "lru,arc", "--limit", "100",
+              "--json", out)
+    assert res.exit_code == 130
+    assert "interrupted (Ctrl-C): 1 of 2 runs finished" in res.stderr
+    data = json.loads(out.read_text())
+    assert data["interrupted"] is True
+    assert [r["policy"] for r in data["results"]] == ["lru"]
+    rows = [line.split()[:2] for line in res.stdout.splitlines() if line.startswith("lru ")]
+    assert rows == [["lru", "host"], ["lru", "disk"], ["lru", "all"]]
+
+
 def test_ctrl_c_during_sweep_prints_the_finished_points(tmp_path, monkeypatch):
     monkeypatch.setattr(kvtier.sweep, "replay", interrupt_on_call(kvtier.sweep, 2))
     out = tmp_path / "s.json"
