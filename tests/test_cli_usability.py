@@ -79,6 +79,21 @@ def test_ctrl_c_during_a_tiers_replay_prints_and_writes_the_finished_rows(tmp_pa
     assert rows == [["lru", "host"], ["lru", "disk"], ["lru", "all"]]
 
 
+def test_ctrl_c_during_analyze_says_so(tmp_path, monkeypatch):
+    # `kvtier analyze` exited 130 on Ctrl-C without a word
+    import kvtier.analyze
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kvtier.analyze, "analyze", interrupted)
+    out = tmp_path / "a.json"
+    res = run("analyze", "--json", out)
+    assert res.exit_code == 130
+    assert "interrupted (Ctrl-C): nothing analyzed, nothing written" in res.stderr
+    assert not out.exists()
+
+
 def test_ctrl_c_during_sweep_prints_the_finished_points(tmp_path, monkeypatch):
     monkeypatch.setattr(kvtier.sweep, "replay", interrupt_on_call(kvtier.sweep, 2))
     out = tmp_path / "s.json"

@@ -739,6 +739,10 @@ def analyze_cmd(
                      window_requests, plot, json_out, progress, strict)
     except (_CliError, TraceFormatError, ValueError, OSError) as exc:
         raise _fail(exc) from None
+    except KeyboardInterrupt:  # exited 130 without a word before
+        _warn("interrupted (Ctrl-C): nothing analyzed, nothing written (every figure needs "
+              "the whole pass; --limit N analyzes the first N requests)")
+        raise typer.Exit(128 + signal.SIGINT) from None
 
 
 def _fmt(value, spec: str = ",.0f", unit: str = "") -> str:
