@@ -212,6 +212,22 @@ def test_the_cost_table_keeps_large_figures_whole_in_a_pipe():
     row = [line for line in res.stdout.splitlines() if line.startswith("lru")][-1]
     assert "-4,696.5" in row and "1.585→2,792.8" in row
 
+def test_sweep_of_one_point_warns_only_about_what_it_runs(tmp_path):
+    # --points 1 runs --max alone, but warned that --min "gives 0 blocks ...: run at 1
+    # block", a run that never happened
+    trace = tmp_path / "t.txt"
+    trace.write_text("a b c\nb c d\n1,2,3\n")
+    res = run("sweep", trace, "-p", "lru", "--points", "1", "--workers", "1")
+    assert res.exit_code == 0, res.output
+    assert "warning" not in res.stderr
+    assert [line.split()[1] for line in res.stdout.splitlines()
+            if line.startswith("lru")] == ["7"]
+    res = run("sweep", trace, "-p", "lru", "--points", "1", "--min", "50%", "--max", "10%")
+    assert res.exit_code == 1 and "is above --max" in res.stderr
+    res = run("sweep", trace, "-p", "lru", "--points", "2", "--workers", "1")
+    assert "capacity 0.5% gives 0 blocks" in res.stderr  # run at 1 block: said
+
+
 def test_sweep_without_plot_leaves_mrc_png_alone(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mrc.png").write_bytes(b"mine")

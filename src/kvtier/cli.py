@@ -963,7 +963,14 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
         if cmd.capacities:
             capacities = sorted(_capacities(cmd.capacities, unique))
         else:
-            lo, hi = _capacities([cap_min], unique)[0], _capacities([cap_max], unique)[0]
+            if points == 1:  # the grid is --max alone: --min is checked, not run nor warned
+                try:  # about (it said "capacity 0.5% gives 0 blocks ...: run at 1 block")
+                    lo = parse_capacity(cap_min, unique)
+                except ValueError as exc:
+                    raise _CliError(str(exc)) from None
+            else:
+                lo = _capacities([cap_min], unique)[0]
+            hi = _capacities([cap_max], unique)[0]
             if hi < lo:
                 raise _CliError(f"--min {cap_min} ({lo} blocks) is above --max {cap_max} "
                                 f"({hi} blocks)")
