@@ -152,6 +152,45 @@ def test_json_to_a_directory_or_an_unwritable_path_fails_before_the_run(tmp_path
     assert json.loads(existing.read_text())["trace"]["requests"] == 5
 
 
+@pytest.mark.parametrize("command", [
+    ("replay", "-p", "lru", "-c", "100"),
+    ("replay", "--stream", "-p", "lru", "-c", "100"),
+    ("replay", "--tiers", "host:50,disk:100", "-p", "lru"),
+    ("analyze",),
+    ("sweep", "-p", "lru", "-c", "100", "--workers", "1"),
+])
+def test_json_onto_the_trace_itself_is_refused_and_the_trace_kept(tmp_path, monkeypatch,
+                                                                   command):
+    # `kvtier replay trace.jsonl --json trace.jsonl` (a slip of tab completion) replaced the
+    # user's trace by the results, in every command that writes JSON
+    raw = embedded_sample_path().read_bytes()
+    trace = tmp_path / "trace.jsonl.gz"
+    trace.write_bytes(raw)
+    monkeypatch.chdir(tmp_path)
+    for same in (trace, "trace.jsonl.gz", "./sub/../trace.jsonl.gz"):
+        (tmp_path / "sub").mkdir(exist_ok=True)
+        res = run(command[0], trace, *command[1:], "--json", same)
+        assert res.exit_code == 1, res.output
+        assert "is the trace file itself" in res.stderr
+        assert trace.read_bytes() == raw
+    (tmp_path / "link.gz").symlink_to(trace)  # the same file by another name
+    res = run(command[0], tmp_path / "link.gz", *command[1:], "--json", trace)
+    assert res.exit_code == 1 and trace.read_bytes() == raw
+    res = run(command[0], trace, *command[1:], "--json", tmp_path / "out.json")
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "out.json").read_text())["trace"]
+
+
+def test_plot_onto_the_trace_itself_is_refused(tmp_path):
+    trace = tmp_path / "keys.png"  # a text trace, oddly named: read by its first line
+    trace.write_text("1 2 3\n1 2 4\n")
+    for command in (("sweep", trace, "-p", "lru", "-c", "2", "--workers", "1"),
+                    ("analyze", trace)):
+        res = run(*command, "--plot", trace)
+        assert res.exit_code == 1 and "is the trace file itself" in res.stderr
+        assert trace.read_text() == "1 2 3\n1 2 4\n"
+
+
 def test_an_80_column_table_keeps_every_column():
     trace = list(read_trace(embedded_sample_path()))
     rows = [replay(trace, p, c) for p in ("prefix-s3fifo", "arc") for c in (100, 11879)]

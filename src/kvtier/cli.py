@@ -129,13 +129,24 @@ def _split(values: list[str] | None, default: list[str], option: str) -> list[st
     return out
 
 
-def _check_writable(target: Path | None, option: str) -> None:
+def _check_writable(target: Path | None, option: str,
+                    trace: Path | str | None = None) -> None:
     """Fail before any work when an output file cannot be written: the file is opened for
     appending (created if missing, then removed again), so whatever the OS would refuse
     after the run (no folder, no permission, a read-only or virtual file system) is found
-    now; a directory gets its own message."""
+    now; a directory gets its own message. ``trace``: the command's trace file, which an
+    output must not be (``--json trace.jsonl`` overwrote the trace with the results)."""
     if target is None or str(target) == "-":
         return
+    if trace is not None and not _is_stream(Path(trace)):
+        try:
+            same = target.exists() and os.path.samefile(target, trace)
+        except OSError:  # the trace is missing: the reader says so
+            same = False
+        if same:
+            raise _CliError(f"{option} {target}: is the trace file itself; writing there "
+                            "would overwrite the trace with the results: give another file "
+                            "name")
     if target.is_dir():
         raise _CliError(f"{option} {target}: is a directory; give a file name, e.g. "
                         f"{option} {target / ('results.json' if option == '--json' else 'mrc.png')}")
@@ -574,7 +585,7 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
     if cmd.stream and offline:
         raise _CliError(f"--policy {offline[0]} needs the whole trace up front (each block's "
                         "next use), so it cannot run with --stream; drop --stream")
-    _check_writable(cmd.output.json, "--json")
+    _check_writable(cmd.output.json, "--json", cmd.source.path)
     cost_model = cmd.cost_model
     per_request_hits: list = []
     with _rereadable(cmd.source, needed=cmd.stream) as source:
@@ -812,9 +823,9 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
     window_requests = 1000 if window_requests is None else window_requests
     if not math.isfinite(window_s):  # typer's min=0.001 lets inf through
         raise _CliError(f"--window-s must be a finite number > 0 (seconds), got {window_s}")
-    _check_writable(json_out, "--json")
+    _check_writable(json_out, "--json", path)
     if plot is not None:
-        _check_writable(plot, "--plot")
+        _check_writable(plot, "--plot", path)
         _check_plot_format(plot)
     reader = TraceOptions(fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines,
                           strict=strict).open(path)
@@ -934,9 +945,9 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
     from kvtier.sweep import plot_mrc, run_grid
 
     _check_policies(cmd.policies)
-    _check_writable(cmd.output.json, "--json")
+    _check_writable(cmd.output.json, "--json", cmd.source.path)
     if cmd.plot is not None:
-        _check_writable(cmd.plot, "--plot")
+        _check_writable(cmd.plot, "--plot", cmd.source.path)
         _check_plot_format(cmd.plot)
     if cmd.capacities:
         grid = [name for name, value in

@@ -497,7 +497,7 @@ def replay_tiers_cli(command, tiers: str, demotion: str, capacity_given: bool = 
         raise ValueError(f"--policy {offline[0]} (offline, needs the trace's future) is not "
                          "simulated with --tiers; replay it on one tier without --tiers")
     json_out = command.output.json
-    cli._check_writable(json_out, "--json")
+    cli._check_writable(json_out, "--json", command.source.path)
     stream = command.stream
     with cli._rereadable(command.source, needed=stream) as source:
         try:
