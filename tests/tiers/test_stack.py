@@ -83,6 +83,36 @@ def test_a_closed_stack_stops_seeing_the_host_evictions(tmp_path):
     assert "_evict" not in m.policy.__dict__ and m.policy._evict == evict_before
 
 
+def test_a_lower_tier_closed_under_an_open_stack_does_not_break_the_host(tmp_path):
+    """Found by newcomer12: with the disk tier closed directly (the stack still open), the
+    stack's eviction hook asked the disk whether it held each victim, which raised "disk
+    tier ... is closed" from inside prepare_store after the policy had let the victim go:
+    the host then kept block 2 that its policy no longer knew (used 2, evictable 1, never
+    evicted again). Now the eviction completes and flush_demotions reports the closed
+    tier."""
+    host = np.zeros((2, 8), dtype=np.uint8)
+
+    def read_slot(slot):
+        return host[slot].tobytes()
+
+    def write_slot(slot, data):
+        host[slot] = np.frombuffer(data, dtype=np.uint8)
+
+    m = OffloadingManager(2, "lru")
+    disk = DiskTier(tmp_path / "d", 8, 8)
+    stack = TierStack(m, [disk], 8, read_slot, write_slot)
+    m.complete_store(m.prepare_store([1, 2]).keys_to_store)
+    disk.close()
+    out = m.prepare_store([3])
+    assert out.evicted_keys == [2]
+    m.complete_store([3])
+    st = m.stats()
+    assert (st.used, st.evictable) == (2, 2) and 2 not in m
+    with pytest.raises(ValueError, match="is closed"):
+        stack.flush_demotions()
+    assert m.prepare_store([4]).evicted_keys == [1]  # the policy still knows every block
+
+
 def test_write_back_copies_victims_before_reuse_and_promotes_them_back(tmp_path):
     tiered, kv, disk = make(tmp_path)
     data = {b: block(kv, b) for b in range(16)}

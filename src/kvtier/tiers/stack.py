@@ -175,8 +175,11 @@ class TierStack:
                 held = self._held_below
                 # copied now: the slot is handed to a new block when prepare_store returns
                 for key in victims:
-                    if held(key):
-                        continue
+                    try:
+                        if held(key):  # a lower tier closed under the stack raises here:
+                            continue  # it is no copy kept (flush_demotions reports it)
+                    except Exception:  # noqa: BLE001 - as a read error below
+                        pass
                     try:
                         data = read(slot_of(key))
                     except Exception as exc:
