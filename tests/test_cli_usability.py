@@ -191,6 +191,20 @@ def test_plot_onto_the_trace_itself_is_refused(tmp_path):
         assert trace.read_text() == "1 2 3\n1 2 4\n"
 
 
+def test_json_and_plot_onto_one_file_are_refused(tmp_path, monkeypatch):
+    # `kvtier analyze --json a.png --plot a.png` wrote the JSON, then the image over it
+    monkeypatch.chdir(tmp_path)
+    for command in (("analyze",), ("sweep", "-p", "lru", "-c", "100", "--workers", "1")):
+        for json_out, plot in (("a.png", "a.png"), ("a.png", "./a.png"),
+                               (tmp_path / "a.png", "a.png")):
+            res = run(*command, "--json", json_out, "--plot", plot)
+            assert res.exit_code == 1, res.output
+            assert "name one file: the image would replace the JSON" in res.stderr
+            assert not (tmp_path / "a.png").exists()
+    res = run("analyze", "--json", "a.json", "--plot", "a.png")
+    assert res.exit_code == 0 and json.loads((tmp_path / "a.json").read_text())["analysis"]
+
+
 def test_an_80_column_table_keeps_every_column():
     trace = list(read_trace(embedded_sample_path()))
     rows = [replay(trace, p, c) for p in ("prefix-s3fifo", "arc") for c in (100, 11879)]

@@ -163,6 +163,19 @@ def _check_writable(target: Path | None, option: str,
         target.unlink()
 
 
+def _check_distinct_outputs(json_out: Path | None, plot: Path | None) -> None:
+    """``--json`` and ``--plot`` must be two files: the plot, written last, replaced the
+    JSON without a word (``kvtier analyze --json a.png --plot a.png``)."""
+    if json_out is None or plot is None or str(json_out) == "-":
+        return
+    same = json_out.resolve() == plot.resolve()
+    if not same and json_out.exists() and plot.exists():
+        same = os.path.samefile(json_out, plot)
+    if same:
+        raise _CliError(f"--json {json_out} and --plot {plot} name one file: the image would "
+                        "replace the JSON; give two file names")
+
+
 def _check_plot_format(target: Path) -> None:
     """Fail before any work when matplotlib cannot write the image format the suffix names."""
     suffix = target.suffix.lower().lstrip(".")
@@ -824,6 +837,7 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
     if not math.isfinite(window_s):  # typer's min=0.001 lets inf through
         raise _CliError(f"--window-s must be a finite number > 0 (seconds), got {window_s}")
     _check_writable(json_out, "--json", path)
+    _check_distinct_outputs(json_out, plot)
     if plot is not None:
         _check_writable(plot, "--plot", path)
         _check_plot_format(plot)
@@ -946,6 +960,7 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
 
     _check_policies(cmd.policies)
     _check_writable(cmd.output.json, "--json", cmd.source.path)
+    _check_distinct_outputs(cmd.output.json, cmd.plot)
     if cmd.plot is not None:
         _check_writable(cmd.plot, "--plot", cmd.source.path)
         _check_plot_format(cmd.plot)
