@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+from array import array
 
 import pytest
 from rich.console import Console
@@ -12,7 +13,8 @@ from typer.testing import CliRunner
 
 import kvtier.cli
 import kvtier.sweep
-from kvtier.cli import _results_table, app
+from kvtier.cli import _cost_table, _results_table, app
+from kvtier.costmodel import CostModel, evaluate, input_lengths
 from kvtier.replay import replay
 from kvtier.trace import embedded_sample_path, read_trace
 
@@ -48,6 +50,48 @@ def test_ctrl_c_during_replay_prints_and_writes_the_finished_rows(tmp_path, monk
     assert [(r["policy"], r["capacity"]) for r in data["results"]] == [("lru", 100), ("lru", 200)]
     table_rows = [line for line in res.stdout.splitlines() if line.startswith("lru ")]
     assert len(table_rows) == 2
+
+
+def test_ctrl_c_during_a_tiers_replay_prints_and_writes_the_finished_rows(tmp_path,
+                                                                         monkeypatch):
+    # `kvtier replay --tiers` ended silently with status 130 on Ctrl-C: no row of the
+    # policies that had finished, no JSON, no message
+    import kvtier.tiersim
+
+    real, calls = kvtier.tiersim.replay_tiers, []
+
+    def fake(*args, **kwargs):
+        calls.append(args[2])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kvtier.tiersim, "replay_tiers", fake)
+    out = tmp_path / "t.json"
+    res = run("replay", "--tiers", "host:100,disk:400", "-p", "lru,arc", "--limit", "100",
+              "--json", out)
+    assert res.exit_code == 130
+    assert "interrupted (Ctrl-C): 1 of 2 runs finished" in res.stderr
+    data = json.loads(out.read_text())
+    assert data["interrupted"] is True
+    assert [r["policy"] for r in data["results"]] == ["lru"]
+    rows = [line.split()[:2] for line in res.stdout.splitlines() if line.startswith("lru ")]
+    assert rows == [["lru", "host"], ["lru", "disk"], ["lru", "all"]]
+
+
+def test_ctrl_c_during_analyze_says_so(tmp_path, monkeypatch):
+    # `kvtier analyze` exited 130 on Ctrl-C without a word
+    import kvtier.analyze
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kvtier.analyze, "analyze", interrupted)
+    out = tmp_path / "a.json"
+    res = run("analyze", "--json", out)
+    assert res.exit_code == 130
+    assert "interrupted (Ctrl-C): nothing analyzed, nothing written" in res.stderr
+    assert not out.exists()
 
 
 def test_ctrl_c_during_sweep_prints_the_finished_points(tmp_path, monkeypatch):
@@ -119,6 +163,59 @@ def test_json_to_a_directory_or_an_unwritable_path_fails_before_the_run(tmp_path
     assert json.loads(existing.read_text())["trace"]["requests"] == 5
 
 
+@pytest.mark.parametrize("command", [
+    ("replay", "-p", "lru", "-c", "100"),
+    ("replay", "--stream", "-p", "lru", "-c", "100"),
+    ("replay", "--tiers", "host:50,disk:100", "-p", "lru"),
+    ("analyze",),
+    ("sweep", "-p", "lru", "-c", "100", "--workers", "1"),
+])
+def test_json_onto_the_trace_itself_is_refused_and_the_trace_kept(tmp_path, monkeypatch,
+                                                                   command):
+    # `kvtier replay trace.jsonl --json trace.jsonl` (a slip of tab completion) replaced the
+    # user's trace by the results, in every command that writes JSON
+    raw = embedded_sample_path().read_bytes()
+    trace = tmp_path / "trace.jsonl.gz"
+    trace.write_bytes(raw)
+    monkeypatch.chdir(tmp_path)
+    for same in (trace, "trace.jsonl.gz", "./sub/../trace.jsonl.gz"):
+        (tmp_path / "sub").mkdir(exist_ok=True)
+        res = run(command[0], trace, *command[1:], "--json", same)
+        assert res.exit_code == 1, res.output
+        assert "is the trace file itself" in res.stderr
+        assert trace.read_bytes() == raw
+    (tmp_path / "link.gz").symlink_to(trace)  # the same file by another name
+    res = run(command[0], tmp_path / "link.gz", *command[1:], "--json", trace)
+    assert res.exit_code == 1 and trace.read_bytes() == raw
+    res = run(command[0], trace, *command[1:], "--json", tmp_path / "out.json")
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "out.json").read_text())["trace"]
+
+
+def test_plot_onto_the_trace_itself_is_refused(tmp_path):
+    trace = tmp_path / "keys.png"  # a text trace, oddly named: read by its first line
+    trace.write_text("1 2 3\n1 2 4\n")
+    for command in (("sweep", trace, "-p", "lru", "-c", "2", "--workers", "1"),
+                    ("analyze", trace)):
+        res = run(*command, "--plot", trace)
+        assert res.exit_code == 1 and "is the trace file itself" in res.stderr
+        assert trace.read_text() == "1 2 3\n1 2 4\n"
+
+
+def test_json_and_plot_onto_one_file_are_refused(tmp_path, monkeypatch):
+    # `kvtier analyze --json a.png --plot a.png` wrote the JSON, then the image over it
+    monkeypatch.chdir(tmp_path)
+    for command in (("analyze",), ("sweep", "-p", "lru", "-c", "100", "--workers", "1")):
+        for json_out, plot in (("a.png", "a.png"), ("a.png", "./a.png"),
+                               (tmp_path / "a.png", "a.png")):
+            res = run(*command, "--json", json_out, "--plot", plot)
+            assert res.exit_code == 1, res.output
+            assert "name one file: the image would replace the JSON" in res.stderr
+            assert not (tmp_path / "a.png").exists()
+    res = run("analyze", "--json", "a.json", "--plot", "a.png")
+    assert res.exit_code == 0 and json.loads((tmp_path / "a.json").read_text())["analysis"]
+
+
 def test_an_80_column_table_keeps_every_column():
     trace = list(read_trace(embedded_sample_path()))
     rows = [replay(trace, p, c) for p in ("prefix-s3fifo", "arc") for c in (100, 11879)]
@@ -135,6 +232,64 @@ def test_an_80_column_table_keeps_every_column():
         assert header in text
     first = next(line for line in lines if line.startswith("prefix-s3fifo"))
     assert len(first.split()) == 11 and "12,031" in first and "288,500" in first
+
+
+def _cost_rows(policies, capacities, **model):
+    """Replay results and their cost figures on the embedded sample, as `--cost` has them."""
+    trace = list(read_trace(embedded_sample_path()))
+    cm = CostModel(kv_bytes_per_token=131072, **model)
+    lengths = input_lengths(trace, 512)
+    stamps = [r.timestamp for r in trace]
+    rows, costs = [], []
+    for p in policies:
+        for c in capacities:
+            hits = array("l")
+            rows.append(replay(trace, p, c, hits_out=hits))
+            costs.append(evaluate(cm, lengths, hits, stamps, rows[-1].stored_blocks))
+    return rows, costs
+
+
+def test_the_cost_table_fits_an_80_column_terminal_uncut():
+    # the README's `kvtier replay -p lru,belady -c 5%,50% --cost` on an 80-column terminal
+    # cut every wide column ("bela…", "10.105→9.8…"), and the figures with them; the
+    # longest policy name too
+    rows, costs = _cost_rows(("lru", "belady", "prefix-s3fifo"), (594, 5940))
+    console = Console(width=80, file=io.StringIO())
+    console.print(_cost_table(rows, costs, console))
+    text = console.file.getvalue()
+    assert "…" not in text
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    belady = next(line for line in text.splitlines() if line.startswith("belady"))
+    assert "10.105→8.938" in belady and len(belady.split()) == 9
+    # a wide console keeps the long headers
+    wide = Console(width=120, file=io.StringIO())
+    wide.print(_cost_table(rows, costs, wide))
+    assert "no tier→tier" in wide.file.getvalue()
+
+
+def test_the_cost_table_keeps_large_figures_whole_in_a_pipe():
+    # a slow tier (reads slower than prefill) gives TTFTs of thousands of seconds: the table
+    # was wider than the 96 columns of a pipe and its cells were cut ("no ti…")
+    res = run("replay", "-p", "lru", "-c", "5%", "--read-gbps", "0.001")
+    assert res.exit_code == 0, res.output
+    assert "…" not in res.stdout
+    row = [line for line in res.stdout.splitlines() if line.startswith("lru")][-1]
+    assert "-4,696.5" in row and "1.585→2,792.8" in row
+
+def test_sweep_of_one_point_warns_only_about_what_it_runs(tmp_path):
+    # --points 1 runs --max alone, but warned that --min "gives 0 blocks ...: run at 1
+    # block", a run that never happened
+    trace = tmp_path / "t.txt"
+    trace.write_text("a b c\nb c d\n1,2,3\n")
+    res = run("sweep", trace, "-p", "lru", "--points", "1", "--workers", "1")
+    assert res.exit_code == 0, res.output
+    assert "warning" not in res.stderr
+    assert [line.split()[1] for line in res.stdout.splitlines()
+            if line.startswith("lru")] == ["7"]
+    res = run("sweep", trace, "-p", "lru", "--points", "1", "--min", "50%", "--max", "10%")
+    assert res.exit_code == 1 and "is above --max" in res.stderr
+    res = run("sweep", trace, "-p", "lru", "--points", "2", "--workers", "1")
+    assert "capacity 0.5% gives 0 blocks" in res.stderr  # run at 1 block: said
 
 
 def test_sweep_without_plot_leaves_mrc_png_alone(tmp_path, monkeypatch):

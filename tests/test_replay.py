@@ -310,6 +310,21 @@ def test_a_str_input_length_is_named_and_not_counted():
         replay(iter(bad), "lru", 4, block_tokens=4)
 
 
+def test_a_negative_input_length_is_refused_before_the_manager_sees_it():
+    """Found by newcomer12: Request([1, 2], -5, ...) built by hand was replayed, giving
+    negative input_tokens / hit_tokens and a token hit ratio of a negative over a negative
+    (0.5 for a request that hit nothing of its -5 tokens)."""
+    hits: list = []
+    bad = reqs(([1, 2], 8), ([1, 2], -5))
+    with pytest.raises(ValueError, match=r"request 1: input_length must be >= 0 \(tokens\), "
+                                         r"got -5"):
+        replay(bad, "lru", 4, block_tokens=4, hits_out=hits)
+    assert hits == [0]
+    with pytest.raises(ValueError, match=r"request 1: input_length must be >= 0"):
+        replay(iter(bad), "lru", 4, block_tokens=4, protocol="get")
+    assert replay(reqs(([1, 2], 0), ([1, 2], 0)), "lru", 4).input_tokens == 0  # 0 is fine
+
+
 def test_a_key_error_is_not_blamed_on_a_numpy_input_length():
     """A TypeError from the manager (an unhashable key) in a request whose input_length is
     a numpy integer (a number, added fine) is the manager's; it was reported as 'input_length

@@ -140,6 +140,30 @@ def test_token_ids_jsonl(tmp_path):
         list(read_trace(write_jsonl(tmp_path / "m.jsonl", MOONCAKE_LINES), fmt="tokens"))
 
 
+def test_a_token_ids_trace_without_a_full_block_is_warned_about(tmp_path):
+    # prompts of 40-103 tokens at the default 512-token blocks: no request names a block,
+    # every tier hits 0 %, and nothing said why (only "the trace's 0 distinct blocks")
+    from kvtier.trace import TraceWarning
+
+    lines = [{"token_ids": list(range(n))} for n in (40, 103, 64)]
+    path = write_jsonl(tmp_path / "short.jsonl", lines)
+    with pytest.warns(TraceWarning, match=r"none of its 3 requests has a full block of 512 "
+                      r"tokens \(the longest token_ids has 103\).*--block-tokens") as got:
+        reader = read_trace(path)
+        assert [r.keys for r in reader] == [[], [], []]
+        reader.report_lengths()  # the CLI's call after a pass: no second warning
+    assert len(got) == 1
+    # at 16 tokens per block they have blocks: no warning; nor for a Mooncake line with
+    # no hash_ids, whose blocks are the trace's own
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceWarning)
+        assert sum(len(r.keys) for r in read_trace(path, block_tokens=16)) == 2 + 6 + 4
+        empty = write_jsonl(tmp_path / "m.jsonl", [{"hash_ids": [], "input_length": 0}])
+        assert [r.keys for r in read_trace(empty)] == [[]]
+
+
 def test_text_and_csv(tmp_path):
     path = tmp_path / "keys.txt"
     path.write_text("# a comment\n1 2 3\n1,2, 4\n\nx y\n")

@@ -130,13 +130,24 @@ def _split(values: list[str] | None, default: list[str], option: str) -> list[st
     return out
 
 
-def _check_writable(target: Path | None, option: str) -> None:
+def _check_writable(target: Path | None, option: str,
+                    trace: Path | str | None = None) -> None:
     """Fail before any work when an output file cannot be written: the file is opened for
     appending (created if missing, then removed again), so whatever the OS would refuse
     after the run (no folder, no permission, a read-only or virtual file system) is found
-    now; a directory gets its own message."""
+    now; a directory gets its own message. ``trace``: the command's trace file, which an
+    output must not be (``--json trace.jsonl`` overwrote the trace with the results)."""
     if target is None or str(target) == "-":
         return
+    if trace is not None and not _is_stream(Path(trace)):
+        try:
+            same = target.exists() and os.path.samefile(target, trace)
+        except OSError:  # the trace is missing: the reader says so
+            same = False
+        if same:
+            raise _CliError(f"{option} {target}: is the trace file itself; writing there "
+                            "would overwrite the trace with the results: give another file "
+                            "name")
     if target.is_dir():
         raise _CliError(f"{option} {target}: is a directory; give a file name, e.g. "
                         f"{option} {target / ('results.json' if option == '--json' else 'mrc.png')}")
@@ -151,6 +162,19 @@ def _check_writable(target: Path | None, option: str) -> None:
         raise _CliError(f"{option} {target}: cannot write there ({exc.strerror or exc})") from None
     if not existed:
         target.unlink()
+
+
+def _check_distinct_outputs(json_out: Path | None, plot: Path | None) -> None:
+    """``--json`` and ``--plot`` must be two files: the plot, written last, replaced the
+    JSON without a word (``kvtier analyze --json a.png --plot a.png``)."""
+    if json_out is None or plot is None or str(json_out) == "-":
+        return
+    same = json_out.resolve() == plot.resolve()
+    if not same and json_out.exists() and plot.exists():
+        same = os.path.samefile(json_out, plot)
+    if same:
+        raise _CliError(f"--json {json_out} and --plot {plot} name one file: the image would "
+                        "replace the JSON; give two file names")
 
 
 def _check_plot_format(target: Path) -> None:
@@ -584,7 +608,7 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
     if cmd.stream and offline:
         raise _CliError(f"--policy {offline[0]} needs the whole trace up front (each block's "
                         "next use), so it cannot run with --stream; drop --stream")
-    _check_writable(cmd.output.json, "--json")
+    _check_writable(cmd.output.json, "--json", cmd.source.path)
     cost_model = cmd.cost_model
     per_request_hits: list = []
     with _rereadable(cmd.source, needed=cmd.stream) as source:
@@ -644,7 +668,7 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
     out.print(_trace_caption(info), highlight=False, markup=False, soft_wrap=True)
     payload = {"trace": info, "results": [r.to_dict() for r in results]}
     if costs is not None:
-        out.print(_cost_table(results, costs))
+        out.print(_cost_table(results, costs, out))
         out.print(cost_model.describe(), highlight=False, markup=False, soft_wrap=True)
         for row, cost in zip(payload["results"], costs):
             row["cost"] = cost
@@ -659,17 +683,23 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
     return results
 
 
-def _cost_table(results: list[ReplayResult], costs: list[dict]) -> Table:
-    """Per (policy, capacity): bytes moved, prefill seconds saved, TTFT without / with."""
+_COST_COLUMNS = ("policy", "tier\nblocks", "read\nGB", "written\nGB", "prefill s\nsaved",
+                 "saved\n%", "TTFT p50 s\nno tier→tier", "TTFT p99 s\nno tier→tier",
+                 "utilization\nno tier→tier")
+# the same columns with shorter headers, for narrow consoles (80 columns)
+_COST_COMPACT = ("policy", "tier\nblocks", "read\nGB", "writ-\nten GB", "saved\ns",
+                 "saved\n%", "TTFT p50\nno→tier", "TTFT p99\nno→tier", "util.\nno→tier")
+
+
+def _cost_table(results: list[ReplayResult], costs: list[dict], console: Console) -> Table:
+    """Per (policy, capacity): bytes moved, prefill seconds saved, TTFT without / with.
+
+    As wide as it needs; on a narrower console (80 columns) the same columns get shorter
+    headers and one space between columns, as in :func:`_results_table` (before, an
+    80-column terminal cut the README's ``--cost`` table: "bela…", "10.105→9.8…")."""
     c0 = costs[0] if costs else {}
     queue = (f"FIFO over {c0.get('instances')} prefill instance(s)"
              if c0.get("queue") == "fifo" else "no queue (no timestamps)")
-    table = Table(title=f"cost model — {queue}", title_justify="default", box=box.SIMPLE_HEAD,
-                  pad_edge=False, collapse_padding=True, show_edge=False)
-    for name in ("policy", "tier\nblocks", "read\nGB", "written\nGB", "prefill s\nsaved",
-                 "saved\n%", "TTFT p50 s\nno tier→tier", "TTFT p99 s\nno tier→tier",
-                 "utilization\nno tier→tier"):
-        table.add_column(name, justify="left" if name == "policy" else "right", no_wrap=True)
 
     def pair(a, b, fmt):
         return "-" if a is None else f"{a:{fmt}}→{b:{fmt}}"
@@ -680,17 +710,29 @@ def _cost_table(results: list[ReplayResult], costs: list[dict]) -> Table:
     read_f = fmt_for([c["read_bytes"] / 1e9 for c in costs])
     write_f = fmt_for([c["write_bytes"] / 1e9 for c in costs])
     saved_f = fmt_for([c["prefill_s_saved"] for c in costs])
-
+    rows = []
     for r, c in zip(results, costs):
         base = c["prefill_s_no_tier"]
         t0, t1 = c["ttft_no_tier_s"], c["ttft_with_tier_s"]
-        table.add_row(
+        rows.append((
             r.policy, f"{r.capacity:,}", f"{c['read_bytes'] / 1e9:{read_f}}",
             f"{c['write_bytes'] / 1e9:{write_f}}", f"{c['prefill_s_saved']:{saved_f}}",
-            f"{c['prefill_s_saved'] / base * 100:.1f}" if base else "-",
+            f"{c['prefill_s_saved'] / base * 100:,.1f}" if base else "-",
             pair(t0["median"], t1["median"], ",.3f"), pair(t0["p99"], t1["p99"], ",.3f"),
             pair(c["utilization_no_tier"], c["utilization_with_tier"], ".2f"),
-        )
+        ))
+    for headers, compact in ((_COST_COLUMNS, False), (_COST_COMPACT, True)):
+        table = Table(title=f"cost model — {queue}", title_justify="default",
+                      box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+                      show_edge=False, padding=0 if compact else (0, 1))
+        for name in headers:
+            table.add_column(name, justify="left" if name == "policy" else "right",
+                             no_wrap=True)
+        for row in rows:
+            table.add_row(*row)
+        natural = Measurement.get(console, console.options.update_width(10_000), table)
+        if natural.maximum <= console.width:
+            break
     return table
 
 
@@ -731,6 +773,10 @@ def analyze_cmd(
                      window_requests, plot, json_out, progress, strict)
     except (_CliError, TraceFormatError, ValueError, OSError) as exc:
         raise _fail(exc) from None
+    except KeyboardInterrupt:  # exited 130 without a word before
+        _warn("interrupted (Ctrl-C): nothing analyzed, nothing written (every figure needs "
+              "the whole pass; --limit N analyzes the first N requests)")
+        raise typer.Exit(128 + signal.SIGINT) from None
 
 
 def _fmt(value, spec: str = ",.0f", unit: str = "") -> str:
@@ -800,9 +846,10 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
     window_requests = 1000 if window_requests is None else window_requests
     if not math.isfinite(window_s):  # typer's min=0.001 lets inf through
         raise _CliError(f"--window-s must be a finite number > 0 (seconds), got {window_s}")
-    _check_writable(json_out, "--json")
+    _check_writable(json_out, "--json", path)
+    _check_distinct_outputs(json_out, plot)
     if plot is not None:
-        _check_writable(plot, "--plot")
+        _check_writable(plot, "--plot", path)
         _check_plot_format(plot)
     reader = TraceOptions(fmt=fmt, block_tokens=block_tokens, skip_bad_lines=skip_bad_lines,
                           strict=strict).open(path)
@@ -922,9 +969,10 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
     from kvtier.sweep import plot_mrc, run_grid
 
     _check_policies(cmd.policies)
-    _check_writable(cmd.output.json, "--json")
+    _check_writable(cmd.output.json, "--json", cmd.source.path)
+    _check_distinct_outputs(cmd.output.json, cmd.plot)
     if cmd.plot is not None:
-        _check_writable(cmd.plot, "--plot")
+        _check_writable(cmd.plot, "--plot", cmd.source.path)
         _check_plot_format(cmd.plot)
     if cmd.capacities:
         grid = [name for name, value in
@@ -951,7 +999,14 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
         if cmd.capacities:
             capacities = sorted(_capacities(cmd.capacities, unique))
         else:
-            lo, hi = _capacities([cap_min], unique)[0], _capacities([cap_max], unique)[0]
+            if points == 1:  # the grid is --max alone: --min is checked, not run nor warned
+                try:  # about (it said "capacity 0.5% gives 0 blocks ...: run at 1 block")
+                    lo = parse_capacity(cap_min, unique)
+                except ValueError as exc:
+                    raise _CliError(str(exc)) from None
+            else:
+                lo = _capacities([cap_min], unique)[0]
+            hi = _capacities([cap_max], unique)[0]
             if hi < lo:
                 raise _CliError(f"--min {cap_min} ({lo} blocks) is above --max {cap_max} "
                                 f"({hi} blocks)")

@@ -315,8 +315,9 @@ def replay(
 
     Raises:
         ValueError: unknown protocol or policy, a non-positive capacity / block_tokens /
-            threshold, a negative window, ``inflight > 0`` with ``protocol="get"``, or an
-            offline policy (``belady``) given a stream instead of a list.
+            threshold, a negative window, ``inflight > 0`` with ``protocol="get"``, an
+            offline policy (``belady``) given a stream instead of a list, or a request whose
+            ``input_length`` is negative (refused as a wrong type is, below).
         TypeError: ``requests`` is not iterable, ``hits_out`` has no ``.append``,
             ``options`` is not a :class:`ReplayOptions`, a request has no ``.keys`` list
             (e.g. a bare list of keys: wrap it in :class:`~kvtier.trace.Request`), or a
@@ -550,7 +551,10 @@ def _run(step, drain, requests, block_tokens, progress, streamed, hits_out=None)
             n = len(keys)
             if length is None:
                 length = n * block_tokens
-            in_tok += length  # a str length raises here, before the manager sees the request
+            elif length < 0:  # a str length raises TypeError here (below)
+                raise ValueError(f"request {n_req}: input_length must be >= 0 (tokens), got "
+                                 f"{length!r}")
+            in_tok += length  # before the manager sees the request
             if streamed:
                 t0 = now()
             hits, failed_calls, failed = step(keys)

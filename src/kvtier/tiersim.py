@@ -497,22 +497,31 @@ def replay_tiers_cli(command, tiers: str, demotion: str, capacity_given: bool = 
         raise ValueError(f"--policy {offline[0]} (offline, needs the trace's future) is not "
                          "simulated with --tiers; replay it on one tier without --tiers")
     json_out = command.output.json
-    cli._check_writable(json_out, "--json")
+    cli._check_writable(json_out, "--json", command.source.path)
     stream = command.stream
     with cli._rereadable(command.source, needed=stream) as source:
-        reader, it = source.open()
-        t0 = time.perf_counter()
-        requests = None if stream else list(it)
-        parse_s = time.perf_counter() - t0
-        n_req, n_refs, unique = count_unique_blocks(it if stream else requests)
+        try:
+            reader, it = source.open()
+            t0 = time.perf_counter()
+            requests = None if stream else list(it)
+            parse_s = time.perf_counter() - t0
+            n_req, n_refs, unique = count_unique_blocks(it if stream else requests)
+        except KeyboardInterrupt:
+            cli._warn("interrupted while reading the trace: nothing was replayed")
+            raise cli._Interrupted from None
         if stream:
             parse_s = time.perf_counter() - t0
         info = cli._trace_info(command.source.path, reader, n_req, n_refs, unique, parse_s)
-        results = [replay_tiers(source.open()[1] if stream else requests, spec, p,
-                                unique_blocks=unique, demotion=demotion,
-                                block_tokens=opts.block_tokens,
-                                store_threshold=opts.store_threshold)
-                   for p in command.policies]
+        results: list[TiersReplayResult] = []
+        interrupted = False
+        try:  # Ctrl-C: the runs that finished are shown and written, as by kvtier replay
+            for p in command.policies:
+                results.append(replay_tiers(source.open()[1] if stream else requests, spec, p,
+                                            unique_blocks=unique, demotion=demotion,
+                                            block_tokens=opts.block_tokens,
+                                            store_threshold=opts.store_threshold))
+        except KeyboardInterrupt:
+            interrupted = True
     out = cli._out_console(json_out)
     # a Redis URL's password is never shown (title, JSON)
     names = ",".join(_shown(t.url) if t.kind == "redis" else f"{t.kind}:{t.capacity}"
@@ -522,7 +531,12 @@ def replay_tiers_cli(command, tiers: str, demotion: str, capacity_given: bool = 
     cli._write_json(json_out, {"trace": info,
                                "tiers": [{**t.__dict__, "url": t.url and _shown(t.url)}
                                          for t in spec],
-                               "results": [r.to_dict() for r in results]})
+                               "results": [r.to_dict() for r in results],
+                               **({"interrupted": True} if interrupted else {})})
+    if interrupted:
+        cli._warn(f"interrupted (Ctrl-C): {len(results)} of {len(command.policies)} runs "
+                  "finished; their rows are above")
+        raise cli._Interrupted
     # a Redis tier that failed during the run served less than it would have: the figures
     # are not the tier's, so the command fails (exit status 1) after showing them
     failed = [(r.policy, t) for r in results for t in r.tiers if t.failures]

@@ -420,6 +420,7 @@ class TraceReader:
         self._gen: Iterator[Request] | None = None
         self._mismatched: dict[tuple[int, int], int] | None = None
         self._reported = False
+        self._longest_tokens = -1  # most token_ids of a line this pass; -1: no such line
         self._passes = 0  # passes started
         self._ended = False  # the current pass ended (exhausted or failed)
 
@@ -450,6 +451,7 @@ class TraceReader:
         self.fitting_block_tokens = None
         self._mismatched = None
         self._reported = False  # this pass's length warning was given
+        self._longest_tokens = -1
         self._gen = self._generate()
 
     # -- internals -----------------------------------------------------------------------
@@ -566,7 +568,21 @@ class TraceReader:
 
     def _report_lengths(self, shown: object) -> None:
         """Count, and warn once per pass about, Mooncake lines whose length disagrees with
-        block_tokens."""
+        block_tokens; and warn when the token_ids lines gave no block at all."""
+        longest = self._longest_tokens
+        if 0 <= longest < self.block_tokens and not self.block_refs and self.requests:
+            # a token_ids trace of short prompts at the default 512-token blocks: every
+            # request names no block, so every tier hits 0 % (said before only by the
+            # capacity warning's "0 distinct blocks")
+            self._longest_tokens = -1  # once per pass
+            bt = self.block_tokens
+            warnings.warn(
+                f"{shown}: none of its {self.requests:,} requests has a full block of {bt} "
+                f"tokens (the longest token_ids has {longest:,}): only full blocks get a key, "
+                "so nothing can be stored or hit; a smaller --block-tokens (block_tokens=) "
+                "gives them blocks (vLLM's default block size is 16 tokens)",
+                TraceWarning, stacklevel=4,
+            )
         pairs = self._mismatched
         bad = sum(pairs.values())
         self.length_mismatches = bad
@@ -675,6 +691,8 @@ class TraceReader:
                         f"'input_length' {input_length} does not match the "
                         f"{len(tokens)} 'token_ids'"
                     )
+                if input_length > reader._longest_tokens:
+                    reader._longest_tokens = input_length
             output_length = obj.get("output_length")
             if output_length is not None and _bad_length(output_length):
                 raise _LineError(

@@ -646,6 +646,34 @@ def test_a_new_tier_that_fails_to_open_leaves_no_layout_behind(tmp_path, monkeyp
     tier.close()
 
 
+def test_a_file_path_and_a_file_too_large_are_named(tmp_path, monkeypatch):
+    """Found by newcomer12: a path that is a file raised "[Errno 17] File exists: PATH"
+    (it does exist; the trouble is that it is no directory), and a tier larger than the file
+    system takes (ext4: 16 TiB, e.g. 2**20 slots of 1 GiB) a bare "[Errno 27] File too
+    large" naming no file and no size."""
+    import errno
+
+    file = tmp_path / "blocks"
+    file.write_bytes(b"mine")
+    with pytest.raises(DiskTierError, match="the path is a file; a disk tier is a directory"):
+        DiskTier(file, 8, 64)
+    assert file.read_bytes() == b"mine"
+
+    real = os.ftruncate
+
+    def efbig(fd, size):
+        if size > 2**40:
+            raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+        return real(fd, size)
+
+    monkeypatch.setattr(disk_mod.os, "ftruncate", efbig)
+    with pytest.raises(DiskTierError, match=r"cannot size blocks.dat to 1,125,899,906,842,624 "
+                                            r"bytes \(1,048,576 slots; File too large\)"):
+        DiskTier(tmp_path / "big", 2**20, 2**30)
+    assert sorted(p.name for p in (tmp_path / "big").iterdir()) == ["lock"]
+    DiskTier(tmp_path / "big", 8, 64).close()  # the directory is usable afterwards
+
+
 def test_flush_takes_an_infinite_timeout_and_refuses_a_bad_one(tmp_path, monkeypatch):
     """Found by a newcomer session: flush(float("inf")) with writes in flight raised
     OverflowError ('timestamp out of range for platform time_t', from the Condition wait),

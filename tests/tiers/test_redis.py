@@ -132,6 +132,28 @@ def test_two_models_never_share(shared_redis_server):
         assert b.stats().read_errors == 0  # different keys: plain misses
 
 
+def test_layout_fingerprint_refuses_an_empty_name_and_sizes_below_one():
+    """Found by newcomer12: layout_fingerprint("", dtype="bfloat16", num_layers=-1, ...)
+    gave "...|model=|num_layers=-1": a forgotten model name (an unset setting) made every
+    such engine share one fingerprint, so one another's blocks read as verified."""
+    np = pytest.importorskip("numpy")
+    base = {"dtype": "bfloat16", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64,
+            "block_tokens": 16}
+    for bad, match in (({"model": ""}, "model must be a non-empty str, got ''"),
+                       ({"model": None}, "model must be a non-empty str"),
+                       ({"dtype": " "}, "dtype must be a non-empty str"),
+                       ({"num_layers": -1}, r"num_layers must be a positive int \(layers\)"),
+                       ({"num_kv_heads": 0}, "num_kv_heads must be a positive int"),
+                       ({"head_dim": 64.0}, "head_dim must be a positive int"),
+                       ({"block_tokens": True}, "block_tokens must be a positive int")):
+        args = {"model": "m", **base, **bad}
+        with pytest.raises(ValueError, match=match):
+            layout_fingerprint(args.pop("model"), **args)
+    # numpy sizes are ints: the same fingerprint as plain ints
+    assert layout_fingerprint("m", **{**base, "num_layers": np.int64(2)}) == \
+        layout_fingerprint("m", **base)
+
+
 def test_layout_fingerprint_is_injective_for_values_with_separators():
     """Found by a newcomer session: fields were joined as "k=v|k=v", so a value holding "|"
     or "=" could spell out other fields: two different layouts had one fingerprint, and

@@ -40,6 +40,79 @@ def as_bytes(t):
     return t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
 
 
+def test_a_closed_stack_stops_seeing_the_host_evictions(tmp_path):
+    """Found by newcomer12: TierStack.close left its wrapper on the host policy's _evict,
+    so a new stack on the same host manager (its lower tier swapped) failed every eviction
+    with "disk tier <the old one> is closed", raised from inside prepare_store."""
+    host = np.zeros((2, 8), dtype=np.uint8)
+
+    def read_slot(slot):
+        return host[slot].tobytes()
+
+    def write_slot(slot, data):
+        host[slot] = np.frombuffer(data, dtype=np.uint8)
+
+    m = OffloadingManager(2, "lru")
+    evict_before = m.policy._evict
+    old = TierStack(m, [DiskTier(tmp_path / "old", 8, 8)], 8, read_slot, write_slot)
+    old.close()
+    assert "_evict" not in m.policy.__dict__  # the class's method again
+    new = TierStack(m, [DiskTier(tmp_path / "new", 8, 8)], 8, read_slot, write_slot)
+
+    def store(keys, *stacks):
+        out = m.prepare_store(keys)
+        for key, slot in zip(out.keys_to_store, out.block_ids):
+            host[slot] = key
+        m.complete_store(out.keys_to_store)
+        for stack in stacks:
+            stack.flush_demotions()
+        return out.evicted_keys
+
+    assert store([1, 2], new) == []
+    assert store([3], new) == [2]  # LRU: keys[0] ends most recent
+    assert new.flush(10)
+    assert new.lower[0].read([2]) == [bytes([2]) * 8]  # demoted by the new stack only
+    assert old.demoted == 0 and new.demoted == 1
+    # closed in the other order: the inner stack's wrapper goes inert, the outer one is
+    # taken off, and the policy evicts as before
+    a = TierStack(m, [DiskTier(tmp_path / "a", 8, 8)], 8, read_slot, write_slot)
+    new.close()
+    assert store([4], a) == [1] and a.demoted == 1 and new.demoted == 1
+    a.close()
+    assert store([5], a) == [3] and a.demoted == 1
+    assert "_evict" not in m.policy.__dict__ and m.policy._evict == evict_before
+
+
+def test_a_lower_tier_closed_under_an_open_stack_does_not_break_the_host(tmp_path):
+    """Found by newcomer12: with the disk tier closed directly (the stack still open), the
+    stack's eviction hook asked the disk whether it held each victim, which raised "disk
+    tier ... is closed" from inside prepare_store after the policy had let the victim go:
+    the host then kept block 2 that its policy no longer knew (used 2, evictable 1, never
+    evicted again). Now the eviction completes and flush_demotions reports the closed
+    tier."""
+    host = np.zeros((2, 8), dtype=np.uint8)
+
+    def read_slot(slot):
+        return host[slot].tobytes()
+
+    def write_slot(slot, data):
+        host[slot] = np.frombuffer(data, dtype=np.uint8)
+
+    m = OffloadingManager(2, "lru")
+    disk = DiskTier(tmp_path / "d", 8, 8)
+    stack = TierStack(m, [disk], 8, read_slot, write_slot)
+    m.complete_store(m.prepare_store([1, 2]).keys_to_store)
+    disk.close()
+    out = m.prepare_store([3])
+    assert out.evicted_keys == [2]
+    m.complete_store([3])
+    st = m.stats()
+    assert (st.used, st.evictable) == (2, 2) and 2 not in m
+    with pytest.raises(RuntimeError, match="not demoted to .disk.*is closed"):  # fix13
+        stack.flush_demotions()
+    assert m.prepare_store([4]).evicted_keys == [1]  # the policy still knows every block
+
+
 def test_write_back_copies_victims_before_reuse_and_promotes_them_back(tmp_path):
     tiered, kv, disk = make(tmp_path)
     data = {b: block(kv, b) for b in range(16)}

@@ -186,7 +186,8 @@ class DiskTier(BlockTier):
             policy, or an offline policy (``belady``).
         DiskTierError: the directory is already open (another process or DiskTier:
             ``flock``), holds a tier of another format, block size or slot count, or an
-            unreadable ``meta.json``.
+            unreadable ``meta.json``; ``path`` is a file; or the file system refuses files
+            of the tier's size (``blocks.dat`` is ``num_blocks * block_bytes`` bytes).
         OSError: the files cannot be created or read.
 
     Thread safety: the public methods are meant for one thread (the engine's); writes run on
@@ -235,7 +236,12 @@ class DiskTier(BlockTier):
         self.manager = OffloadingManager(num_blocks, policy, enable_events=enable_events)
         self._closed = True  # until fully open
         self._fds: list[int] = []
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # was "[Errno 17] File exists: PATH", for a path that exists
+            raise DiskTierError(
+                f"disk tier {self.path}: the path is a file; a disk tier is a directory (of "
+                "meta.json, index.dat, blocks.dat): give a directory path") from None
         self._lock_fd = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -301,7 +307,14 @@ class DiskTier(BlockTier):
         for fd, size in ((data_fd, self.num_blocks * self.block_bytes),
                          (index_fd, self.num_blocks * RECORD_BYTES)):
             if os.fstat(fd).st_size != size:
-                os.ftruncate(fd, size)  # sparse: slots take disk space once written
+                try:
+                    os.ftruncate(fd, size)  # sparse: slots take disk space once written
+                except OSError as exc:  # was a bare "[Errno 27] File too large" (ext4: 16 TiB)
+                    name = "blocks.dat" if fd == data_fd else "index.dat"
+                    raise DiskTierError(
+                        f"disk tier {self.path}: cannot size {name} to {size:,} bytes "
+                        f"({self.num_blocks:,} slots; {exc.strerror or exc}): this file "
+                        "system refuses a file that large; choose fewer slots") from None
         if not meta_path.exists():
             os.fsync(data_fd)
             os.fsync(index_fd)

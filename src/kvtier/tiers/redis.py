@@ -64,7 +64,7 @@ except ModuleNotFoundError as _exc:
         "kvtier.tiers.redis needs redis-py, which is not installed: pip install 'kvtier[redis]'",
         name="redis") from None
 
-from kvtier.checks import _as_int, check_timeout, key_list
+from kvtier.checks import _as_int, check_positive_int, check_timeout, key_list
 from kvtier.tiers.base import (
     BlockTier,
     Key,
@@ -223,7 +223,23 @@ def layout_fingerprint(
     block, and anything else in ``extra`` (e.g. ``tp_rank=0``, ``kv_layout="NHD"``), sorted by
     name. ``\\``, ``|`` and ``=`` inside a value are escaped with ``\\``, so two different
     layouts never give one fingerprint (a value without them is written as it is).
+
+    Raises:
+        ValueError: ``model`` or ``dtype`` is not a non-empty str, or ``num_layers``,
+            ``num_kv_heads``, ``head_dim`` or ``block_tokens`` is not an int >= 1 (numpy
+            integers are taken as ints). Before, ``layout_fingerprint("", num_layers=-1,
+            ...)`` gave ``"...|model=|num_layers=-1"``: a forgotten model name made every
+            such engine share one fingerprint.
     """
+    for name, text in (("model", model), ("dtype", dtype)):
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"layout_fingerprint: {name} must be a non-empty str, got {text!r}")
+    num_layers = check_positive_int("layout_fingerprint: num_layers", num_layers, "layers")
+    num_kv_heads = check_positive_int("layout_fingerprint: num_kv_heads", num_kv_heads,
+                                      "KV heads per rank")
+    head_dim = check_positive_int("layout_fingerprint: head_dim", head_dim, "elements")
+    block_tokens = check_positive_int("layout_fingerprint: block_tokens", block_tokens,
+                                      "tokens")
     items = {
         "model": model,
         "dtype": dtype,

@@ -86,7 +86,7 @@ class TierStack:
 
     Args:
         host: the host tier's manager. The stack wraps its policy's ``_evict`` (an instance
-            attribute) to see victims; build it with ``enable_events=True`` for host events.
+            attribute) to see victims, until :meth:`close`; build it with ``enable_events=True`` for host events.
         lower: the tiers below, top down (e.g. ``[disk, redis]``); names must be distinct and
             differ from ``host_name``; every tier's ``block_bytes`` must be ``block_bytes``.
         block_bytes: bytes of one block.
@@ -166,15 +166,16 @@ class TierStack:
         policy = host.policy
         inner = policy._evict
         slot_of = host.slot_of
+        self._hooked = True  # False once closed: the wrapper passes the victims through
 
         def _evict(n: int, protected: Any) -> Any:
             victims = inner(n, protected)
-            if victims and self.demotion == "write-back" and self.lower:
+            if victims and self._hooked and self.demotion == "write-back" and self.lower:
                 read = self._read_slot
                 held = self._held_below
                 # copied now: the slot is handed to a new block when prepare_store returns
                 for key in victims:
-                    if held(key):
+                    if held(key):  # never raises (a closed lower tier counts as not holding)
                         continue
                     try:
                         data = read(slot_of(key))
@@ -187,6 +188,9 @@ class TierStack:
                     self._victims.append((key, data))
             return victims
 
+        # what was there: the policy's own _evict (None: the class's) or another stack's
+        self._evict_hook = (policy, _evict, policy.__dict__.get("_evict"))
+        _evict.stack = self  # type: ignore[attr-defined]
         policy._evict = _evict  # type: ignore[method-assign]
 
     def _held_below(self, key: Hashable) -> bool:
@@ -498,7 +502,7 @@ class TierStack:
 
     def close(self) -> None:
         """Write pending demotions to every lower tier that can take them, then close every
-        lower tier. Idempotent.
+        lower tier, and stop seeing the host's evictions (:meth:`_unhook`). Idempotent.
 
         A tier that refuses the pending blocks (e.g. one its owner closed already) does not
         keep the others from getting theirs, and a tier whose ``close`` raises does not keep
@@ -510,6 +514,7 @@ class TierStack:
                 tier whose ``close`` failed, and the evicted blocks whose host slot could not
                 be read (dropped, not demoted). Closing again raises nothing.
         """
+        self._unhook()
         _, problems, first = self._demote_pending()
         for tier in self.lower:
             try:
@@ -520,3 +525,20 @@ class TierStack:
                                 f"({type(exc).__name__}: {exc})")
         if problems:
             raise RuntimeError("TierStack.close: " + "; ".join(problems)) from first
+
+    def _unhook(self) -> None:
+        """Stop copying the host's victims: put back the ``_evict`` this stack wrapped when
+        its wrapper is still the outermost, else (a later stack wrapped it) leave the
+        wrapper in place passing the victims through. Before, a closed stack's wrapper
+        stayed on the host policy: a new stack on the same host manager then failed every
+        eviction with "disk tier <the old one> is closed", raised from inside ``evict``."""
+        self._hooked = False
+        policy, wrapper, before = self._evict_hook
+        if policy.__dict__.get("_evict") is wrapper:
+            # past the wrappers of stacks closed meanwhile (inert since)
+            while getattr(before, "stack", None) is not None and not before.stack._hooked:
+                before = before.stack._evict_hook[2]
+            if before is None:
+                del policy._evict  # the class's method again
+            else:
+                policy._evict = before  # type: ignore[method-assign]
