@@ -78,21 +78,26 @@ MAX_BLOCKS = 2**31 - 1
 
 class _RequestLog:
     """Request mode's bookkeeping besides the open requests: the contexts finished early at
-    the cap (oldest first, at most ``max_open`` of them), the counters and the policy's
-    ghost-learning hook. One attribute of the manager, not six: an instance with 30 or more
-    attributes loses CPython's shared-key dict and every ``self.x`` lookup gets dearer
-    (replay +1.1 % instructions per block reference, benchmarks/instr_count.py; the
-    manager's 30th attribute: LRU replay +0.7 %, docs/performance.md, "Request mode, round
-    6"). The manager has 29."""
+    the cap (oldest first, at most ``max_open`` of them), the counters, the policy's
+    ghost-learning hook and whether the manager trusts its victims' held state. One
+    attribute of the manager, not seven: an instance with 30 or more attributes loses
+    CPython's shared-key dict and every ``self.x`` lookup gets dearer (replay +1.1 %
+    instructions per block reference, benchmarks/instr_count.py; the manager's 30th
+    attribute: LRU replay +0.7 %, docs/performance.md, "Request mode, round 6"). The manager
+    has 29."""
 
-    __slots__ = ("max_open", "early", "finished", "finished_early", "late", "store_miss")
+    __slots__ = ("max_open", "early", "finished", "finished_early", "late", "store_miss",
+                 "trusted")
 
-    def __init__(self, max_open: int, store_miss: Any) -> None:
+    def __init__(self, max_open: int, store_miss: Any, trusted: bool = False) -> None:
         self.max_open = max_open
         # the policy's ghost-learning hook (see OffloadingManager.__init__): here, not a 30th
         # attribute of the manager (that one cost LRU's explicit replay +40 instructions per
         # block reference, docs/performance.md, "Request mode, round 6")
         self.store_miss = store_miss
+        # the policy's victims are never pending nor pinned (_trusts_victims): the manager
+        # skips those two checks of evict's answer (here too, not a 30th attribute)
+        self.trusted = trusted
         self.early: dict[Hashable, None] = {}
         self.finished = 0
         self.finished_early = 0
@@ -147,6 +152,17 @@ class _Request:
 def _overrides(policy: CachePolicy, hook: str) -> bool:
     """Whether ``policy``'s class overrides the optional hook ``hook`` of the base class."""
     return getattr(type(policy), hook) is not getattr(CachePolicy, hook)
+
+
+def _trusts_victims(policy: CachePolicy) -> bool:
+    """Whether the manager may skip the pending and pin checks of ``policy``'s victims
+    (``CachePolicy``'s "Victims the manager trusts"): the policy's own class, shipped in
+    kvtier, declares ``checks_shared_victims`` (a subclass, or a user's class, does not
+    inherit it). The caller also requires that the policy shares the manager's held state."""
+    cls = type(policy)
+    module = cls.__module__ or ""
+    return (vars(cls).get("checks_shared_victims") is True
+            and (module == "kvtier" or module.startswith("kvtier.")))
 
 
 class OffloadingManager:
@@ -280,8 +296,8 @@ class OffloadingManager:
         # not told of pins: no per-key set work of its own at insert, completion and pin
         # (spec replay, docs/performance.md, "Request mode, round 6")
         policy = self.policy
-        self._on_pin = (None if policy.share_held_state(self._pending_keys, self._pins)
-                        else policy.mark_non_evictable)
+        shared = bool(policy.share_held_state(self._pending_keys, self._pins))
+        self._on_pin = None if shared else policy.mark_non_evictable
         self._slots = SlotAllocator(self._num_blocks)
         self._evictable = 0
         self._hits = 0
@@ -298,7 +314,12 @@ class OffloadingManager:
         self._events: list[OffloadingEvent] = []
         # request mode: open requests, oldest first; the rest in the log
         self._requests: dict[Hashable, _Request] = {}
-        self._req_log = _RequestLog(self._req_log.max_open, self._req_log.store_miss)
+        # a sharing policy of kvtier's that checks its victims against the shared state
+        # itself (ARC) is not checked twice: vLLM spec replay -300 / -250 instructions per
+        # block reference at 4,000 / 16,000 blocks (docs/performance.md, "Request mode,
+        # round 8")
+        self._req_log = _RequestLog(self._req_log.max_open, self._req_log.store_miss,
+                                    shared and _trusts_victims(policy))
         self._tracker: AdmissionTracker | None = (
             AdmissionTracker(self.store_threshold, self.max_tracker_size)
             if self.store_threshold >= 2
@@ -315,20 +336,24 @@ class OffloadingManager:
 
         Raises:
             PolicyError: not a list of ``n`` distinct resident keys that are evictable
-                (neither pending nor pinned) and not protected. The manager is unchanged.
+                (neither pending nor pinned; not checked for a policy the manager trusts,
+                see _trusts_victims) and not protected. The manager is unchanged.
         """
         if type(victims) is not list or len(victims) != n:
             count = len(victims) if isinstance(victims, list) else type(victims).__name__
             raise self._policy_error(f"evict({n}) returned {count} victims, not a list of {n}")
-        pending, pins, slot_of = self._pending_keys, self._pins, self._slot_of
+        slot_of = self._slot_of
         try:
-            if pending and not pending.isdisjoint(victims):
-                # filters, no generator expressions: see _CELLS
-                key = next(filter(pending.__contains__, victims))
-                raise self._policy_error(f"evict({n}) chose block {key!r}, whose store is pending")
-            if pins and not pins.keys().isdisjoint(victims):
-                key = next(filter(pins.__contains__, victims))
-                raise self._policy_error(f"evict({n}) chose block {key!r}, which is pinned")
+            if not self._req_log.trusted:
+                pending, pins = self._pending_keys, self._pins
+                if pending and not pending.isdisjoint(victims):
+                    # filters, no generator expressions: see _CELLS
+                    key = next(filter(pending.__contains__, victims))
+                    raise self._policy_error(
+                        f"evict({n}) chose block {key!r}, whose store is pending")
+                if pins and not pins.keys().isdisjoint(victims):
+                    key = next(filter(pins.__contains__, victims))
+                    raise self._policy_error(f"evict({n}) chose block {key!r}, which is pinned")
             if protected and any(map(protected.__contains__, victims)):
                 key = next(filter(protected.__contains__, victims))
                 raise self._policy_error(f"evict({n}) chose block {key!r}, which is protected")
@@ -703,8 +728,11 @@ class OffloadingManager:
                 except (TypeError, ValueError, KeyError):
                     slot = self._victim_slots(victims, 1, ())[0]  # raises PolicyError
                 if victim in self._pending_keys or victim in self._pins:
-                    slot_of[victim] = slot
-                    self._victim_slots(victims, 1, ())  # raises PolicyError
+                    slot_of[victim] = slot  # (checked for every policy, trusted or not)
+                    raise self._policy_error(
+                        f"evict(1) chose block {victim!r}, "
+                        + ("whose store is pending" if victim in self._pending_keys
+                           else "which is pinned"))
                 evicted_keys = victims
                 self._evictable -= 1
                 self._evictions += 1

@@ -50,6 +50,11 @@ class ARCPolicy(CachePolicy):
     """
 
     name = "arc"
+    # every path of _evict skips held keys, read from the shared pending set and pins (the
+    # one-victim loop, the several-victims isdisjoint tests, LogicalOrder.take): the manager
+    # does not check them again (CachePolicy's "Victims the manager trusts"; proved by
+    # tests/policies/test_arc.py's property tests)
+    checks_shared_victims = True
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
