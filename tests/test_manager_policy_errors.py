@@ -111,3 +111,26 @@ def test_arc_is_trusted_and_its_answers_are_right():
     assert m._req_log.trusted
     out = m.prepare_store(["k2", "new0", "new1"])
     assert out.evicted_keys == ["k5", "k4"]  # k1 pinned, p0 / p1 pending, k2 protected
+
+
+@pytest.mark.parametrize("bug", ["unhashable", "unknown", "repeated"])
+@pytest.mark.parametrize("policy", [LRUPolicy, ARCPolicy])
+def test_a_broken_evict_with_nothing_held_leaves_the_manager_unchanged(bug, policy):
+    # nothing pending, pinned or protected: no check stops the answer before the victims'
+    # slots are popped, so the slots popped before the bad key must be put back (an
+    # unhashable victim after a good one lost the good one's block and slot)
+    def pick(self, n, protected, victims):
+        return victims[:-1] + {"unhashable": [["k9"]], "unknown": ["never-stored"],
+                               "repeated": victims[:1]}[bug]
+
+    cls = type(f"Buggy{bug.title()}", (policy,),
+               {"name": f"buggy-{bug}",
+                "_evict": lambda self, n, prot: pick(self, n, prot, policy._evict(self, n, prot))})
+    m = OffloadingManager(4, cls)
+    m.complete_store(m.prepare_store(["k0", "k1", "k2", "k3"]).keys_to_store)
+    before = {k: v for k, v in m.snapshot().items() if k != "policy"}
+    stats = m.stats()
+    with pytest.raises(PolicyError, match=r"evict\(3\)"):
+        m.prepare_store(["new0", "new1", "new2"])
+    assert {k: v for k, v in m.snapshot().items() if k != "policy"} == before
+    assert m.stats() == stats

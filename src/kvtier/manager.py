@@ -346,6 +346,7 @@ class OffloadingManager:
             count = len(victims) if isinstance(victims, list) else type(victims).__name__
             raise self._policy_error(f"evict({n}) returned {count} victims, not a list of {n}")
         slot_of = self._slot_of
+        slots: list[int] = []
         try:
             if not self._req_log.trusted:
                 pending, pins = self._pending_keys, self._pins
@@ -360,22 +361,32 @@ class OffloadingManager:
             if protected and any(map(protected.__contains__, victims)):
                 key = next(filter(protected.__contains__, victims))
                 raise self._policy_error(f"evict({n}) chose block {key!r}, which is protected")
-            before = len(slot_of)
-            slots = list(map(slot_of.pop, victims, repeat(None)))  # C-level, no KeyError
-        except TypeError:
-            raise self._policy_error(f"evict({n}) returned an unhashable key") from None
-        if len(slot_of) != before - n:  # a victim was not resident, or named twice
+            # C-level pops: a victim not stored or named twice stops them at a KeyError, an
+            # unhashable one at a TypeError, with the slots popped so far in slots
+            # (list.extend keeps them), put back below. (It was list(map(pop, victims,
+            # repeat(None))) and a length test, which lost the slots popped before an
+            # unhashable victim when nothing was pending, pinned or protected.)
+            slots.extend(map(slot_of.pop, victims))
+        except (TypeError, KeyError) as error:
             for key, slot in zip(victims, slots):
-                if slot is not None:
-                    slot_of[key] = slot
-            seen: set[Hashable] = set()
-            for key in victims:
-                if key in seen:
-                    raise self._policy_error(f"evict({n}) returned block {key!r} twice")
-                seen.add(key)
-                if key not in slot_of:
-                    raise self._policy_error(f"evict({n}) chose block {key!r}, not stored")
+                slot_of[key] = slot
+            raise self._bad_victims(victims, n, error) from None
         return slots
+
+    def _bad_victims(self, victims: list, n: int, error: Exception) -> PolicyError:
+        """The PolicyError for victims whose slot pops failed with ``error`` (the manager
+        put back what was popped): an unhashable, repeated or unknown key."""
+        if isinstance(error, TypeError):
+            return self._policy_error(f"evict({n}) returned an unhashable key")
+        seen: set[Hashable] = set()
+        for key in victims:
+            if key in seen:
+                return self._policy_error(f"evict({n}) returned block {key!r} twice")
+            seen.add(key)
+            if key not in self._slot_of:
+                return self._policy_error(f"evict({n}) chose block {key!r}, not stored")
+        # a KeyError raised by a key's own __hash__ or __eq__
+        return self._policy_error(f"evict({n}) returned a key whose lookup raised {error!r}")
 
     def _stores(self) -> int:
         """Blocks allocated by prepare_store since the last reset: pending, completed or
