@@ -330,14 +330,15 @@ class ARCPolicy(CachePolicy):
         # none resident (the hook's contract): touch's residency passes skipped, only ghost
         # hits do anything (docs/performance.md, "Request mode, round 6")
         b1, b2 = self._b1, self._b2
+        if (not b1 or b1.keys().isdisjoint(keys)) and (not b2 or b2.keys().isdisjoint(keys)):
+            # no ghost hit, tested without building the hit sets (vLLM spec replay,
+            # docs/performance.md, "Request mode, round 8"). For the insert that usually
+            # follows, not copied: the manager's own new-key list, unchanged until that insert
+            self._no_ghosts = keys
+            return
         hits = b1.keys() & keys if b1 else set()
         if b2:
             hits |= b2.keys() & keys
-        if not hits:
-            # for the insert that usually follows, not copied: the manager's own new-key list,
-            # unchanged until that insert
-            self._no_ghosts = keys
-            return
         self.touch(list(filter(hits.__contains__, keys)))  # the ghost hits alone
 
     # -- request mode (issue #11 section 2) --------------------------------------------------
