@@ -1119,7 +1119,7 @@ class OffloadingManager:
             if reused and not inserted.isdisjoint(reused):
                 inserted = inserted - reused
             # _Request.keys_in_order spelled out (_FRAMES)
-            if rec.merged or not inserted:
+            if rec.merged or not rec.inserted:
                 keys = tuple(rec.keys)
             else:
                 keys = (*rec.keys, *rec.order) if rec.keys else tuple(rec.order)
