@@ -318,9 +318,9 @@ class OffloadingManager:
         # request mode: open requests, oldest first; the rest in the log
         self._requests: dict[Hashable, _Request] = {}
         # a sharing policy of kvtier's that checks its victims against the shared state
-        # itself (ARC) is not checked twice: vLLM spec replay -300 / -250 instructions per
-        # block reference at 4,000 / 16,000 blocks (docs/performance.md, "Request mode,
-        # round 8")
+        # itself (ARC) is not checked twice: vLLM spec replay, first 1,000 requests, -259 /
+        # -77 instructions per block reference at 4,000 / 16,000 blocks (docs/performance.md,
+        # "Request mode, round 8")
         self._req_log = _RequestLog(self._req_log.max_open, self._req_log.store_miss,
                                     shared and _trusts_victims(policy))
         self._tracker: AdmissionTracker | None = (

@@ -62,7 +62,8 @@ e.g. inside vLLM's own manager, always does).
 
 **Victims the manager trusts.** The manager checks every answer of ``evict``: ``n`` distinct
 stored keys, none protected, pending or pinned (``PolicyError`` otherwise). The pending and
-pin checks are skipped for one kind of policy only, one that makes them itself on the same
+pin checks of a several-victim answer (the one-victim path keeps its two membership tests)
+are skipped for one kind of policy only, one that makes them itself on the same
 collections: the policy's *own class* (not a base class: a subclass may change the victim
 choice) sets :attr:`CachePolicy.checks_shared_victims` to ``True``, the class is shipped in
 kvtier (its module is in the ``kvtier`` package), and the policy accepted
