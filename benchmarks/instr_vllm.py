@@ -14,11 +14,16 @@ so imports, trace parsing and set-up are not counted. Cases:
   ``manager`` = manager log (real - empty) - policy, ``adapter + driver`` = spec - manager -
   policy: the vLLM-facing layer (key handling, per-request state, vLLM's output objects,
   Python call overhead between the layers) and the replay loop itself.
+* ``driver``: the replay loop alone (context for both rows, not part of the target): the
+  same :func:`~kvtier.integrations.vllm_replay.replay_vllm` call sequence against
+  :class:`AnswerStub`, which answers what vLLM's manager (``driver-vllm``) or the spec
+  (``driver-spec``) answered in an uninstrumented replay (recorded first); printed with the
+  ``vllm`` / ``spec`` rows less it, and their ratio.
 
 Usage::
 
     python benchmarks/instr_vllm.py [--trace PATH] [--policy arc] [--capacity 4000,16000]
-                                    [--inflight 32] [--cases vllm,spec,layers]
+                                    [--inflight 32] [--cases vllm,spec,layers,driver]
 
 Needs valgrind (with its headers) and gcc. Slow: a full-trace case takes 3-10 minutes of CPU.
 """
@@ -89,23 +94,131 @@ def _empty(names):
     return type("Empty", (), {n: (lambda self, *a, **k: None) for n in names})()
 
 
+class AnswerStub:
+    """A stand-in for a vLLM manager that answers the replay driver what a real manager
+    answered (``answers``: per request, the number of leading HIT lookups, whether
+    ``prepare_store`` was called and its output, as :func:`record_answers` recorded them),
+    at the least cost per call, so that a replay against it counts the driver's own work.
+    C-level callables where the driver ignores the answer (``operator.is_`` for the
+    two-argument calls, ``id`` for ``on_request_finished``); ``lookup`` a bound ``dict.get``
+    of the current request's HIT keys (a miss answers the context, which is not HIT); two
+    Python frames per request: ``on_new_request`` (refills that dict) and ``prepare_store``
+    (the next recorded output). Those frames and C calls are the stub's, not the driver's:
+    the count is an upper bound of the driver's share. (The HIT keys' hashes are computed
+    when the stub is built, before counting: hashing a key is the manager's work.)"""
+
+    def __init__(self, keys_per_request: list, answers: list) -> None:
+        from operator import is_
+
+        from vllm.v1.kv_offload.base import LookupResult
+
+        hit = LookupResult.HIT
+        # one dict per request, built from the replay's own key objects (hashes cached)
+        hit_keys = iter([dict.fromkeys(keys[:h], hit)
+                         for keys, (h, _, _) in zip(keys_per_request, answers)]).__next__
+        outs = iter([out for _, called, out in answers if called]).__next__
+        current: dict = {}
+        clear, update = current.clear, current.update
+
+        def on_new_request(ctx, _clear=clear, _update=update, _next=hit_keys):
+            _clear()
+            _update(_next())
+
+        def prepare_store(keys, ctx, _next=outs):
+            return _next()
+
+        self.on_new_request = on_new_request
+        self.lookup = current.get
+        self.prepare_load = self.complete_load = self.complete_store = is_
+        self.prepare_store = prepare_store
+        self.on_request_finished = id
+
+
+def _manager(what: str, policy: str, capacity: int):
+    """vLLM's ``CPUOffloadingManager`` (``what`` "vllm") or the spec (``"spec"``)."""
+    if what == "vllm":
+        from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+        return CPUOffloadingManager(capacity, policy)
+    from kvtier.integrations import vllm as kv
+
+    return kv.KVTierOffloadingManager(capacity, policy)
+
+
+def record_answers(kpr_path: Path, what: str, policy: str, capacity: int, inflight: int,
+                   out: Path) -> None:
+    """Replay (uninstrumented) through the real manager ``what`` and pickle, with the keys,
+    what the driver acts on: per request the number of leading HIT lookups, whether
+    ``prepare_store`` was called and its output (``None``: failed), for :class:`AnswerStub`."""
+    from vllm.v1.kv_offload.base import LookupResult
+
+    from kvtier.integrations.vllm_replay import replay_vllm
+
+    kpr = pickle.loads(kpr_path.read_bytes())
+    real = _manager(what, policy, capacity)
+    answers: list = []  # per request [leading HITs, prepare_store called, its output]
+
+    class Recorder:  # the real manager's answers, per request
+        def on_new_request(self, ctx):
+            answers.append([0, False, None])
+            return real.on_new_request(ctx)
+
+        def lookup(self, key, ctx):
+            r = real.lookup(key, ctx)
+            if r is LookupResult.HIT:
+                answers[-1][0] += 1
+            return r
+
+        def prepare_store(self, keys, ctx):
+            result = real.prepare_store(keys, ctx)
+            answers[-1][1] = True
+            if result is not None:  # the driver reads these two
+                answers[-1][2] = _Out(list(result.keys_to_store), list(result.evicted_keys))
+            return result
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    result = replay_vllm(Recorder(), kpr, inflight=inflight)
+    out.write_bytes(pickle.dumps({"keys": kpr, "answers": [tuple(a) for a in answers],
+                                  "counts": result.counts()}))
+
+
+class _Out:
+    """A recorded ``prepare_store`` output: the two fields the driver reads."""
+
+    __slots__ = ("evicted_keys", "keys_to_store")
+
+    def __init__(self, keys_to_store: list, evicted_keys: list) -> None:
+        self.keys_to_store = keys_to_store
+        self.evicted_keys = evicted_keys
+
+
 def run_case(args) -> None:
     """Child process (under callgrind): one measured replay; prints REFS."""
     cg = ctypes.CDLL(args.helper)
     what, policy, capacity = args.run
     capacity = int(capacity)
+    if what.startswith("driver"):
+        logging.getLogger("vllm").setLevel(logging.ERROR)
+        from kvtier.integrations.vllm_replay import replay_vllm
+
+        data = pickle.loads(Path(args.keys).read_bytes())
+        stub = AnswerStub(data["keys"], data["answers"])
+        gc.collect()
+        cg.cg_start()
+        result = replay_vllm(stub, data["keys"], inflight=args.inflight)
+        cg.cg_stop()
+        if result.counts() != data["counts"]:  # the same calls as the recorded replay
+            raise RuntimeError(f"stub replay counts {result.counts()} != {data['counts']}")
+        print("REFS", result.block_refs, "HITS", result.hit_blocks, file=sys.stderr)
+        return
     if what in ("vllm", "spec"):
         logging.getLogger("vllm").setLevel(logging.ERROR)
-        from kvtier.integrations import vllm as kv
         from kvtier.integrations.vllm_replay import replay_vllm
 
         kpr = pickle.loads(Path(args.keys).read_bytes())
-        if what == "vllm":
-            from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
-
-            manager = CPUOffloadingManager(capacity, policy)
-        else:
-            manager = kv.KVTierOffloadingManager(capacity, policy)
+        manager = _manager(what, policy, capacity)
         gc.collect()
         cg.cg_start()
         result = replay_vllm(manager, kpr, inflight=args.inflight)
@@ -192,6 +305,21 @@ def main(argv=None) -> int:
                     print(f"  {capacity:>6} {case:<6} {row[case]:>9,.0f}", flush=True)
             if "vllm" in row and "spec" in row:
                 print(f"  {capacity:>6} vLLM / spec: {row['vllm'] / row['spec']:.2f}x")
+            if "driver" in cases:
+                drv = {}
+                for real in ("vllm", "spec"):
+                    data = work / f"answers.{real}.{capacity}.pkl"
+                    record_answers(kpr, real, args.policy, capacity, args.inflight, data)
+                    ir, refs = callgrind(work, helper, data,
+                                         (f"driver-{real}", args.policy, capacity),
+                                         args.inflight)
+                    drv[real] = ir / refs
+                    print(f"  {capacity:>6} driver ({real}'s answers) {drv[real]:>9,.0f}"
+                          + (f"; {real} less it {row[real] - drv[real]:,.0f}"
+                             if real in row else ""), flush=True)
+                if "vllm" in row and "spec" in row:
+                    print(f"  {capacity:>6} vLLM / spec without the driver: "
+                          f"{(row['vllm'] - drv['vllm']) / (row['spec'] - drv['spec']):.2f}x")
             if "layers" in cases:
                 logs = work / f"logs.{capacity}.pkl"
                 record_layers(kpr, args.policy, capacity, args.inflight, logs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from kvtier import OffloadingManager, PolicyError
+from kvtier.policies.arc import ARCPolicy
 from kvtier.policies.lru import LRUPolicy
 
 
@@ -69,3 +70,67 @@ def test_the_check_costs_nothing_when_the_policy_is_right():
     out = m.prepare_store(["k2", "new0", "new1"])
     assert out.evicted_keys == ["k5", "k4"]  # k2 protected, k1 pinned, p0/p1 pending
     assert m.stats().evictions == 2
+
+
+def buggy_arc(name: str, pick, declares: bool):
+    """An ARC subclass (it shares the manager's held state) whose ``_evict`` returns
+    ``pick(...)``; ``declares``: its own class sets ``checks_shared_victims`` (outside
+    kvtier: the manager does not trust it either)."""
+
+    def _evict(self, n, protected):
+        return pick(self, n, protected, ARCPolicy._evict(self, n, protected))
+
+    body = {"name": f"buggy-{name}", "_evict": _evict}
+    if declares:
+        body["checks_shared_victims"] = True
+    return type(f"Buggy{name.title()}", (ARCPolicy,), body)
+
+
+@pytest.mark.parametrize("bug", ["pending", "pinned"])
+@pytest.mark.parametrize("declares", [False, True])
+@pytest.mark.parametrize("n_new", [1, 2])
+def test_a_custom_sharing_policy_is_still_checked(bug, declares, n_new):
+    # the manager skips the pending / pin checks only for a policy class shipped in kvtier
+    # that declares it makes them (ARC, CachePolicy.checks_shared_victims): a user's
+    # subclass that changes the victim choice is checked, declared or not
+    m = setup(buggy_arc(bug, BUGS[bug], declares))
+    assert m.policy._shared and not m._req_log.trusted
+    before = {k: v for k, v in m.snapshot().items() if k != "policy"}
+    stats = m.stats()
+    with pytest.raises(PolicyError, match="pending" if bug == "pending" else "pinned"):
+        m.prepare_store([f"new{i}" for i in range(n_new)])
+    assert {k: v for k, v in m.snapshot().items() if k != "policy"} == before
+    assert m.stats() == stats
+    assert m.take_events() == []
+
+
+def test_arc_is_trusted_and_its_answers_are_right():
+    # ARC (shipped, declared, sharing): the manager skips the two checks; ARC skips the
+    # pinned and pending blocks itself
+    m = setup(ARCPolicy)
+    assert m._req_log.trusted
+    out = m.prepare_store(["k2", "new0", "new1"])
+    assert out.evicted_keys == ["k5", "k4"]  # k1 pinned, p0 / p1 pending, k2 protected
+
+
+@pytest.mark.parametrize("bug", ["unhashable", "unknown", "repeated"])
+@pytest.mark.parametrize("policy", [LRUPolicy, ARCPolicy])
+def test_a_broken_evict_with_nothing_held_leaves_the_manager_unchanged(bug, policy):
+    # nothing pending, pinned or protected: no check stops the answer before the victims'
+    # slots are popped, so the slots popped before the bad key must be put back (an
+    # unhashable victim after a good one lost the good one's block and slot)
+    def pick(self, n, protected, victims):
+        return victims[:-1] + {"unhashable": [["k9"]], "unknown": ["never-stored"],
+                               "repeated": victims[:1]}[bug]
+
+    cls = type(f"Buggy{bug.title()}", (policy,),
+               {"name": f"buggy-{bug}",
+                "_evict": lambda self, n, prot: pick(self, n, prot, policy._evict(self, n, prot))})
+    m = OffloadingManager(4, cls)
+    m.complete_store(m.prepare_store(["k0", "k1", "k2", "k3"]).keys_to_store)
+    before = {k: v for k, v in m.snapshot().items() if k != "policy"}
+    stats = m.stats()
+    with pytest.raises(PolicyError, match=r"evict\(3\)"):
+        m.prepare_store(["new0", "new1", "new2"])
+    assert {k: v for k, v in m.snapshot().items() if k != "policy"} == before
+    assert m.stats() == stats

@@ -78,21 +78,26 @@ MAX_BLOCKS = 2**31 - 1
 
 class _RequestLog:
     """Request mode's bookkeeping besides the open requests: the contexts finished early at
-    the cap (oldest first, at most ``max_open`` of them), the counters and the policy's
-    ghost-learning hook. One attribute of the manager, not six: an instance with 30 or more
-    attributes loses CPython's shared-key dict and every ``self.x`` lookup gets dearer
-    (replay +1.1 % instructions per block reference, benchmarks/instr_count.py; the
-    manager's 30th attribute: LRU replay +0.7 %, docs/performance.md, "Request mode, round
-    6"). The manager has 29."""
+    the cap (oldest first, at most ``max_open`` of them), the counters, the policy's
+    ghost-learning hook and whether the manager trusts its victims' held state. One
+    attribute of the manager, not seven: an instance with 30 or more attributes loses
+    CPython's shared-key dict and every ``self.x`` lookup gets dearer (replay +1.1 %
+    instructions per block reference, benchmarks/instr_count.py; the manager's 30th
+    attribute: LRU replay +0.7 %, docs/performance.md, "Request mode, round 6"). The manager
+    has 29."""
 
-    __slots__ = ("max_open", "early", "finished", "finished_early", "late", "store_miss")
+    __slots__ = ("max_open", "early", "finished", "finished_early", "late", "store_miss",
+                 "trusted")
 
-    def __init__(self, max_open: int, store_miss: Any) -> None:
+    def __init__(self, max_open: int, store_miss: Any, trusted: bool = False) -> None:
         self.max_open = max_open
         # the policy's ghost-learning hook (see OffloadingManager.__init__): here, not a 30th
         # attribute of the manager (that one cost LRU's explicit replay +40 instructions per
         # block reference, docs/performance.md, "Request mode, round 6")
         self.store_miss = store_miss
+        # the policy's victims are never pending nor pinned (_trusts_victims): the manager
+        # skips those two checks of evict's answer (here too, not a 30th attribute)
+        self.trusted = trusted
         self.early: dict[Hashable, None] = {}
         self.finished = 0
         self.finished_early = 0
@@ -108,25 +113,27 @@ class _Request:
     storing it itself). ``inserted`` is also the set of keys already used once for ghost
     learning (a store's new keys are touched, then all of them inserted).
 
-    ``keys``, ``inserted`` are dicts used as ordered sets (key -> None), ``reused`` a set; the
-    policy gets ``inserted``'s ``keys()`` view. While ``merged`` is false (the usual request:
-    its loads, then its stores of new keys), ``keys`` holds the keys that are not in
-    ``inserted`` and the request's keys are ``keys`` then ``inserted``: a store's new keys
-    are recorded once, in ``inserted`` (the first store's new-key dict *is* ``inserted``),
-    not also in ``keys`` (vLLM spec replay, docs/performance.md, "Request mode, round 7").
-    Anything else (a load or a ready key after a store, a new key already recorded, the
-    ``num_blocks`` cap) first merges ``inserted`` into ``keys`` (:meth:`merge`): ``merged``,
-    ``keys`` holds every key.
+    ``keys`` is a dict used as an ordered set (key -> None), ``inserted`` and ``reused`` sets
+    (the policy gets them as they are). While ``merged`` is false (the usual request: its
+    loads, then its stores of new keys), ``keys`` holds the keys that are not in
+    ``inserted``, ``order`` the inserted ones in order (a list), and the request's keys are
+    ``keys`` then ``order``: a store's new keys are recorded once, in ``inserted`` (the first
+    store's new-key set *is* ``inserted``) and ``order``, not also in ``keys`` (vLLM spec
+    replay, docs/performance.md, "Request mode, round 7" and "round 8"). Anything else (a
+    load or a ready key after a store, a new key already recorded, the ``num_blocks`` cap)
+    first merges ``order`` into ``keys`` (:meth:`merge`): ``merged``, ``keys`` holds every
+    key and ``order`` is no longer read.
 
-    No ``__init__``: :meth:`OffloadingManager.on_new_request` sets the four attributes (an
+    No ``__init__``: :meth:`OffloadingManager.on_new_request` sets the five attributes (an
     ``__init__`` was one Python frame per request; docs/performance.md, "Request mode, round
     5 (manager and adapter)").
     """
 
-    __slots__ = ("keys", "inserted", "reused", "merged")
+    __slots__ = ("keys", "inserted", "order", "reused", "merged")
 
     keys: dict[Hashable, None]
-    inserted: dict[Hashable, None]
+    inserted: set[Hashable]
+    order: list[Hashable] | tuple[()]
     reused: set[Hashable]
     merged: bool
 
@@ -134,19 +141,31 @@ class _Request:
         """The request's distinct keys, first occurrence first."""
         if self.merged or not self.inserted:
             return tuple(self.keys)
-        return (*self.keys, *self.inserted)
+        return (*self.keys, *self.order)
 
     def merge(self) -> None:
-        """From now on ``keys`` holds every key (``inserted`` after the others, their
+        """From now on ``keys`` holds every key (the inserted ones after the others, their
         order)."""
         if not self.merged:
-            self.keys.update(self.inserted)
+            if self.inserted:
+                self.keys.update(dict.fromkeys(self.order))
             self.merged = True
 
 
 def _overrides(policy: CachePolicy, hook: str) -> bool:
     """Whether ``policy``'s class overrides the optional hook ``hook`` of the base class."""
     return getattr(type(policy), hook) is not getattr(CachePolicy, hook)
+
+
+def _trusts_victims(policy: CachePolicy) -> bool:
+    """Whether the manager may skip the pending and pin checks of ``policy``'s victims
+    (``CachePolicy``'s "Victims the manager trusts"): the policy's own class, shipped in
+    kvtier, declares ``checks_shared_victims`` (a subclass, or a user's class, does not
+    inherit it). The caller also requires that the policy shares the manager's held state."""
+    cls = type(policy)
+    module = cls.__module__ or ""
+    return (vars(cls).get("checks_shared_victims") is True
+            and (module == "kvtier" or module.startswith("kvtier.")))
 
 
 class OffloadingManager:
@@ -290,8 +309,8 @@ class OffloadingManager:
         # not told of pins: no per-key set work of its own at insert, completion and pin
         # (spec replay, docs/performance.md, "Request mode, round 6")
         policy = self.policy
-        self._on_pin = (None if policy.share_held_state(self._pending_keys, self._pins)
-                        else policy.mark_non_evictable)
+        shared = bool(policy.share_held_state(self._pending_keys, self._pins))
+        self._on_pin = None if shared else policy.mark_non_evictable
         self._slots = SlotAllocator(self._num_blocks)
         self._evictable = 0
         self._hits = 0
@@ -308,7 +327,12 @@ class OffloadingManager:
         self._events: list[OffloadingEvent] = []
         # request mode: open requests, oldest first; the rest in the log
         self._requests: dict[Hashable, _Request] = {}
-        self._req_log = _RequestLog(self._req_log.max_open, self._req_log.store_miss)
+        # a sharing policy of kvtier's that checks its victims against the shared state
+        # itself (ARC) is not checked twice: vLLM spec replay, first 1,000 requests, -259 /
+        # -77 instructions per block reference at 4,000 / 16,000 blocks (docs/performance.md,
+        # "Request mode, round 8")
+        self._req_log = _RequestLog(self._req_log.max_open, self._req_log.store_miss,
+                                    shared and _trusts_victims(policy))
         self._tracker: AdmissionTracker | None = (
             AdmissionTracker(self.store_threshold, self.max_tracker_size)
             if self.store_threshold >= 2
@@ -325,39 +349,54 @@ class OffloadingManager:
 
         Raises:
             PolicyError: not a list of ``n`` distinct resident keys that are evictable
-                (neither pending nor pinned) and not protected. The manager is unchanged.
+                (neither pending nor pinned; not checked for a policy the manager trusts,
+                see _trusts_victims) and not protected. The manager is unchanged.
         """
         if type(victims) is not list or len(victims) != n:
             count = len(victims) if isinstance(victims, list) else type(victims).__name__
             raise self._policy_error(f"evict({n}) returned {count} victims, not a list of {n}")
-        pending, pins, slot_of = self._pending_keys, self._pins, self._slot_of
+        slot_of = self._slot_of
+        slots: list[int] = []
         try:
-            if pending and not pending.isdisjoint(victims):
-                # filters, no generator expressions: see _CELLS
-                key = next(filter(pending.__contains__, victims))
-                raise self._policy_error(f"evict({n}) chose block {key!r}, whose store is pending")
-            if pins and not pins.keys().isdisjoint(victims):
-                key = next(filter(pins.__contains__, victims))
-                raise self._policy_error(f"evict({n}) chose block {key!r}, which is pinned")
+            if not self._req_log.trusted:
+                pending, pins = self._pending_keys, self._pins
+                if pending and not pending.isdisjoint(victims):
+                    # filters, no generator expressions: see _CELLS
+                    key = next(filter(pending.__contains__, victims))
+                    raise self._policy_error(
+                        f"evict({n}) chose block {key!r}, whose store is pending")
+                if pins and not pins.keys().isdisjoint(victims):
+                    key = next(filter(pins.__contains__, victims))
+                    raise self._policy_error(f"evict({n}) chose block {key!r}, which is pinned")
             if protected and any(map(protected.__contains__, victims)):
                 key = next(filter(protected.__contains__, victims))
                 raise self._policy_error(f"evict({n}) chose block {key!r}, which is protected")
-            before = len(slot_of)
-            slots = list(map(slot_of.pop, victims, repeat(None)))  # C-level, no KeyError
-        except TypeError:
-            raise self._policy_error(f"evict({n}) returned an unhashable key") from None
-        if len(slot_of) != before - n:  # a victim was not resident, or named twice
+            # C-level pops: a victim not stored or named twice stops them at a KeyError, an
+            # unhashable one at a TypeError, with the slots popped so far in slots
+            # (list.extend keeps them), put back below. (It was list(map(pop, victims,
+            # repeat(None))) and a length test, which lost the slots popped before an
+            # unhashable victim when nothing was pending, pinned or protected.)
+            slots.extend(map(slot_of.pop, victims))
+        except (TypeError, KeyError) as error:
             for key, slot in zip(victims, slots):
-                if slot is not None:
-                    slot_of[key] = slot
-            seen: set[Hashable] = set()
-            for key in victims:
-                if key in seen:
-                    raise self._policy_error(f"evict({n}) returned block {key!r} twice")
-                seen.add(key)
-                if key not in slot_of:
-                    raise self._policy_error(f"evict({n}) chose block {key!r}, not stored")
+                slot_of[key] = slot
+            raise self._bad_victims(victims, n, error) from None
         return slots
+
+    def _bad_victims(self, victims: list, n: int, error: Exception) -> PolicyError:
+        """The PolicyError for victims whose slot pops failed with ``error`` (the manager
+        put back what was popped): an unhashable, repeated or unknown key."""
+        if isinstance(error, TypeError):
+            return self._policy_error(f"evict({n}) returned an unhashable key")
+        seen: set[Hashable] = set()
+        for key in victims:
+            if key in seen:
+                return self._policy_error(f"evict({n}) returned block {key!r} twice")
+            seen.add(key)
+            if key not in self._slot_of:
+                return self._policy_error(f"evict({n}) chose block {key!r}, not stored")
+        # a KeyError raised by a key's own __hash__ or __eq__
+        return self._policy_error(f"evict({n}) returned a key whose lookup raised {error!r}")
 
     def _stores(self) -> int:
         """Blocks allocated by prepare_store since the last reset: pending, completed or
@@ -713,8 +752,11 @@ class OffloadingManager:
                 except (TypeError, ValueError, KeyError):
                     slot = self._victim_slots(victims, 1, ())[0]  # raises PolicyError
                 if victim in self._pending_keys or victim in self._pins:
-                    slot_of[victim] = slot
-                    self._victim_slots(victims, 1, ())  # raises PolicyError
+                    slot_of[victim] = slot  # (checked for every policy, trusted or not)
+                    raise self._policy_error(
+                        f"evict(1) chose block {victim!r}, "
+                        + ("whose store is pending" if victim in self._pending_keys
+                           else "which is pinned"))
                 evicted_keys = victims
                 self._evictable -= 1
                 self._evictions += 1
@@ -747,17 +789,16 @@ class OffloadingManager:
         except TypeError:
             raise unhashable_error(keys, "prepare_store") from None
         num_resident = len(keys) - len(new_keys)  # occurrences of keys already stored
-        # a key named twice is stored once; request mode builds the new keys as an ordered
-        # set and records this dict as is (one hash-table build per key, not two; with the
-        # other request-record changes, the manager's own part of the spec's prepare_store
-        # 4,464 -> 3,204 per block reference: docs/performance.md, "Request mode, round 3")
+        # a key named twice is stored once; request mode records this set as is (one
+        # hash-table build per key, not two; with the other request-record changes, the
+        # manager's own part of the spec's prepare_store 4,464 -> 3,204 per block reference:
+        # docs/performance.md, "Request mode, round 3"). A set, not a dict.fromkeys (the
+        # request's order is new_keys itself): ~60 % of its instructions, a list is not
+        # presized for fromkeys (vLLM spec replay, "Request mode, round 8")
         fresh = None
         if len(new_keys) > 1:
-            if rec is not None:
-                fresh = dict.fromkeys(new_keys)
-                if len(fresh) != len(new_keys):
-                    new_keys = list(fresh)
-            elif len(set(new_keys)) != len(new_keys):  # explicit mode: a set is cheaper
+            fresh = set(new_keys)
+            if len(fresh) != len(new_keys):
                 new_keys = list(dict.fromkeys(new_keys))
         skipped = 0
         tracker = self._tracker
@@ -783,23 +824,23 @@ class OffloadingManager:
             room = self._num_blocks - len(rkeys) - (0 if rec.merged else len(inserted))
             if not num_resident and len(new_keys) <= room:
                 if fresh is None:
-                    fresh = dict.fromkeys(new_keys)
-                if (not rec.merged and (not rkeys or rkeys.keys().isdisjoint(fresh.keys()))
-                        and (not inserted or inserted.keys().isdisjoint(fresh.keys()))):
+                    fresh = set(new_keys)
+                if (not rec.merged and (not rkeys or rkeys.keys().isdisjoint(fresh))
+                        and (not inserted or inserted.isdisjoint(fresh))):
                     # the usual store: recorded in inserted below, not in keys too (see
-                    # _Request; the views' isdisjoint walk the smaller side; vLLM spec replay
-                    # -206 per block reference, docs/performance.md, "Request mode, round 7")
+                    # _Request; isdisjoint walks the smaller side; vLLM spec replay -206 per
+                    # block reference, docs/performance.md, "Request mode, round 7")
                     lazy = True
                 else:
                     rec.merge()
                     if rec.keys:
-                        rec.keys.update(fresh)
-                    else:  # the request's first keys: the dict is the record, no copy
-                        rec.keys = fresh
+                        rec.keys.update(dict.fromkeys(new_keys))
+                    else:  # the request's first keys
+                        rec.keys = dict.fromkeys(new_keys)
                 all_recorded = True
             else:
                 rec.merge()  # its new keys recorded in keys, then inserted
-                all_recorded = self._record_store(rec, keys, new_keys, num_resident, fresh)
+                all_recorded = self._record_store(rec, keys, new_keys, num_resident)
         if not new_keys:
             self._skipped_stores += skipped
             if self._on_store is not None:
@@ -812,7 +853,7 @@ class OffloadingManager:
         if shortfall > 0:
             if shortfall > self._evictable:
                 if lazy:  # a failed store records its new keys, not inserted
-                    self._record_unstored(rec, fresh)
+                    self._record_unstored(rec, new_keys)
                 return self._no_room()  # fast fail: the policy is not asked
             # only the call's keys that are already stored can be victims, so only they are
             # passed as protected; usually there are none
@@ -829,7 +870,7 @@ class OffloadingManager:
                     protected = protected_set(protected)
                     if self.policy.count_eligible(protected) < shortfall:
                         if lazy:
-                            self._record_unstored(rec, fresh)
+                            self._record_unstored(rec, new_keys)
                         return self._no_room()
                 if rec.inserted:
                     self._learn_misses(rec, new_keys)
@@ -876,31 +917,32 @@ class OffloadingManager:
         if rec is not None:
             # every new key was recorded (the usual case): no membership pass (request-mode
             # records, docs/performance.md, "Request mode, round 3"); else C-level filter
-            if lazy:  # the new keys' dict is the record of them (see _Request)
-                if rec.inserted:
+            if lazy:  # the new keys' set is the record of them, their order a copy of the
+                if rec.inserted:  # list (new_keys is the caller's: see _Request)
                     rec.inserted.update(fresh)
+                    rec.order += new_keys
                 else:
                     rec.inserted = fresh
+                    rec.order = new_keys[:]
             elif all_recorded:
-                # from the new keys' dict when there is one (the same keys): an update from a
-                # dict is sized once and reuses its hashes (spec replay, docs/performance.md,
-                # "Request mode, round 6"); an empty dict clones it (-102 per block
-                # reference, "Request mode, round 7")
-                rec.inserted.update(dict.fromkeys(new_keys) if fresh is None else fresh)
+                # from the new keys' set when there is one (the same keys): an update from a
+                # set is sized once and reuses its hashes (spec replay, docs/performance.md,
+                # "Request mode, round 6")
+                rec.inserted.update(new_keys if fresh is None else fresh)
             else:
-                rec.inserted.update(dict.fromkeys(filter(rec.keys.__contains__, new_keys)))
+                rec.inserted.update(filter(rec.keys.__contains__, new_keys))
         self._skipped_stores += skipped
         if self._on_store is not None:
             self._on_store(keys)
         return _output((new_keys, block_ids, evicted_keys))
 
     @staticmethod
-    def _record_unstored(rec: _Request, fresh: dict) -> None:
+    def _record_unstored(rec: _Request, new_keys: list) -> None:
         """Record a failed store's new keys, which the call deferred to its insert (see
         _Request): seen, not inserted."""
         if rec.inserted:
             rec.merge()
-        rec.keys.update(fresh)
+        rec.keys.update(dict.fromkeys(new_keys))
 
     def _no_room(self) -> None:
         """:meth:`prepare_store`'s ``None`` (not enough evictable blocks): the admission
@@ -1033,7 +1075,8 @@ class OffloadingManager:
                 del early[next(iter(early))]
         rec = _new_record(_Request)  # no __init__ frame (see _Request)
         rec.keys = {}
-        rec.inserted = {}
+        rec.inserted = set()
+        rec.order = ()
         rec.reused = set()
         rec.merged = False
         self._requests[req_context] = rec
@@ -1082,16 +1125,14 @@ class OffloadingManager:
             # isdisjoint walks the smaller set, usually the few reused keys, where the
             # difference built a set of every inserted key (docs/performance.md, "Request
             # mode, round 4")
-            # (inserted is a dict: its keys view is the policy's set, see _Request; the
-            # view's isdisjoint walks the smaller side when the other is a set)
-            reused, inserted = rec.reused, rec.inserted.keys()
+            reused, inserted = rec.reused, rec.inserted
             if reused and not inserted.isdisjoint(reused):
                 inserted = inserted - reused
             # _Request.keys_in_order spelled out (_FRAMES)
             if rec.merged or not rec.inserted:
                 keys = tuple(rec.keys)
             else:
-                keys = (*rec.keys, *rec.inserted) if rec.keys else tuple(rec.inserted)
+                keys = (*rec.keys, *rec.order) if rec.keys else tuple(rec.order)
             self.policy.on_request_finished(keys, inserted, reused)
 
     def _add_keys(self, rec: _Request, keys: Any, fresh: dict | None = None) -> bool:
@@ -1149,16 +1190,15 @@ class OffloadingManager:
 
     def _record_store(
         self, rec: _Request, keys: Sequence[Hashable], new_keys: Sequence[Hashable],
-        num_resident: int, fresh: dict | None = None,
+        num_resident: int,
     ) -> bool:
         """Record a :meth:`prepare_store` offer (vLLM's order): its admitted new keys and the
         keys already ready (not pending) are seen, in the call's order; the ready ones are
         reused unless the request inserted them itself. Pending keys are not recorded.
-        ``num_resident``: occurrences in ``keys`` of keys already stored; ``fresh``:
-        ``new_keys`` as a dict (see :meth:`_add_keys`). Return whether every key of
-        ``new_keys`` is now recorded."""
+        ``num_resident``: occurrences in ``keys`` of keys already stored. Return whether
+        every key of ``new_keys`` is now recorded."""
         if not num_resident:  # nothing stored yet, so nothing ready: no membership pass
-            return self._add_keys(rec, new_keys, fresh)
+            return self._add_keys(rec, new_keys)
         slot_of, pending = self._slot_of, self._pending_keys
         # C-level filters, no frame per key (see _add_keys)
         ready = list(filterfalse(pending.__contains__, filter(slot_of.__contains__, keys)))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvtier import OffloadingManager
 from kvtier.policies.arc import ARCPolicy
@@ -430,3 +432,125 @@ def test_the_manager_does_not_tell_a_sharing_policy_of_pins():
     m.complete_load([1])
     m.complete_load([1, 2])
     assert m.policy.count_eligible() == 2
+
+
+# -- victims the manager trusts (CachePolicy.checks_shared_victims) ---------------------------
+def _check_victims(m: OffloadingManager, seen: list) -> None:
+    """Check every answer of ``m``'s ARC against the manager's state before the manager uses
+    it (an instance attribute: the manager's trust is decided by the policy's class, so it
+    still skips its own pending / pin checks); ``seen`` gets (victims, pending, pinned) per
+    call, the held blocks present at the time."""
+    policy = m.policy
+    evict = type(policy)._evict.__get__(policy)
+
+    def checked(n, protected):
+        victims = evict(n, protected)
+        assert type(victims) is list and len(victims) == n == len(set(victims))
+        for key in victims:
+            assert key in m._slot_of, key  # resident (the manager has not popped it yet)
+            assert key not in m._pending_keys, f"pending victim {key!r}"
+            assert key not in m._pins, f"pinned victim {key!r}"
+            assert key not in protected, f"protected victim {key!r}"
+        seen.append((n, len(m._pending_keys), len(m._pins)))
+        return victims
+
+    policy._evict = checked
+
+
+def _drive_held(m: OffloadingManager, rng, steps: int) -> None:
+    """Random explicit and request-mode calls that keep many blocks pinned (loads released
+    late, blocks pinned by several loads) and many stores in flight (completed late, some
+    failed), stores naming ghosts and resident keys (protected), touches, requests."""
+    pending: list[list] = []
+    pinned: list[list] = []
+    requests: list[int] = []
+    next_key, next_req = 0, 0
+    for _ in range(steps):
+        op = rng.random()
+        ctx = rng.choice(requests) if requests and rng.random() < 0.6 else None
+        if op < 0.4:  # a store: new keys, and known ones (resident: protected; ghosts)
+            keys = [rng.randrange(max(next_key, 1)) for _ in range(rng.randrange(4))]
+            fresh = rng.randrange(1, 10)
+            keys += list(range(next_key, next_key + fresh))
+            next_key += fresh
+            rng.shuffle(keys)
+            out = m.prepare_store(keys, ctx)
+            if out is not None and out.keys_to_store:
+                pending.append(list(out.keys_to_store))
+        elif op < 0.5 and pending:  # stores complete late: many in flight
+            keys = pending.pop(rng.randrange(len(pending)))
+            m.complete_store(keys, success=rng.random() < 0.85)
+        elif op < 0.7:  # loads of ready keys, some pinned twice
+            stored = sorted(m._slot_of)
+            ready = [k for k in rng.sample(stored, min(len(stored), rng.randrange(1, 6)))
+                     if m.ref_count(k) >= 0]
+            if ready:
+                m.prepare_load(ready, ctx)
+                pinned.append(ready)
+        elif op < 0.77 and pinned:  # pins released late: many pinned
+            m.complete_load(pinned.pop(rng.randrange(len(pinned))))
+        elif op < 0.85:
+            m.touch([rng.randrange(max(next_key, 1)) for _ in range(rng.randrange(1, 10))])
+        elif op < 0.93:
+            m.on_new_request(next_req)
+            requests.append(next_req)
+            next_req += 1
+        elif requests:
+            m.on_request_finished(requests.pop(rng.randrange(len(requests))))
+        if op > 0.999:  # rarely: everything dropped, the held state shared anew
+            m.reset_cache()
+            pending.clear()
+            pinned.clear()
+            requests.clear()
+
+
+def test_the_manager_trusts_arcs_victims_only():
+    # the pending / pin checks are skipped for ARC sharing the manager's held state alone: a
+    # subclass (it may change the victim choice), ARC keeping its own held sets, and every
+    # other policy are checked in full (tests/test_manager_policy_errors.py)
+    assert ARCPolicy.checks_shared_victims and not CachePolicy.checks_shared_victims
+    m = OffloadingManager(8, "arc")
+    assert m._req_log.trusted
+    m.reset_cache()
+    assert m._req_log.trusted
+    for policy in (OwnHeldARC, TouchARC, "lru", "prefix-arc", "s3fifo", "sieve", "lfu"):
+        assert not OffloadingManager(8, policy)._req_log.trusted, policy
+
+    class SubARC(ARCPolicy):  # shares, declares nothing itself: checked
+        pass
+
+    sub = OffloadingManager(8, SubARC)
+    assert sub.policy._shared and not sub._req_log.trusted
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), capacity=st.sampled_from([4, 8, 16, 40]),
+       steps=st.integers(20, 300))
+def test_arc_never_returns_a_pending_or_pinned_victim(seed, capacity, steps):
+    # the property the manager's trust rests on: every answer of ARC's _evict (the one-victim
+    # loop, the several-victims fast path, the three phases, blocks set aside and put back)
+    # names resident blocks that are neither pending nor pinned (nor protected)
+    import random
+
+    m = OffloadingManager(capacity, "arc")
+    assert m._req_log.trusted
+    _check_victims(m, [])
+    _drive_held(m, random.Random(seed), steps)
+
+
+def test_the_property_runs_meet_many_held_blocks():
+    # the runs above evict while many blocks are pinned and pending, and set held blocks
+    # aside (so the checked answers are not only the easy ones)
+    import random
+
+    seen: list = []
+    parked = 0
+    for seed in range(20):
+        m = OffloadingManager(16, "arc")
+        _check_victims(m, seen)
+        _drive_held(m, random.Random(seed), 300)
+        parked += m.policy._t1.parked + m.policy._t2.parked
+    several = [s for s in seen if s[0] > 1]
+    assert len(seen) > 250 and len(several) > 200 and parked > 300
+    # (299 evict calls, 121 of them with 2 or more blocks pending and 2 or more pinned)
+    assert sum(1 for _, pending, pins in seen if pending >= 2 and pins >= 2) > 100

@@ -50,6 +50,11 @@ class ARCPolicy(CachePolicy):
     """
 
     name = "arc"
+    # every path of _evict skips held keys, read from the shared pending set and pins (the
+    # one-victim loop, the several-victims isdisjoint tests, LogicalOrder.take): the manager
+    # does not check them again (CachePolicy's "Victims the manager trusts"; proved by
+    # tests/policies/test_arc.py's property tests)
+    checks_shared_victims = True
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
@@ -325,14 +330,15 @@ class ARCPolicy(CachePolicy):
         # none resident (the hook's contract): touch's residency passes skipped, only ghost
         # hits do anything (docs/performance.md, "Request mode, round 6")
         b1, b2 = self._b1, self._b2
+        if (not b1 or b1.keys().isdisjoint(keys)) and (not b2 or b2.keys().isdisjoint(keys)):
+            # no ghost hit, tested without building the hit sets (vLLM spec replay,
+            # docs/performance.md, "Request mode, round 8"). For the insert that usually
+            # follows, not copied: the manager's own new-key list, unchanged until that insert
+            self._no_ghosts = keys
+            return
         hits = b1.keys() & keys if b1 else set()
         if b2:
             hits |= b2.keys() & keys
-        if not hits:
-            # for the insert that usually follows, not copied: the manager's own new-key list,
-            # unchanged until that insert
-            self._no_ghosts = keys
-            return
         self.touch(list(filter(hits.__contains__, keys)))  # the ghost hits alone
 
     # -- request mode (issue #11 section 2) --------------------------------------------------

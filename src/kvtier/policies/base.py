@@ -60,6 +60,22 @@ changes the two collections, and drops them at :meth:`CachePolicy.clear` (the ma
 new ones). Default: ``False``, the policy keeps its own (and a policy used without a manager,
 e.g. inside vLLM's own manager, always does).
 
+**Victims the manager trusts.** The manager checks every answer of ``evict``: ``n`` distinct
+stored keys, none protected, pending or pinned (``PolicyError`` otherwise). The pending and
+pin checks of a several-victim answer (the one-victim path keeps its two membership tests)
+are skipped for one kind of policy only, one that makes them itself on the same
+collections: the policy's *own class* (not a base class: a subclass may change the victim
+choice) sets :attr:`CachePolicy.checks_shared_victims` to ``True``, the class is shipped in
+kvtier (its module is in the ``kvtier`` package), and the policy accepted
+:meth:`CachePolicy.share_held_state`. Such a class declares that its ``_evict`` never returns a
+key in the shared ``pending`` set or ``pins`` dict (it reads them to skip held blocks anyway);
+kvtier's tests prove it (property tests over random explicit and request-mode calls with many
+pins and stores in flight, tests/policies/test_arc.py). The count, distinctness, residency and
+protected checks stay for every policy. A user's policy is checked in full, declared or not,
+and so is any subclass of a shipped policy (the declaration is not inherited: a subclass may
+change the victim choice). ARC is the one such class (vLLM spec replay: see
+docs/performance.md, "Request mode, round 8").
+
 **One eviction shape.** :meth:`CachePolicy.evict` belongs to this base class: it counts the
 eligible blocks (evictable and not protected, O(|protected|)) and returns ``None``, with
 nothing changed, when there are fewer than ``n``; otherwise it calls the policy's
@@ -152,12 +168,19 @@ class CachePolicy(ABC):
         examined: running count of entries :meth:`_evict` examined (victims, skipped
             protected keys, and whatever else the policy walks past). Tests use it to check
             the O(k) bound; only :meth:`clear` resets it.
+        checks_shared_victims: class-level declaration (``False`` here): ``True`` in a
+            class shipped in kvtier whose ``_evict``, reading the manager's shared held state,
+            never returns a pending or pinned key; the manager then skips those two checks of
+            its answers (see "Victims the manager trusts" in the module docstring).
         _orders: the collections (each with ``len`` and ``in``) that together hold exactly
             the evictable keys, each once; set by the subclass, read by
             :meth:`count_eligible`.
     """
 
     name: ClassVar[str] = ""
+    # see "Victims the manager trusts" in the module docstring: read from the policy's own
+    # class only (type(policy).__dict__), never inherited
+    checks_shared_victims: ClassVar[bool] = False
     _orders: tuple[Collection[Key], ...] = ()
 
     def __init__(self, capacity: int) -> None:
