@@ -956,3 +956,43 @@ def test_a_share_within_its_noise_leaves_the_shadows_as_they_are(blocks, applied
     a._fill_new, a._fill_sampled = blocks, round(0.24 * blocks)
     a._end_fill()
     assert a.shadow_capacity == (round(0.96 * 512) if applied else 512)
+
+
+def test_a_store_call_that_is_not_the_lookups_tail_does_not_count_its_first_sights():
+    # the lookup [1, 2, 3, 4, 5] follows one of [1, 2, 3]: its leading run seen before is 3
+    # keys. A store call of [1, 2, 4, 5] (3 resident in the tier, so not the lookup's tail)
+    # must store 1, 2 (second sights) and stop at 4 (a first sight). The doorkeeper already
+    # holds the current lookup, so asking it alone counted 4 and 5 as seen and stored all
+    # four (session 13: the tier's second sight then stored first sights its shadow refused)
+    a = DuelingAdmission(64)
+    a._filling, a.selective = False, True
+    a.record([1, 2, 3])
+    assert a.admit([1, 2, 3]) == 0  # the tail: first sights
+    a.record([1, 2, 3, 4, 5])
+    assert a.admit([4, 5]) == 0  # the tail: 4 and 5 are first sights
+    assert a.admit([1, 2, 4, 5]) == 2  # not the tail: the same answer for 4 and 5
+    assert a.admit([2, 3, 4]) == 2
+    assert a.admit([1, 2, 3]) == 3  # seen before this lookup
+    assert a.admit([6, 1]) == 0  # never looked up
+    a.record([1, 2, 3, 4, 5])  # now 4 and 5 are second sights too
+    assert a.admit([1, 2, 4, 5]) == 4
+
+
+def test_second_sight_stores_no_first_sight_around_a_resident_key():
+    # pinned second sight on a tier of 64 blocks (shadowed in full): [S, R] three times
+    # stores S and R (at their second sight); then each request [S, u, R, v] names two
+    # first sights u, v never used again around the resident R: the store call [u, R, v]
+    # is not the lookup's tail, and the right answer is to store nothing (before session
+    # 13 the tier stored u and v, 40 blocks)
+    m = OffloadingManager(64, "lru", admission="adaptive")
+    a = m.admission
+    a._filling, a.selective = False, True
+    a._decide = lambda: None  # the rule held (no switch)
+    a._test_switch = lambda psel, s2: None
+    s, r = 10**6, 10**6 + 1
+    run(m, [[s, r]] * 3)
+    assert m.stats().stores == 2
+    hits = run(m, [[s, 1000 + 2 * i, r, 1001 + 2 * i] for i in range(20)])
+    assert hits == 20  # S only: the lookup stops at u
+    assert m.stats().stores == 2
+    assert m.stats().skipped_stores == 2 + 40

@@ -891,7 +891,11 @@ class DuelingAdmission:
         store would fail, so admit-all falls back to the second-sight answer for this call.
 
         "Before the current request" holds when ``new_keys`` is the tail of the last lookup
-        (the engine's protocol); for any other call, every earlier lookup counts.
+        (the engine's protocol); for any other call (a resident or pending key between the
+        lookup's misses, or keys of another request), a key counts when the doorkeeper holds
+        it and, under second sight, it is not one of the last lookup's keys past the leading
+        run seen before it (that lookup's first sights; admit-all's fallback counts every key
+        the doorkeeper holds).
         """
         n = len(new_keys)
         flight = self._flight
@@ -944,9 +948,24 @@ class DuelingAdmission:
             return 0 if run <= offset else run - offset
         seen = self._seen
         old = self._seen_old
+        fresh: set | tuple = ()
+        if self.selective and 0 <= run < len(last):
+            # not the lookup's tail (a resident or pending key between its misses, usual with
+            # requests in flight): the doorkeeper already holds the last lookup, so its keys
+            # past the leading run seen before it are this request's first sights, not seen
+            # before (as the shadows and a tail call answer; counted as seen, the tier's
+            # second sight stored first sights that its shadow refused: docs/policies.md,
+            # "versions tried", session 13). Only for second sight: admit-all's fallback for
+            # a call that cannot fit keeps the doorkeeper's answer (its shadow models a store
+            # that fails, not the fallback; answered so, the tier's admit-all read 8 % more
+            # than its shadow, test_shadows_model_the_pins_of_loads_in_flight)
+            try:
+                fresh = set(last[run:]).difference(last[:run])
+            except Exception:  # (as above: keys whose == misbehaves are other keys)
+                fresh = ()
         count = 0
         for key in new_keys:
-            if key in seen or key in old:
+            if (key in seen or key in old) and key not in fresh:
                 count += 1
             else:
                 break
