@@ -67,20 +67,24 @@ def check_bool(name: str, value: Any) -> bool:
 
 
 def check_timeout(value: Any, method: str) -> float | None:
-    """A ``timeout`` argument (seconds to wait, e.g. a tier's ``flush``) as threading's
-    waits take it: ``None`` and ``inf`` wait as long as it takes (``None``), a negative number
-    not at all (``0.0``); numpy numbers are taken as plain floats.
+    """A ``timeout`` argument (seconds to wait, e.g. a tier's ``flush``): ``None`` and ``inf``
+    wait as long as it takes (``None``), ``0`` does not wait; numpy numbers are taken as plain
+    floats.
 
     Raises:
-        ValueError: NaN, a bool or not a real number (``"<method>: timeout must be None or a
-            number of seconds, got <value>"``): NaN and inf reached threading's waits, which
-            spin (NaN) or raise ``OverflowError`` (inf).
+        ValueError: a negative number, NaN, a bool or not a real number (``"<method>: timeout
+            must be None or a number of seconds >= 0, got <value>"``): NaN and inf reached
+            threading's waits, which spin (NaN) or raise ``OverflowError`` (inf), and a
+            negative timeout (``flush(-1)``), which threading takes as 0, is almost always a
+            sign error or a deadline already computed as passed; pass ``0`` to poll.
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
-        raise ValueError(f"{method}: timeout must be None or a number of seconds, got {value!r}")
-    return None if value == math.inf else max(float(value), 0.0)
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value)
+            or value < 0):
+        raise ValueError(
+            f"{method}: timeout must be None or a number of seconds >= 0, got {value!r}")
+    return None if value == math.inf else float(value)
 
 
 def key_list(keys: Any, method: str) -> list[Hashable]:

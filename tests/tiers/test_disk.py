@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -688,6 +689,22 @@ def test_flush_takes_an_infinite_timeout_and_refuses_a_bad_one(tmp_path, monkeyp
         threading.Timer(0.05, gate.set).start()
         assert t.flush(float("inf")) is True
         assert t.lookup_prefix([1, 2]) == 2
+
+
+def test_flush_refuses_a_negative_timeout(tmp_path, monkeypatch):
+    """Found by a newcomer session: flush(-1) was taken as "do not wait" (threading's
+    reading) while NaN and bools were refused; a negative timeout is a sign error or a
+    deadline already passed. Refused before anything is collected; 0 polls."""
+    gate = hold_writes(monkeypatch)
+    with DiskTier(tmp_path, 8, BB, workers=2) as t:
+        assert t.write([1, 2], [blk(1), blk(2)]) == 2
+        for bad in (-1, -0.5, -math.inf):
+            with pytest.raises(ValueError, match=r"flush: timeout must be None or a number of "
+                                                 rf"seconds >= 0, got {bad!r}"):
+                t.flush(bad)
+        assert t.flush(0) is False  # writes still held: 0 polls
+        gate.set()
+        assert t.flush(10) is True and t.lookup_prefix([1, 2]) == 2
 
 
 def test_a_block_that_is_not_bytes_like_is_named(tmp_path):

@@ -475,7 +475,8 @@ def test_a_ttl_redis_refuses_is_refused_at_construction(shared_redis_server):
         assert tier.stats().writes_failed == 0
 
 
-@pytest.mark.parametrize("timeout", [float("nan"), "5", True])
+# -1 and -0.5: found by a newcomer session, flush(-1) was taken as "do not wait"
+@pytest.mark.parametrize("timeout", [float("nan"), "5", True, -1, -0.5])
 def test_close_and_flush_refuse_a_bad_timeout_before_closing(timeout):
     """Found by a newcomer session: ``close(float("nan"))`` marked the tier closed, then
     Thread.join raised a bare 'Invalid value NaN (not a number)', so the clients were never

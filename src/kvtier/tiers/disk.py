@@ -668,7 +668,7 @@ class DiskTier(BlockTier):
         long as it takes).
 
         Raises:
-            ValueError: ``timeout`` is NaN, a bool or not a number.
+            ValueError: ``timeout`` is negative, NaN, a bool or not a number.
         """
         timeout = check_timeout(timeout, "flush")
         if self._closed:

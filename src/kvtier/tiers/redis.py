@@ -1029,7 +1029,7 @@ class RedisTier(BlockTier):
         ``timeout``: seconds, ``None`` or ``inf`` to wait as long as it takes.
 
         Raises:
-            ValueError: ``timeout`` is NaN, a bool or not a number.
+            ValueError: ``timeout`` is negative, NaN, a bool or not a number.
         """
         timeout = check_timeout(timeout, "flush")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -1072,7 +1072,7 @@ class RedisTier(BlockTier):
         seconds, ``None`` or ``inf`` to wait as long as it takes.
 
         Raises:
-            ValueError: ``timeout`` is NaN, a bool or not a number (the tier stays open).
+            ValueError: ``timeout`` is negative, NaN, a bool or not a number (the tier stays open).
         """
         timeout = check_timeout(timeout, "close")
         with self._lock:
