@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 
@@ -92,13 +92,20 @@ def key_list(keys: Any, method: str) -> list[Hashable]:
 
     Raises:
         TypeError: ``keys`` is a single str, bytes, bytearray or memoryview (almost always a
-            forgotten list: iterating it would give characters or byte values) or is not
-            iterable.
+            forgotten list: iterating it would give characters or byte values), a dict or
+            other mapping (iterating it gives its keys, silently dropping its values: pass
+            ``list(d)`` when the keys are meant), or is not iterable.
     """
     if isinstance(keys, (str, bytes, bytearray, memoryview)):
         raise TypeError(
             f"{method}: keys must be a list of block keys, not a single "
             f"{type(keys).__name__} {keys!r} (wrap it in a list)"
+        )
+    if isinstance(keys, Mapping):
+        raise TypeError(
+            f"{method}: keys must be a list of block keys, not a {type(keys).__name__} "
+            f"{keys!r} (its values would be dropped; pass list(...) of it if its keys are "
+            "meant)"
         )
     try:
         return list(keys)

@@ -707,6 +707,17 @@ def test_flush_refuses_a_negative_timeout(tmp_path, monkeypatch):
         assert t.flush(10) is True and t.lookup_prefix([1, 2]) == 2
 
 
+def test_a_dict_as_the_key_list_is_refused(tmp_path):
+    """Found by a newcomer session (on RedisTier; DiskTier did the same): write({6: 1},
+    [block]) took the dict's keys as the key list and stored block 6."""
+    with DiskTier(tmp_path, 4, BB) as t:
+        for method, args in (("write", ([blk(6)],)), ("lookup_prefix", ()), ("read", ())):
+            with pytest.raises(TypeError, match=rf"DiskTier.{method}: keys must be a list of "
+                                                r"block keys, not a dict"):
+                getattr(t, method)({6: 1}, *args)
+        assert t.flush(5) and len(t) == 0 and t.stats().writes == 0
+
+
 def test_a_block_that_is_not_bytes_like_is_named(tmp_path):
     """Found by a newcomer session: write([1], ["x" * 16]) raised a bare "memoryview: a
     bytes-like object is required, not 'str'", naming neither the key nor the rule."""

@@ -1185,6 +1185,21 @@ def test_a_block_that_is_not_bytes_like_is_named_and_blocks_may_be_any_iterable(
         assert tier.write([1, 2], (b for b in blocks_for([1, 2]))) == 2
 
 
+def test_a_dict_as_the_key_list_is_refused():
+    """Found by a newcomer session: RedisTier.write({6: 1}, [block]) took the dict's keys as
+    the key list and queued block 6. Refused (TypeError naming the method), nothing queued;
+    lookup_prefix and read refuse it too."""
+    with RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP) as tier:
+        with pytest.raises(TypeError, match=r"RedisTier.write: keys must be a list of block "
+                                            r"keys, not a dict"):
+            tier.write({6: 1}, [bytes(BLOCK)])
+        for method in ("lookup_prefix", "read"):
+            with pytest.raises(TypeError, match=rf"RedisTier.{method}: keys must be a list of "
+                                                r"block keys, not a dict"):
+                getattr(tier, method)({6: 1})
+        assert tier.stats().writes == 0
+
+
 def test_docs_example_runs_as_written(shared_redis_server):
     """docs/redis.md's first example, on a live server: the lookup sees the blocks written."""
     import re
