@@ -113,6 +113,18 @@ def key_list(keys: Any, method: str) -> list[Hashable]:
         raise TypeError(f"{method}: keys must be an iterable of block keys, got {keys!r}") from None
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun`` for a message, the noun plural (``+ "s"``) unless ``n`` is 1:
+    ``counted(1, "block")`` is ``"1 block"``, ``counted(1000, "block")`` ``"1,000 blocks"``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def type_phrase(value: Any) -> str:
+    """``value``'s type name with its article for a message: ``"an int"``, ``"a str"``."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def unhashable_error(keys: Sequence[Hashable], method: str) -> TypeError:
     """The error for a key list in which hashing failed, naming the first unhashable key."""
     for key in keys:

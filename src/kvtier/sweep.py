@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from kvtier.checks import _as_int, check_nonnegative_int, check_positive_int
+from kvtier.checks import _as_int, check_nonnegative_int, check_positive_int, counted
 from kvtier.manager import MAX_BLOCKS
 from kvtier.replay import ReplayOptions, ReplayResult, log_grid, replay
 from kvtier.trace import TraceOptions, TraceWarning
@@ -66,7 +66,7 @@ def default_grid(unique_blocks: int, points: int = DEFAULT_POINTS,
     if hi is None:
         hi = max(lo, cacheable)
     if hi < lo:
-        raise ValueError(f"hi ({hi:,} blocks) must be >= lo ({lo:,} blocks)")
+        raise ValueError(f"hi ({counted(hi, 'block')}) must be >= lo ({counted(lo, 'block')})")
     return log_grid(lo, hi, points)
 
 

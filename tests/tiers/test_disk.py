@@ -77,8 +77,12 @@ def test_bad_input_raises_and_changes_nothing(tmp_path):
             t.write([1, (1, 2)], [blk(1), blk(2)])
         with pytest.raises(ValueError, match="at most 216"):
             t.write(["k" * 300], [blk(1)])
-        with pytest.raises(ValueError, match="2 keys but 1 blocks"):
+        with pytest.raises(ValueError, match="2 keys but 1 block$"):  # was "1 blocks"
             t.write([1, 2], [blk(1)])
+        with pytest.raises(ValueError, match=r"1 key but 2 blocks$"):
+            t.write([1], [blk(1), blk(2)])
+        with pytest.raises(ValueError, match=r"block for key 1 is 1 byte; this tier's blocks"):
+            t.write([1], [b"x"])
         assert t.flush(5) and len(t) == 0 and t.stats().writes == 0
     with pytest.raises(ValueError, match="fsync must be one of none, batch"):
         DiskTier(tmp_path / "x", 4, BB, fsync="always")
@@ -722,9 +726,10 @@ def test_a_block_that_is_not_bytes_like_is_named(tmp_path):
     """Found by a newcomer session: write([1], ["x" * 16]) raised a bare "memoryview: a
     bytes-like object is required, not 'str'", naming neither the key nor the rule."""
     with DiskTier(tmp_path, 4, BB) as t:
-        for bad in ("x" * BB, None, 5):
-            with pytest.raises(TypeError, match=rf"block for key 2 is a {type(bad).__name__}, "
-                                                "not a bytes-like object"):
+        # "is an int", not "is a int": grammar found by a newcomer session (seen failing)
+        for bad, article in (("x" * BB, "a"), (None, "a"), (5, "an"), (object(), "an")):
+            with pytest.raises(TypeError, match=rf"block for key 2 is {article} "
+                                                rf"{type(bad).__name__}, not a bytes-like object"):
                 t.write([1, 2], [blk(1), bad])
         assert t.flush(5) and len(t) == 0 and t.stats().writes == 0
 
