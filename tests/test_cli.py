@@ -266,6 +266,11 @@ def test_sweep_says_when_the_range_holds_fewer_sizes_than_points(tmp_path):
 def test_sweep_bad_range(tmp_path):
     res = run("sweep", "--min", "50%", "--max", "10%", "--plot", tmp_path / "m.png")
     assert res.exit_code == 1 and "is above --max" in res.stderr
+    # "(1 blocks)": grammar found by a newcomer session (seen failing)
+    trace = tmp_path / "t.txt"
+    trace.write_text("a b c\nb c d\n")
+    res = run("sweep", trace, "--min", "50%", "--max", "10%")
+    assert "error: --min 50% (2 blocks) is above --max 10% (1 block)" in res.stderr, res.stderr
 
 
 def test_sweep_rejects_grid_options_with_explicit_capacities(tmp_path):

@@ -112,6 +112,17 @@ def test_a_capacity_above_the_distinct_blocks_warns():
     assert json.loads(res.stdout)["results"][0]["evictions"] == 0
 
 
+def test_the_capacity_warning_counts_one_block_in_the_singular(tmp_path):
+    """Found by a newcomer session: a one-line trace with empty hash_ids warned "capacity 5%
+    = 1 blocks exceeds the trace's 0 distinct blocks" (seen failing)."""
+    trace = tmp_path / "z.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}\n')
+    res = run("replay", trace, "-p", "lru", "-c", "5%,2")
+    assert res.exit_code == 0, res.output
+    assert "capacity 5% = 1 block exceeds the trace's 0 distinct blocks" in res.stderr
+    assert "capacity 2 = 2 blocks exceeds the trace's 0 distinct blocks" in res.stderr
+
+
 def test_a_percentage_under_one_block_says_so_and_runs_one_block():
     """`-c 1e-9%` said "neither a block count nor a percentage" (the exponent was not read);
     a percentage is a number, and one that gives under one block runs the documented

@@ -295,3 +295,34 @@ def test_an_absurd_size_or_rate_is_refused_by_name(option, value, limit):
     assert f"error: {option} must be at most {limit} (" in res.output
     # the bounds themselves are taken
     CostModel(10**9, prefill_tokens_per_s=1e9, read_gb_per_s=1e6)
+
+
+def test_a_burst_at_one_timestamp_says_why_the_automatic_count_is_one_instance():
+    """Found by a newcomer session: `kvtier replay -p lru -c 100 --limit 10 --cost` (the
+    embedded sample's first 10 requests, all at 0 ms) showed 1 instance, TTFT p99 11.3 s and
+    utilization "-" with no word: the span of 0 gives no arrival rate, so the automatic count
+    fell to 1 silently. It stays 1 (there is no rate to size for) but a warning names the
+    reason and the option (seen failing before: no warning)."""
+    import warnings
+
+    auto = CostModel(1000, 1000, 1.0, instances=None)
+    with pytest.warns(UserWarning, match=r"cost model: all 3 requests arrive at the same time "
+                                         r"\(250 ms\), so the trace gives no arrival rate.*"
+                                         r"automatic count is 1.*set the instance count "
+                                         r"\(--instances"):
+        c = evaluate(auto, [1000, 1000, 1000], [0, 0, 0], [250, 250, 250], 0)
+    assert c["instances"] == 1 and c["utilization_no_tier"] is None
+    assert c["ttft_no_tier_s"]["p99"] == pytest.approx(3.0)  # the third waits for two
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a set count, one request, or a span: no warning
+        evaluate(CostModel(1000, 1000, 1.0, instances=3), [1000] * 3, [0] * 3, [250] * 3, 0)
+        evaluate(auto, [1000], [0], [250], 0)
+        evaluate(auto, [1000, 1000], [0, 0], [0, 1], 0)
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    res = CliRunner().invoke(app, ["replay", "-p", "lru", "-c", "100", "--limit", "10",
+                                   "--cost", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "warning: cost model: all 10 requests arrive at the same time (0 ms)" in res.stderr

@@ -89,3 +89,19 @@ def test_a_bytes_like_key_list_is_refused_not_split_into_ints(keys, method):
                                          rf"single {type(keys).__name__}"):
         getattr(m, method)(keys)
     assert m.snapshot() == before
+
+
+@pytest.mark.parametrize("method", ["lookup_prefix", "prepare_store", "prepare_load",
+                                    "complete_store", "complete_load", "touch", "missing"])
+def test_a_dict_as_the_key_list_is_refused(method):
+    """Found by a newcomer session (on ``RedisTier.write({6: 1}, ...)``): a dict passed as
+    the key list was iterated into its keys, its values dropped without a word, so
+    ``prepare_store({6: 1})`` stored block 6. Refused like a lone str / bytearray, naming the
+    method and the type; nothing changes."""
+    m = OffloadingManager(4, "lru")
+    m.complete_store(m.prepare_store([1]).keys_to_store)
+    before = m.snapshot()
+    with pytest.raises(TypeError, match=rf"{method}: keys must be a list of block keys, not a "
+                                         r"dict \{6: 1\}"):
+        getattr(m, method)({6: 1})
+    assert m.snapshot() == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -217,6 +218,25 @@ def test_parse_capacity():
         parse_capacity(" -5 ", 100)
     with pytest.raises(ValueError, match=r"capacity '-2.5%' must be > 0%"):
         parse_capacity("-2.5%", 100)
+
+
+def test_parse_capacity_takes_ascii_counts_only_and_names_the_accepted_forms():
+    """Found by a newcomer session: "1_000" and "\u0663" (Arabic-Indic 3) were block counts,
+    "1__0" and "1_" too, while "+5" and "1e3" were refused. A count is ASCII digits,
+    optionally grouped by single underscores between digits (as a Python literal); the error
+    names the value and the accepted forms."""
+    assert parse_capacity("1_000") == parse_capacity(" 1000 ") == 1000
+    assert parse_capacity("1_000_000") == 1_000_000
+    for bad in ("\u0663", "\u0661\u0662", "\uff15", "1__000", "1_", "_1", "+5", "1e3",
+                "\u0663%", "1.5", "1,000"):
+        with pytest.raises(ValueError, match=rf"capacity {re.escape(repr(bad))} is neither a "
+                                             r"block count nor a percentage: a capacity is a "
+                                             r"block count \(ASCII digits, optionally grouped "
+                                             r"by _: 4000, 16_000\) or a percentage"):
+            parse_capacity(bad, 100)
+    with pytest.raises(ValueError, match=r"capacity must be a block count \(ASCII digits.* "
+                                         r"got 2.5"):
+        parse_capacity(2.5)
 
 
 def test_parse_capacity_treats_an_underflowing_percentage_as_the_positive_number_it_is():

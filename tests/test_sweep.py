@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.sweep import run_grid
+from kvtier.manager import MAX_BLOCKS
+from kvtier.sweep import default_grid, run_grid
 from kvtier.trace import TraceFormatError
 
 
@@ -260,3 +261,28 @@ def test_a_real_sigint_ends_the_sweep_and_its_workers_at_once(how):
     while _session_processes(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _session_processes(proc.pid) == []
+
+
+def test_default_grid_refuses_a_negative_count_and_stays_within_a_tier():
+    """Found by a newcomer session: default_grid(-5) returned [1] (a grid for a trace of -5
+    distinct blocks), and default_grid(10**12) sizes up to 10**12 blocks, above the most a
+    tier can hold (MAX_BLOCKS), so every such point failed later in the manager. Now the
+    count must be an int >= 0, the defaults are capped at MAX_BLOCKS, and an explicit lo / hi
+    above it, below 1, or hi < lo is refused, naming the argument."""
+    assert default_grid(182_790, 12)[0] == 914 and default_grid(182_790, 12)[-1] == 182_790
+    for bad in (-5, 2.5, True, "100"):
+        with pytest.raises(ValueError, match=r"unique_blocks must be an int >= 0 \(distinct "
+                                             rf"blocks\), got {bad!r}"):
+            default_grid(bad)
+    for big in (10**12, 10**400):
+        grid = default_grid(big, 5)
+        assert grid[-1] == MAX_BLOCKS and len(grid) == 5 and grid == sorted(set(grid))
+    with pytest.raises(ValueError, match=r"hi must be at most 2,147,483,647 blocks .*got "
+                                         r"1,000,000,000,000"):
+        default_grid(100, hi=10**12)
+    with pytest.raises(ValueError, match=r"lo must be a positive int \(blocks\), got 0"):
+        default_grid(100, lo=0)
+    with pytest.raises(ValueError, match=r"points must be a positive int"):
+        default_grid(100, points=0)
+    with pytest.raises(ValueError, match=r"hi \(10 blocks\) must be >= lo \(50 blocks\)"):
+        default_grid(100, lo=50, hi=10)

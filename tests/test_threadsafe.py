@@ -192,6 +192,21 @@ def test_wrapper_refuses_what_is_not_a_manager():
         ThreadSafeManager(None)  # type: ignore[arg-type]
 
 
+def test_a_thread_safe_manager_is_not_wrapped_again():
+    """Found by a newcomer session: ThreadSafeManager(ThreadSafeManager(m)) was accepted: two
+    locks, taken outer-then-inner by callers of the outer wrapper and inner-then-outer by a
+    thread holding the inner lock and calling the outer one (a lock-order deadlock), for no
+    gain. Refused, naming the rule; the inner wrapper is unchanged and still works."""
+    inner = ThreadSafeManager(OffloadingManager(4, "lru"))
+    with pytest.raises(TypeError, match=r"manager is already a ThreadSafeManager"):
+        ThreadSafeManager(inner)
+    with pytest.raises(TypeError, match=r"manager is already a ThreadSafeManager"):
+        ThreadSafeManager(inner, threading.RLock())
+    inner.complete_store(inner.prepare_store([1]).keys_to_store)
+    assert inner.lookup_prefix([1]) == 1
+    ThreadSafeManager(inner.manager)  # the manager itself may be wrapped with another lock
+
+
 def test_metrics_collector_takes_the_thread_safe_wrapper():
     from prometheus_client import generate_latest
     from prometheus_client.registry import CollectorRegistry

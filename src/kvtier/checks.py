@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 
@@ -67,20 +67,24 @@ def check_bool(name: str, value: Any) -> bool:
 
 
 def check_timeout(value: Any, method: str) -> float | None:
-    """A ``timeout`` argument (seconds to wait, e.g. a tier's ``flush``) as threading's
-    waits take it: ``None`` and ``inf`` wait as long as it takes (``None``), a negative number
-    not at all (``0.0``); numpy numbers are taken as plain floats.
+    """A ``timeout`` argument (seconds to wait, e.g. a tier's ``flush``): ``None`` and ``inf``
+    wait as long as it takes (``None``), ``0`` does not wait; numpy numbers are taken as plain
+    floats.
 
     Raises:
-        ValueError: NaN, a bool or not a real number (``"<method>: timeout must be None or a
-            number of seconds, got <value>"``): NaN and inf reached threading's waits, which
-            spin (NaN) or raise ``OverflowError`` (inf).
+        ValueError: a negative number, NaN, a bool or not a real number (``"<method>: timeout
+            must be None or a number of seconds >= 0, got <value>"``): NaN and inf reached
+            threading's waits, which spin (NaN) or raise ``OverflowError`` (inf), and a
+            negative timeout (``flush(-1)``), which threading takes as 0, is almost always a
+            sign error or a deadline already computed as passed; pass ``0`` to poll.
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
-        raise ValueError(f"{method}: timeout must be None or a number of seconds, got {value!r}")
-    return None if value == math.inf else max(float(value), 0.0)
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value)
+            or value < 0):
+        raise ValueError(
+            f"{method}: timeout must be None or a number of seconds >= 0, got {value!r}")
+    return None if value == math.inf else float(value)
 
 
 def key_list(keys: Any, method: str) -> list[Hashable]:
@@ -88,18 +92,37 @@ def key_list(keys: Any, method: str) -> list[Hashable]:
 
     Raises:
         TypeError: ``keys`` is a single str, bytes, bytearray or memoryview (almost always a
-            forgotten list: iterating it would give characters or byte values) or is not
-            iterable.
+            forgotten list: iterating it would give characters or byte values), a dict or
+            other mapping (iterating it gives its keys, silently dropping its values: pass
+            ``list(d)`` when the keys are meant), or is not iterable.
     """
     if isinstance(keys, (str, bytes, bytearray, memoryview)):
         raise TypeError(
             f"{method}: keys must be a list of block keys, not a single "
             f"{type(keys).__name__} {keys!r} (wrap it in a list)"
         )
+    if isinstance(keys, Mapping):
+        raise TypeError(
+            f"{method}: keys must be a list of block keys, not a {type(keys).__name__} "
+            f"{keys!r} (its values would be dropped; pass list(...) of it if its keys are "
+            "meant)"
+        )
     try:
         return list(keys)
     except TypeError:
         raise TypeError(f"{method}: keys must be an iterable of block keys, got {keys!r}") from None
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun`` for a message, the noun plural (``+ "s"``) unless ``n`` is 1:
+    ``counted(1, "block")`` is ``"1 block"``, ``counted(1000, "block")`` ``"1,000 blocks"``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def type_phrase(value: Any) -> str:
+    """``value``'s type name with its article for a message: ``"an int"``, ``"a str"``."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def unhashable_error(keys: Sequence[Hashable], method: str) -> TypeError:

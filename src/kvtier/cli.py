@@ -204,8 +204,9 @@ def _capacities(specs, unique_blocks: int) -> list[int]:
         except ValueError as exc:
             raise _CliError(str(exc)) from None
         if cap > unique_blocks:
-            _warn(f"capacity {spec} = {cap:,} blocks exceeds the trace's {unique_blocks:,} "
-                  "distinct blocks: every block fits, nothing is ever evicted")
+            _warn(f"capacity {spec} = {_count(cap, 'block')} exceeds the trace's "
+                  f"{_count(unique_blocks, 'distinct block')}: every block fits, nothing is "
+                  "ever evicted")
         elif cap == 1 and isinstance(spec, str) and spec.strip().endswith("%"):
             # parse_capacity's "at least 1 block": say what the percentage itself gives
             pct = spec.strip()[:-1].strip()
@@ -1008,12 +1009,12 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
                 lo = _capacities([cap_min], unique)[0]
             hi = _capacities([cap_max], unique)[0]
             if hi < lo:
-                raise _CliError(f"--min {cap_min} ({lo} blocks) is above --max {cap_max} "
-                                f"({hi} blocks)")
+                raise _CliError(f"--min {cap_min} ({_count(lo, 'block')}) is above --max "
+                                f"{cap_max} ({_count(hi, 'block')})")
             capacities = log_grid(lo, hi, points)
             if len(capacities) < points:  # log_grid returns distinct sizes only
-                _warn(f"--points {points}: {lo}..{hi} blocks hold only {len(capacities)} "
-                      f"distinct sizes; sweeping those")
+                _warn(f"--points {points}: {lo}..{hi} blocks hold only "
+                      f"{_count(len(capacities), 'distinct size')}; sweeping those")
         n_workers = cmd.workers or os.cpu_count() or 1
         n_points = len(cmd.policies) * len(capacities)
         finished: list[ReplayResult] = []

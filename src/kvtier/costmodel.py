@@ -83,7 +83,8 @@ DEFAULTS = {
 engine's own benchmark (prefill tokens/s of one instance at your prompt lengths) and your
 tier's measured read bandwidth (host -> device copy, disk or network). ``instances`` None
 is *auto*: the fewest prefill instances that keep the no-tier load at or below
-:data:`AUTO_UTILIZATION` of their time over the trace's span (1 without timestamps)."""
+:data:`AUTO_UTILIZATION` of their time over the trace's span (1 without timestamps; 1 with a
+``UserWarning`` when every request has the same timestamp: a span of 0 gives no rate)."""
 
 AUTO_UTILIZATION = 0.8
 """Target no-tier utilization when the number of instances is chosen automatically."""
@@ -336,6 +337,11 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
             bools are not), or a timestamp is not a finite number (a bool is not; the
             message names the list and the position).
         TypeError: ``model`` is not a :class:`CostModel`.
+
+    Warns:
+        UserWarning: some but not all requests have a timestamp; timestamps go backwards;
+            instances are automatic and two or more requests all share one timestamp (the
+            automatic count is then 1: set ``instances``).
     """
     if not isinstance(model, CostModel):
         raise TypeError(f"model must be a CostModel (e.g. CostModel.build()), got "
@@ -390,6 +396,16 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
         span = (max(arrivals) - min(arrivals)) if arrivals else 0.0
         instances = (max(1, math.ceil(math.fsum(t0) / (AUTO_UTILIZATION * span)))
                      if span > 0 else 1)
+        if arrivals is not None and n > 1 and span == 0:
+            # a burst has no arrival rate to size a fleet by: 1 instance, said (it was
+            # silent: TTFT p99 was the whole burst's queue, utilization shown as "-")
+            warnings.warn(
+                f"cost model: all {n:,} requests arrive at the same time "
+                f"({arrivals[0] * 1000.0:g} ms), so the trace gives no arrival rate to size "
+                "the prefill instances by: the automatic count is 1, TTFT includes the "
+                "wait behind the whole burst and utilization is undefined; set the "
+                "instance count (--instances, or CostModel.build(instances=...))",
+                stacklevel=2)
     ttft0, util0 = _ttft(t0, arrivals, instances)
     ttft1, util1 = _ttft(t1, arrivals, instances)
     read = hit_tokens * b

@@ -70,10 +70,15 @@ PROTOCOLS = ("prefix", "request", "get")
 """Accepted values of ``protocol``."""
 
 _PROGRESS_EVERY = 1024  # requests between progress callbacks
-_CAPACITY_RE = re.compile(r"^\s*(\d[\d_]*)\s*$")
+# a block count: ASCII digits, optionally grouped by single underscores between digits as in
+# a Python literal ("16_000"); re.ASCII: \d took any Unicode digit ("\u0663", Arabic-Indic 3,
+# was a count) and [\d_]* took "1__0" and "1_"
+_CAPACITY_RE = re.compile(r"^\s*(\d+(?:_\d+)*)\s*$", re.ASCII)
 # a percentage is a decimal number, exponent allowed ("1e-3%"; "1e-9%" was refused as
 # neither a count nor a percentage)
-_PERCENT_RE = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*%\s*$")
+_PERCENT_RE = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*%\s*$", re.ASCII)
+_CAPACITY_FORMS = ("a block count (ASCII digits, optionally grouped by _: 4000, 16_000) or a "
+                   "percentage of the trace's distinct blocks (10%, 2.5%, 1e-3%)")
 
 
 def _positive_int(name: str, value: object, unit: str, minimum: int = 1) -> int:
@@ -225,10 +230,15 @@ class ReplayResult:
 
 
 def parse_capacity(spec: str | int, unique_blocks: int | None = None) -> int:
-    """Parse a capacity: a block count (``"4000"``, ``4000``, a numpy integer) or a percentage
-    of the trace's distinct blocks (``"10%"``, ``"2.5%"``, ``"1e-3%"``; rounded, at least
-    1 block: a percentage that gives under half a block is a tier of 1 block, and the
-    command line warns about it).
+    """Parse a capacity: a block count (``"4000"``, ``"16_000"``, ``4000``, a numpy integer)
+    or a percentage of the trace's distinct blocks (``"10%"``, ``"2.5%"``, ``"1e-3%"``;
+    rounded, at least 1 block: a percentage that gives under half a block is a tier of 1
+    block, and the command line warns about it).
+
+    A count in text is ASCII digits, optionally grouped by single underscores between digits
+    as in a Python literal; a sign (``"+5"``), an exponent (``"1e3"``) or other Unicode
+    digits (``"\u0663"``) are not a count. A percentage's number is ASCII too (a decimal,
+    exponent allowed). Spaces around either are ignored.
 
     Raises:
         ValueError: not a positive count or percentage, a percentage without
@@ -238,7 +248,7 @@ def parse_capacity(spec: str | int, unique_blocks: int | None = None) -> int:
     if not isinstance(spec, str):
         value = _as_int(spec)  # numpy ints taken as the manager takes them; bools refused
         if value is None:
-            raise ValueError(f"capacity must be a block count or a percentage, got {spec!r}")
+            raise ValueError(f"capacity must be {_CAPACITY_FORMS}, got {spec!r}")
     else:
         m = _CAPACITY_RE.match(spec)
         if m:
@@ -251,10 +261,8 @@ def parse_capacity(spec: str | int, unique_blocks: int | None = None) -> int:
                     raise ValueError(f"capacity must be >= 1 block, got {spec!r}")
                 if neg[:1] == "-" and _PERCENT_RE.match(neg[1:]):
                     raise ValueError(f"capacity {spec!r} must be > 0%")
-                raise ValueError(
-                    f"capacity {spec!r} is neither a block count (e.g. 4000) nor a "
-                    "percentage of the trace's distinct blocks (e.g. 10%)"
-                )
+                raise ValueError(f"capacity {spec!r} is neither a block count nor a percentage: "
+                                 f"a capacity is {_CAPACITY_FORMS}")
             if unique_blocks is None:
                 raise ValueError(
                     f"capacity {spec!r} is a percentage but the trace's distinct block "

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from kvtier.checks import _as_int
+from kvtier.checks import _as_int, check_nonnegative_int, check_positive_int, counted
+from kvtier.manager import MAX_BLOCKS
 from kvtier.replay import ReplayOptions, ReplayResult, log_grid, replay
 from kvtier.trace import TraceOptions, TraceWarning
 
@@ -30,15 +31,42 @@ _worker_error: Exception | None = None  # why _init_worker could not read the tr
 
 def default_grid(unique_blocks: int, points: int = DEFAULT_POINTS,
                  lo: int | None = None, hi: int | None = None) -> list[int]:
-    """Capacities (blocks) spaced evenly on a log scale.
+    """Capacities (blocks) spaced evenly on a log scale (:func:`kvtier.replay.log_grid`).
 
     Defaults: from 0.5% of the trace's distinct blocks (at least 1) to 100% of them (the
-    cache that never has to evict a block it will see again).
+    cache that never has to evict a block it will see again), the count first capped at
+    :data:`kvtier.manager.MAX_BLOCKS` (2,147,483,647, the most a tier can hold).
+
+    Args:
+        unique_blocks: the trace's distinct blocks (an int >= 0; numpy ints taken).
+        points: how many capacities (>= 1; fewer come back when the range holds fewer
+            distinct sizes).
+        lo, hi: the smallest / largest capacity, in blocks (1 to ``MAX_BLOCKS``); ``None``
+            for the defaults above.
+
+    Raises:
+        ValueError: ``unique_blocks`` negative or not an int; ``points``, ``lo`` or ``hi``
+            below 1 or not an int; ``lo`` or ``hi`` above ``MAX_BLOCKS``; ``hi < lo``.
+            Each names the argument, the rule and the value.
     """
+    unique_blocks = check_nonnegative_int("unique_blocks", unique_blocks, "distinct blocks")
+    points = check_positive_int("points", points, "capacities")
+    bounds = {}
+    for name, value in (("lo", lo), ("hi", hi)):
+        if value is not None:
+            value = check_positive_int(name, value, "blocks")
+            if value > MAX_BLOCKS:
+                raise ValueError(f"{name} must be at most {MAX_BLOCKS:,} blocks (the most a "
+                                 f"tier can hold), got {value:,}")
+        bounds[name] = value
+    lo, hi = bounds["lo"], bounds["hi"]
+    cacheable = min(unique_blocks, MAX_BLOCKS)  # (also keeps a huge count's float finite)
     if lo is None:
-        lo = max(1, round(unique_blocks * 0.005))
+        lo = max(1, round(cacheable * 0.005))
     if hi is None:
-        hi = max(lo, unique_blocks)
+        hi = max(lo, cacheable)
+    if hi < lo:
+        raise ValueError(f"hi ({counted(hi, 'block')}) must be >= lo ({counted(lo, 'block')})")
     return log_grid(lo, hi, points)
 
 

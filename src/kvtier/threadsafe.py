@@ -65,13 +65,22 @@ class ThreadSafeManager:
     the forwarded methods keep the lock they were made with).
 
     Raises:
-        TypeError: ``lock`` does not have ``__enter__``/``__exit__``, or is a plain
+        TypeError: ``manager`` is itself a :class:`ThreadSafeManager` (a second lock around
+            the first: a thread holding the inner ``lock`` and calling through the outer one
+            takes them in the opposite order to a caller of the outer one, a deadlock); or
+            ``lock`` does not have ``__enter__``/``__exit__``, or is a plain
             (non-re-entrant) ``threading.Lock``, a ``threading.Semaphore`` /
             ``BoundedSemaphore``, or any other lock that the thread holding it cannot take
             again (tried once, without blocking, e.g. ``threading.Condition(Lock())``).
     """
 
     def __init__(self, manager: OffloadingManager, lock: Any = None) -> None:
+        if isinstance(manager, ThreadSafeManager):
+            raise TypeError(
+                f"manager is already a ThreadSafeManager ({manager!r}): its calls already run "
+                "under its lock, and a second wrapper would add a second lock, taken in the "
+                "opposite order by whoever holds the inner one (a deadlock); share that "
+                "ThreadSafeManager, or wrap its .manager to use another lock")
         if lock is None:
             lock = threading.RLock()
         elif not (hasattr(lock, "__enter__") and hasattr(lock, "__exit__")):

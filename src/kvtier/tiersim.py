@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlsplit
 
+from kvtier.checks import counted
 from kvtier.manager import OffloadingManager
 from kvtier.replay import parse_capacity
 from kvtier.tiers.base import BlockTier, Key, TierStats, plan_write
@@ -157,7 +158,8 @@ class SimTier(BlockTier):
 
     def write(self, keys: Sequence[Key], blocks: Sequence[bytes]) -> int:
         if len(keys) != len(blocks):
-            raise ValueError(f"write: {len(keys)} keys but {len(blocks)} blocks")
+            raise ValueError(f"write: {counted(len(keys), 'key')} but "
+                             f"{counted(len(blocks), 'block')}")
         m = self.manager
         st = self._stats
         first = list(dict.fromkeys(keys))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -76,8 +77,12 @@ def test_bad_input_raises_and_changes_nothing(tmp_path):
             t.write([1, (1, 2)], [blk(1), blk(2)])
         with pytest.raises(ValueError, match="at most 216"):
             t.write(["k" * 300], [blk(1)])
-        with pytest.raises(ValueError, match="2 keys but 1 blocks"):
+        with pytest.raises(ValueError, match="2 keys but 1 block$"):  # was "1 blocks"
             t.write([1, 2], [blk(1)])
+        with pytest.raises(ValueError, match=r"1 key but 2 blocks$"):
+            t.write([1], [blk(1), blk(2)])
+        with pytest.raises(ValueError, match=r"block for key 1 is 1 byte; this tier's blocks"):
+            t.write([1], [b"x"])
         assert t.flush(5) and len(t) == 0 and t.stats().writes == 0
     with pytest.raises(ValueError, match="fsync must be one of none, batch"):
         DiskTier(tmp_path / "x", 4, BB, fsync="always")
@@ -690,13 +695,41 @@ def test_flush_takes_an_infinite_timeout_and_refuses_a_bad_one(tmp_path, monkeyp
         assert t.lookup_prefix([1, 2]) == 2
 
 
+def test_flush_refuses_a_negative_timeout(tmp_path, monkeypatch):
+    """Found by a newcomer session: flush(-1) was taken as "do not wait" (threading's
+    reading) while NaN and bools were refused; a negative timeout is a sign error or a
+    deadline already passed. Refused before anything is collected; 0 polls."""
+    gate = hold_writes(monkeypatch)
+    with DiskTier(tmp_path, 8, BB, workers=2) as t:
+        assert t.write([1, 2], [blk(1), blk(2)]) == 2
+        for bad in (-1, -0.5, -math.inf):
+            with pytest.raises(ValueError, match=r"flush: timeout must be None or a number of "
+                                                 rf"seconds >= 0, got {bad!r}"):
+                t.flush(bad)
+        assert t.flush(0) is False  # writes still held: 0 polls
+        gate.set()
+        assert t.flush(10) is True and t.lookup_prefix([1, 2]) == 2
+
+
+def test_a_dict_as_the_key_list_is_refused(tmp_path):
+    """Found by a newcomer session (on RedisTier; DiskTier did the same): write({6: 1},
+    [block]) took the dict's keys as the key list and stored block 6."""
+    with DiskTier(tmp_path, 4, BB) as t:
+        for method, args in (("write", ([blk(6)],)), ("lookup_prefix", ()), ("read", ())):
+            with pytest.raises(TypeError, match=rf"DiskTier.{method}: keys must be a list of "
+                                                r"block keys, not a dict"):
+                getattr(t, method)({6: 1}, *args)
+        assert t.flush(5) and len(t) == 0 and t.stats().writes == 0
+
+
 def test_a_block_that_is_not_bytes_like_is_named(tmp_path):
     """Found by a newcomer session: write([1], ["x" * 16]) raised a bare "memoryview: a
     bytes-like object is required, not 'str'", naming neither the key nor the rule."""
     with DiskTier(tmp_path, 4, BB) as t:
-        for bad in ("x" * BB, None, 5):
-            with pytest.raises(TypeError, match=rf"block for key 2 is a {type(bad).__name__}, "
-                                                "not a bytes-like object"):
+        # "is an int", not "is a int": grammar found by a newcomer session (seen failing)
+        for bad, article in (("x" * BB, "a"), (None, "a"), (5, "an"), (object(), "an")):
+            with pytest.raises(TypeError, match=rf"block for key 2 is {article} "
+                                                rf"{type(bad).__name__}, not a bytes-like object"):
                 t.write([1, 2], [blk(1), bad])
         assert t.flush(5) and len(t) == 0 and t.stats().writes == 0
 

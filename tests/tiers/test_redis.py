@@ -277,7 +277,7 @@ def test_bad_input_raises_and_leaves_state(shared_redis_server):
     with make_tier(shared_redis_server.url) as tier:
         with pytest.raises(ValueError, match="block 1 .*5 bytes"):
             tier.write([1, 2], [bytes(BLOCK), b"short"])
-        with pytest.raises(ValueError, match="2 keys but 1 blocks"):
+        with pytest.raises(ValueError, match="2 keys but 1 block$"):
             tier.write([1, 2], [bytes(BLOCK)])
         with pytest.raises(TypeError, match="no stable byte encoding"):
             tier.write([(1, 2)], [bytes(BLOCK)])
@@ -475,7 +475,8 @@ def test_a_ttl_redis_refuses_is_refused_at_construction(shared_redis_server):
         assert tier.stats().writes_failed == 0
 
 
-@pytest.mark.parametrize("timeout", [float("nan"), "5", True])
+# -1 and -0.5: found by a newcomer session, flush(-1) was taken as "do not wait"
+@pytest.mark.parametrize("timeout", [float("nan"), "5", True, -1, -0.5])
 def test_close_and_flush_refuse_a_bad_timeout_before_closing(timeout):
     """Found by a newcomer session: ``close(float("nan"))`` marked the tier closed, then
     Thread.join raised a bare 'Invalid value NaN (not a number)', so the clients were never
@@ -1176,12 +1177,28 @@ def test_a_block_that_is_not_bytes_like_is_named_and_blocks_may_be_any_iterable(
     bytes-like object is required, not 'str'", and a generator of blocks "object of type
     'generator' has no len()" (DiskTier.write takes any iterable)."""
     with RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP) as tier:
-        for bad in ("x" * BLOCK, None):
-            with pytest.raises(TypeError, match=rf"block for key 2 is a {type(bad).__name__}, "
-                                                "not a bytes-like object"):
+        # "is an int", not "is a int": grammar found by a newcomer session (seen failing)
+        for bad, article in (("x" * BLOCK, "a"), (None, "a"), (5, "an")):
+            with pytest.raises(TypeError, match=rf"block for key 2 is {article} "
+                                                rf"{type(bad).__name__}, not a bytes-like object"):
                 tier.write([1, 2], [bytes(BLOCK), bad])
         assert tier.stats().writes == 0
         assert tier.write([1, 2], (b for b in blocks_for([1, 2]))) == 2
+
+
+def test_a_dict_as_the_key_list_is_refused():
+    """Found by a newcomer session: RedisTier.write({6: 1}, [block]) took the dict's keys as
+    the key list and queued block 6. Refused (TypeError naming the method), nothing queued;
+    lookup_prefix and read refuse it too."""
+    with RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP) as tier:
+        with pytest.raises(TypeError, match=r"RedisTier.write: keys must be a list of block "
+                                            r"keys, not a dict"):
+            tier.write({6: 1}, [bytes(BLOCK)])
+        for method in ("lookup_prefix", "read"):
+            with pytest.raises(TypeError, match=rf"RedisTier.{method}: keys must be a list of "
+                                                r"block keys, not a dict"):
+                getattr(tier, method)({6: 1})
+        assert tier.stats().writes == 0
 
 
 def test_docs_example_runs_as_written(shared_redis_server):

@@ -635,7 +635,7 @@ class TransferEngine:
             ``True`` when nothing is in flight any more, ``False`` on timeout.
 
         Raises:
-            ValueError: ``timeout`` is NaN, a bool or not a number.
+            ValueError: ``timeout`` is negative, NaN, a bool or not a number.
         """
         return self._backend.wait(check_timeout(timeout, "wait"))
 

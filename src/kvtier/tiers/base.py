@@ -29,6 +29,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvtier.checks import type_phrase
+
 Key = Hashable
 
 # Upper bounds (seconds) of the latency histogram buckets; the last bucket is +Inf.
@@ -94,7 +96,7 @@ def block_nbytes(block: Any, key: Key) -> int:
     try:
         return memoryview(block).nbytes
     except TypeError:
-        raise TypeError(f"block for key {key!r} is a {type(block).__name__}, not a bytes-like "
+        raise TypeError(f"block for key {key!r} is {type_phrase(block)}, not a bytes-like "
                         "object (bytes, bytearray, memoryview or an array)") from None
 
 

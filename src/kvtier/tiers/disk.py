@@ -50,7 +50,13 @@ from typing import Any
 
 import xxhash
 
-from kvtier.checks import check_positive_int, check_timeout, key_list, unhashable_error
+from kvtier.checks import (
+    check_positive_int,
+    check_timeout,
+    counted,
+    key_list,
+    unhashable_error,
+)
 from kvtier.manager import OffloadingManager
 from kvtier.policies import CachePolicy, get_policy
 from kvtier.tiers.base import (
@@ -511,7 +517,8 @@ class DiskTier(BlockTier):
         keys = list(keys)
         blocks = block_list(blocks, "DiskTier.write")
         if len(keys) != len(blocks):
-            raise ValueError(f"write: {len(keys)} keys but {len(blocks)} blocks")
+            raise ValueError(f"write: {counted(len(keys), 'key')} but "
+                             f"{counted(len(blocks), 'block')}")
         encoded = []
         for key, block in zip(keys, blocks):
             kb = encode_key(key)
@@ -520,8 +527,8 @@ class DiskTier(BlockTier):
                                  f"tier record holds at most {MAX_KEY_BYTES}")
             nbytes = block_nbytes(block, key)
             if nbytes != self.block_bytes:
-                raise ValueError(f"write: block for key {key!r} is {nbytes} bytes; this tier's "
-                                 f"blocks are {self.block_bytes}")
+                raise ValueError(f"write: block for key {key!r} is {counted(nbytes, 'byte')}; "
+                                 f"this tier's blocks are {self.block_bytes}")
             encoded.append(kb)
         self._drain()
         st = self._stats
@@ -668,7 +675,7 @@ class DiskTier(BlockTier):
         long as it takes).
 
         Raises:
-            ValueError: ``timeout`` is NaN, a bool or not a number.
+            ValueError: ``timeout`` is negative, NaN, a bool or not a number.
         """
         timeout = check_timeout(timeout, "flush")
         if self._closed:

@@ -64,7 +64,7 @@ except ModuleNotFoundError as _exc:
         "kvtier.tiers.redis needs redis-py, which is not installed: pip install 'kvtier[redis]'",
         name="redis") from None
 
-from kvtier.checks import _as_int, check_positive_int, check_timeout, key_list
+from kvtier.checks import _as_int, check_positive_int, check_timeout, counted, key_list
 from kvtier.tiers.base import (
     BlockTier,
     Key,
@@ -970,14 +970,15 @@ class RedisTier(BlockTier):
         if type(blocks) is not list and type(blocks) is not tuple:  # any iterable, as DiskTier
             blocks = block_list(blocks, "RedisTier.write")
         if len(keys) != len(blocks):
-            raise ValueError(f"write got {len(keys)} keys but {len(blocks)} blocks")
+            raise ValueError(f"write got {counted(len(keys), 'key')} but "
+                             f"{counted(len(blocks), 'block')}")
         rkeys = [self.redis_key(k) for k in keys]
         for i, b in enumerate(blocks):
             n = block_nbytes(b, keys[i])
             if n != self.block_bytes:
                 raise ValueError(
-                    f"block {i} (key {keys[i]!r}) is {n} bytes, the tier's blocks are "
-                    f"{self.block_bytes}"
+                    f"block {i} (key {keys[i]!r}) is {counted(n, 'byte')}, the tier's blocks "
+                    f"are {self.block_bytes}"
                 )
         if not rkeys:
             return 0
@@ -1029,7 +1030,7 @@ class RedisTier(BlockTier):
         ``timeout``: seconds, ``None`` or ``inf`` to wait as long as it takes.
 
         Raises:
-            ValueError: ``timeout`` is NaN, a bool or not a number.
+            ValueError: ``timeout`` is negative, NaN, a bool or not a number.
         """
         timeout = check_timeout(timeout, "flush")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -1072,7 +1073,7 @@ class RedisTier(BlockTier):
         seconds, ``None`` or ``inf`` to wait as long as it takes.
 
         Raises:
-            ValueError: ``timeout`` is NaN, a bool or not a number (the tier stays open).
+            ValueError: ``timeout`` is negative, NaN, a bool or not a number (the tier stays open).
         """
         timeout = check_timeout(timeout, "close")
         with self._lock:

@@ -491,7 +491,7 @@ class TierStack:
         or ``inf``: no limit) passed first.
 
         Raises:
-            ValueError: ``timeout`` is NaN, a bool or not a number.
+            ValueError: ``timeout`` is negative, NaN, a bool or not a number.
         """
         timeout = check_timeout(timeout, "flush")
         self.flush_demotions()
