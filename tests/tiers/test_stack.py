@@ -40,10 +40,8 @@ def as_bytes(t):
     return t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
 
 
-def test_a_closed_stack_stops_seeing_the_host_evictions(tmp_path):
-    """Found by newcomer12: TierStack.close left its wrapper on the host policy's _evict,
-    so a new stack on the same host manager (its lower tier swapped) failed every eviction
-    with "disk tier <the old one> is closed", raised from inside prepare_store."""
+def _two_host_slots():
+    """A 2-slot host of 8-byte blocks (numpy) and its read_slot / write_slot."""
     host = np.zeros((2, 8), dtype=np.uint8)
 
     def read_slot(slot):
@@ -52,6 +50,14 @@ def test_a_closed_stack_stops_seeing_the_host_evictions(tmp_path):
     def write_slot(slot, data):
         host[slot] = np.frombuffer(data, dtype=np.uint8)
 
+    return host, read_slot, write_slot
+
+
+def test_a_closed_stack_stops_seeing_the_host_evictions(tmp_path):
+    """Found by newcomer12: TierStack.close left its wrapper on the host policy's _evict,
+    so a new stack on the same host manager (its lower tier swapped) failed every eviction
+    with "disk tier <the old one> is closed", raised from inside prepare_store."""
+    host, read_slot, write_slot = _two_host_slots()
     m = OffloadingManager(2, "lru")
     evict_before = m.policy._evict
     old = TierStack(m, [DiskTier(tmp_path / "old", 8, 8)], 8, read_slot, write_slot)
@@ -90,14 +96,7 @@ def test_a_lower_tier_closed_under_an_open_stack_does_not_break_the_host(tmp_pat
     the host then kept block 2 that its policy no longer knew (used 2, evictable 1, never
     evicted again). Now the eviction completes and flush_demotions reports the closed
     tier."""
-    host = np.zeros((2, 8), dtype=np.uint8)
-
-    def read_slot(slot):
-        return host[slot].tobytes()
-
-    def write_slot(slot, data):
-        host[slot] = np.frombuffer(data, dtype=np.uint8)
-
+    host, read_slot, write_slot = _two_host_slots()
     m = OffloadingManager(2, "lru")
     disk = DiskTier(tmp_path / "d", 8, 8)
     stack = TierStack(m, [disk], 8, read_slot, write_slot)
