@@ -579,7 +579,19 @@ class OffloadingManager:
                 self._on_pin(newly_pinned)
         self._loads += len(slots)
         if req_context is not None and self._requests:  # request mode only
-            self._record_load(req_context, keys)
+            try:  # the open request, if any (see _record_load)
+                rec = self._requests.get(req_context)
+            except TypeError:
+                rec = None
+            if rec is not None:
+                if (rec.keys or rec.inserted or rec.merged
+                        or len(keys) > self._num_blocks):
+                    self._record_load(req_context, keys)
+                else:  # the request's first load, nothing stored yet: _record_load spelled
+                    # out (one Python frame less per load; vLLM spec replay,
+                    # docs/performance.md, "Request mode, round 9")
+                    rec.keys = dict.fromkeys(keys)
+                    rec.reused = rec.keys.keys()
         return slots
 
     def complete_load(self, keys: Sequence[Hashable], req_context: Any = None) -> None:
