@@ -596,3 +596,46 @@ def test_request_records_with_failed_stores_and_resets_match_reference_model(ops
     new ghost-learning use), touches and lookups (not recorded) and reset_cache (forgets the
     open requests and the counters): the same policy calls, in the same order."""
     _drive_against_model(ops)
+
+
+def test_reused_keys_stay_exact_when_a_request_records_more_after_its_first_load():
+    # a request's first load records its reused keys as a view of its keys (round 9): a later
+    # load, a failed store, a store naming a ready key or a store after a store each make
+    # them a set of their own first; the policy gets exactly the reused keys every time
+    def finished(m, ctx):
+        m.policy.calls.clear()
+        m.on_request_finished(ctx)
+        return m.policy.calls[0]
+
+    m = OffloadingManager(8, RecordingLRU)
+    stored(m, ["a", "b", "c"])
+    m.on_new_request("r")  # two loads, then a store of new keys
+    m.prepare_load(["a", "b"], "r")
+    m.prepare_load(["c"], "r")
+    stored(m, ["d"], "r")
+    m.complete_load(["a", "b"])
+    m.complete_load(["c"])
+    assert finished(m, "r") == (
+        "finished", ("a", "b", "c", "d"), frozenset("d"), frozenset("abc"))
+    m.prepare_store(["x", "y", "z"])  # pending: 4 blocks taken, a, b, c, d evictable
+    m.on_new_request("s")  # a load, then a failed store: its new keys seen, not reused
+    m.prepare_load(["a"], "s")
+    m.prepare_load(["b"])  # pinned outside the request: only c, d evictable
+    assert m.prepare_store(["e", "f", "g", "h"], "s") is None
+    assert m.snapshot()["requests"] == [("s", ("a", "e", "f", "g", "h"), set(), {"a"})]
+    m.complete_load(["a"])
+    m.complete_load(["b"])
+    assert finished(m, "s") == ("finished", ("a", "e", "f", "g", "h"), frozenset(),
+                                frozenset("a"))
+    m.on_new_request("t")  # a load, then a store naming a ready key and a new one
+    m.prepare_load(["c"], "t")
+    stored(m, ["d", "e"], "t")
+    m.complete_load(["c"])
+    assert finished(m, "t") == ("finished", ("c", "d", "e"), frozenset("e"), frozenset("cd"))
+    m.on_new_request("u")  # a load, a store, then a load of its own block and of another
+    m.prepare_load(["a"], "u")
+    stored(m, ["f"], "u")
+    m.prepare_load(["f", "c"], "u")
+    m.complete_load(["a"])
+    m.complete_load(["f", "c"])
+    assert finished(m, "u") == ("finished", ("a", "f", "c"), frozenset("f"), frozenset("ac"))

@@ -33,7 +33,7 @@ and leaves the manager exactly as it was. Not thread-safe: one thread at a time.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable, Sequence
+from collections.abc import Collection, Hashable, KeysView, Sequence
 from functools import partial
 from itertools import filterfalse, repeat
 from operator import attrgetter
@@ -134,7 +134,7 @@ class _Request:
     keys: dict[Hashable, None]
     inserted: set[Hashable]
     order: list[Hashable] | tuple[()]
-    reused: set[Hashable]
+    reused: set[Hashable] | KeysView[Hashable]
     merged: bool
 
     def keys_in_order(self) -> tuple[Hashable, ...]:
@@ -147,6 +147,8 @@ class _Request:
         """From now on ``keys`` holds every key (the inserted ones after the others, their
         order)."""
         if not self.merged:
+            if type(self.reused) is not set:  # a view of keys (_record_load): a set of its own
+                self.reused = set(self.reused)
             if self.inserted:
                 self.keys.update(dict.fromkeys(self.order))
             self.merged = True
@@ -554,8 +556,10 @@ class OffloadingManager:
         new_counts = dict.fromkeys(keys, 1)
         newly_pinned: Sequence[Hashable]
         if len(new_counts) == len(keys):
-            already = pins.keys() & new_counts.keys() if pins else None
-            if already:
+            # no set built when no key is pinned yet (isdisjoint walks the smaller side; vLLM
+            # spec replay, docs/performance.md, "Request mode, round 9")
+            if pins and not pins.keys().isdisjoint(new_counts.keys()):
+                already = pins.keys() & new_counts.keys()
                 for key in already:
                     new_counts[key] = pins[key] + 1
                 newly_pinned = list(filterfalse(already.__contains__, keys))
@@ -575,7 +579,19 @@ class OffloadingManager:
                 self._on_pin(newly_pinned)
         self._loads += len(slots)
         if req_context is not None and self._requests:  # request mode only
-            self._record_load(req_context, keys)
+            try:  # the open request, if any (see _record_load)
+                rec = self._requests.get(req_context)
+            except TypeError:
+                rec = None
+            if rec is not None:
+                if (rec.keys or rec.inserted or rec.merged
+                        or len(keys) > self._num_blocks):
+                    self._record_load(req_context, keys)
+                else:  # the request's first load, nothing stored yet: _record_load spelled
+                    # out (one Python frame less per load; vLLM spec replay,
+                    # docs/performance.md, "Request mode, round 9")
+                    rec.keys = dict.fromkeys(keys)
+                    rec.reused = rec.keys.keys()
         return slots
 
     def complete_load(self, keys: Sequence[Hashable], req_context: Any = None) -> None:
@@ -603,16 +619,18 @@ class OffloadingManager:
                 self._evictable += 1
                 self.policy.mark_evictable(keys)
                 return
-        try:  # every key stored and hashable (_slots_of spelled out, _FRAMES)
-            list(map(self._slot_of.__getitem__, keys))
-        except (KeyError, TypeError):
-            self._slots_of(keys, "complete_load")  # raises
         # the usual release names each pinned block once: take each count out, put back the
         # blocks other loads still pin; anything else (a key not pinned, or named twice) puts
-        # everything back and is checked key by key
+        # everything back and is checked key by key. No residency pass first: a pinned key
+        # is stored (vLLM spec replay, docs/performance.md, "Request mode, round 9")
         before = len(pins)
-        pop = pins.pop
-        counts = list(map(pop, keys, repeat(0)))  # not a comprehension: see _CELLS
+        counts: list[int] = []
+        try:  # list.extend keeps the counts popped before an unhashable key
+            counts.extend(map(pins.pop, keys, repeat(0)))  # not a comprehension: see _CELLS
+        except TypeError:
+            pins.update(item for item in zip(keys, counts) if item[1])
+            self._slots_of(keys, "complete_load")  # raises (names the first bad key)
+            raise
         if before - len(pins) == len(keys):
             if counts.count(1) == len(keys):  # every pin released was its block's last
                 freed_keys = keys
@@ -625,6 +643,10 @@ class OffloadingManager:
                         freed_keys.append(key)
         else:
             pins.update(item for item in zip(keys, counts) if item[1])
+            try:  # every key stored and hashable (_slots_of spelled out, _FRAMES)
+                list(map(self._slot_of.__getitem__, keys))
+            except (KeyError, TypeError):
+                self._slots_of(keys, "complete_load")  # raises
             for key in keys:
                 if key not in pins:  # pending, or ready and not pinned
                     if key in self._pending_keys:
@@ -942,6 +964,8 @@ class OffloadingManager:
         _Request): seen, not inserted."""
         if rec.inserted:
             rec.merge()
+        elif type(rec.reused) is not set:  # a view of keys (see _record_load): its own set
+            rec.reused = set(rec.reused)
         rec.keys.update(dict.fromkeys(new_keys))
 
     def _no_room(self) -> None:
@@ -1126,7 +1150,7 @@ class OffloadingManager:
             # difference built a set of every inserted key (docs/performance.md, "Request
             # mode, round 4")
             reused, inserted = rec.reused, rec.inserted
-            if reused and not inserted.isdisjoint(reused):
+            if reused and not reused.isdisjoint(inserted):  # (reused may be a keys view)
                 inserted = inserted - reused
             # _Request.keys_in_order spelled out (_FRAMES)
             if rec.merged or not rec.inserted:
@@ -1140,6 +1164,8 @@ class OffloadingManager:
         at most ``num_blocks`` distinct keys (the head is kept). ``fresh``: ``keys`` as a
         ``dict.fromkeys`` nobody else keeps, if the caller built one. Return whether every
         key of ``keys`` is now recorded (``False`` only when the cap left some out)."""
+        if type(rec.reused) is not set:  # a view of keys (see _record_load): its own set now
+            rec.reused = set(rec.reused)
         rkeys = rec.keys
         room = self._num_blocks - len(rkeys)
         # the usual case, every new key fits: one C-level update (this and the C-level
@@ -1178,7 +1204,12 @@ class OffloadingManager:
         # recorded without _add_keys (_FRAMES)
         if not rec.keys and len(keys) <= self._num_blocks:
             rec.keys = dict.fromkeys(keys)
-            rec.reused.update(keys)  # nothing inserted yet
+            if rec.merged:
+                rec.reused.update(keys)  # nothing inserted yet
+            else:  # nothing inserted yet: every key of keys is reused, a view of them until
+                # keys gets any other key (merge, _add_keys, _record_unstored make it a set;
+                # vLLM spec replay, docs/performance.md, "Request mode, round 9")
+                rec.reused = rec.keys.keys()
         elif self._add_keys(rec, keys):
             if rec.inserted:
                 rec.reused.update(filterfalse(rec.inserted.__contains__, keys))
