@@ -52,7 +52,14 @@ from rich.table import Table
 from kvtier.admission_adaptive import ADMISSION_MODES
 from kvtier.costmodel import PROFILES, CostModel, evaluate, input_lengths
 from kvtier.policies import PolicyPluginError, available_policies, get_policy
-from kvtier.replay import PROTOCOLS, ReplayOptions, ReplayResult, parse_capacity, replay
+from kvtier.replay import (
+    PROTOCOLS,
+    ReplayOptions,
+    ReplayResult,
+    parse_capacity,
+    parse_count,
+    replay,
+)
 from kvtier.trace import (
     FORMATS,
     TraceFormatError,
@@ -84,6 +91,27 @@ def _main() -> None:
     """kvtier: bookkeeping, policies and replay for the offloaded tier of an LLM KV cache."""
 
 
+def _count_option(minimum: int, unit: str):
+    """The ``parser`` of an int option: the text must be a count by
+    :func:`kvtier.replay.parse_count`'s rule, the one ``--capacity`` uses (ASCII digits,
+    optionally grouped by single ``_``), and at least ``minimum``. typer's own int took
+    ``"\u0663"`` (Arabic-Indic 3), ``"+3"``, ``"3.0"`` or ``"1__0"``, depending on its
+    version; ``min=`` is not applied to an option with a parser, so it is checked here."""
+    def parse(value):
+        if not isinstance(value, str):  # a default, passed through by click-based typer
+            return value
+        number = parse_count(value)
+        if number is None:
+            raise typer.BadParameter(
+                f"must be a whole number >= {minimum} ({unit}) in ASCII digits, "
+                f"optionally grouped by _ (1000, 16_000), got {value!r}")
+        if number < minimum:
+            raise typer.BadParameter(f"must be >= {minimum} ({unit}), got {value!r}")
+        return number
+
+    return parse
+
+
 # -- shared option types -------------------------------------------------------------------
 TraceArg = Annotated[
     Optional[Path],
@@ -99,11 +127,14 @@ PolicyOpt = Annotated[
 ]
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help=f"Trace format: {', '.join(FORMATS)}.")]
 BlockTokensOpt = Annotated[int, typer.Option("--block-tokens", min=1,
+                                             parser=_count_option(1, "tokens"),
                                              help="Tokens per block (token-id traces; token counts).")]
 InflightOpt = Annotated[int, typer.Option("--inflight", "-W", min=0,
+                                          parser=_count_option(0, "requests"),
                                           help="Requests whose loads/stores stay in flight.")]
 ProtocolOpt = Annotated[str, typer.Option("--protocol", help="'prefix' (engine, explicit touch), 'request' (engine, vLLM 0.33's request-scoped use) or 'get' (one get per block).")]
 ThresholdOpt = Annotated[int, typer.Option("--store-threshold", min=1,
+                                           parser=_count_option(1, "lookups"),
                                            help="Admission: store blocks looked up at least N times.")]
 AdmissionOpt = Annotated[str, typer.Option(
     "--admission", help="Admission: 'all' (store every new block), 'adaptive' (learn online "
@@ -515,6 +546,7 @@ def replay_cmd(
     skip_bad_lines: SkipOpt = False,
     strict: StrictOpt = False,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1,
+                                                 parser=_count_option(1, "requests"),
                                                  help="Replay only the first N requests.")] = None,
     stream: Annotated[bool, typer.Option(
         "--stream", help="Re-read the trace for each run instead of holding it in memory "
@@ -537,8 +569,8 @@ def replay_cmd(
         "--model", help="Cost model: KV shape from a built-in profile: "
                         + ", ".join(sorted(PROFILES)) + ".  \\[default: llama-3.1-8b]")] = None,
     kv_bytes: Annotated[Optional[int], typer.Option(
-        "--kv-bytes-per-token", min=1, help="Cost model: KV bytes per token (instead of "
-                                            "--model).")] = None,
+        "--kv-bytes-per-token", min=1, parser=_count_option(1, "bytes"),
+        help="Cost model: KV bytes per token (instead of --model).")] = None,
     prefill_tps: Annotated[Optional[float], typer.Option(
         "--prefill-tps", min=0.001, help="Cost model: prefill tokens/s of one instance.  "
                                          "\\[default: 10,000, an assumption]")] = None,
@@ -546,9 +578,9 @@ def replay_cmd(
         "--read-gbps", min=0.001, help="Cost model: tier read bandwidth, GB/s.  "
                                        "\\[default: 25, an assumption]")] = None,
     instances: Annotated[Optional[int], typer.Option(
-        "--instances", min=1, help="Cost model: prefill instances serving the arrivals.  "
-                                   "\\[default: auto, fewest keeping no-tier utilization "
-                                   "<= 0.8]")] = None,
+        "--instances", min=1, parser=_count_option(1, "prefill instances"),
+        help="Cost model: prefill instances serving the arrivals.  \\[default: auto, fewest "
+             "keeping no-tier utilization <= 0.8]")] = None,
 ) -> None:
     """Replay a trace through the offloading manager: hit ratios and bookkeeping cost.
 
@@ -749,13 +781,15 @@ def analyze_cmd(
     skip_bad_lines: SkipOpt = False,
     strict: StrictOpt = False,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1,
+                                                 parser=_count_option(1, "requests"),
                                                  help="Analyze only the first N requests.")] = None,
     window_s: Annotated[Optional[float], typer.Option(
         "--window-s", min=0.001, help="Working-set window, seconds (traces with timestamps).  "
                                       "\\[default: 60]")] = None,
     window_requests: Annotated[Optional[int], typer.Option(
-        "--window-requests", min=1, help="Working-set window, requests (traces without "
-                                         "timestamps).  \\[default: 1000]")] = None,
+        "--window-requests", min=1, parser=_count_option(1, "requests"),
+        help="Working-set window, requests (traces without timestamps).  "
+             "\\[default: 1000]")] = None,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="Image of the distributions (PNG; log axes where they span decades).")] = None,
     json_out: JsonOpt = None,
@@ -912,7 +946,8 @@ def sweep_cmd(
         "--policy", "-p", help="Policies to compare; repeat or comma-separate. "
                                "Default: every registered policy.")] = None,
     points: Annotated[Optional[int], typer.Option(
-        "--points", min=1, help="Capacities in the log-spaced grid.  \\[default: 12]")] = None,
+        "--points", min=1, parser=_count_option(1, "capacities"),
+        help="Capacities in the log-spaced grid.  \\[default: 12]")] = None,
     cap_min: Annotated[Optional[str], typer.Option(
         "--min", help="Smallest capacity of the grid (blocks or %).  \\[default: 0.5%]")] = None,
     cap_max: Annotated[Optional[str], typer.Option(
@@ -928,12 +963,14 @@ def sweep_cmd(
     skip_bad_lines: SkipOpt = False,
     strict: StrictOpt = False,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1,
+                                                 parser=_count_option(1, "requests"),
                                                  help="Replay only the first N requests.")] = None,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="Draw the miss-ratio curves to this image file (the suffix picks "
                        "matplotlib's format, e.g. .png, .svg). Default: no image.")] = None,
     json_out: JsonOpt = None,
     workers: Annotated[Optional[int], typer.Option("--workers", "-j", min=1,
+                                                   parser=_count_option(1, "processes"),
                                                    help="Processes (default: one per core).")] = None,
     progress: ProgressOpt = None,
 ) -> None:
