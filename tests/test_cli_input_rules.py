@@ -8,6 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+import kvtier.cli
 from kvtier.cli import app
 
 runner = CliRunner()
@@ -70,3 +71,87 @@ def test_int_options_take_grouped_digits_and_spaces_as_capacity_does(tmp_path):
     assert data["trace"]["requests"] == 10
     assert data["results"][0]["capacity"] == 10
     assert data["results"][0]["inflight"] == 2
+
+
+# -- counts in messages: "1 request", "1 of 5 requests has" ---------------------------------
+def test_one_bad_line_and_one_short_request_are_singular(tmp_path):
+    """Found by a newcomer pass: 'all 1 request lines are bad', 'none of its 1 requests has a
+    full block of 512 tokens', and at --block-tokens 1 '... of 1 tokens'."""
+    from kvtier.trace import TraceFormatError, TraceWarning, read_trace
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"hash_ids": "x"}\n')
+    with pytest.raises(TraceFormatError, match="no valid request: its one request line is bad"):
+        list(read_trace(bad, skip_bad_lines=True))
+    short = tmp_path / "short.jsonl"
+    short.write_text('{"token_ids": [1, 2, 3]}\n')
+    with pytest.warns(TraceWarning, match=r"short.jsonl: its one request has no full block "
+                                          r"of 512 tokens \(the longest token_ids has 3\)"):
+        list(read_trace(short))
+
+
+def test_strict_length_error_counts_one_block_and_one_token(tmp_path):
+    """'input_length 3 needs 1 blocks of 16 tokens', '... 3 blocks of 1 tokens'."""
+    from kvtier.trace import TraceFormatError, read_trace
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"hash_ids": [1, 2], "input_length": 3}\n')
+    with pytest.raises(TraceFormatError, match="'input_length' 3 needs 1 block of 16 tokens "
+                                               "but 'hash_ids' has 2"):
+        list(read_trace(trace, block_tokens=16, strict=True))
+    with pytest.raises(TraceFormatError, match="'input_length' 3 needs 3 blocks of 1 token "
+                                               "but 'hash_ids' has 2"):
+        list(read_trace(trace, block_tokens=1, strict=True))
+
+
+def test_one_mismatched_request_of_several_has_not_have(tmp_path):
+    from kvtier.trace import TraceWarning, read_trace
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"hash_ids": [1], "input_length": 5}\n'
+                     '{"hash_ids": [2], "input_length": 5000}\n')
+    with pytest.warns(TraceWarning, match="1 of 2 requests has an input_length that needs "
+                                          "another number of 512-token blocks than its "
+                                          "hash_ids"):
+        list(read_trace(trace))
+
+
+def test_window_requests_of_one_and_one_worker_are_singular(tmp_path, monkeypatch):
+    """'--window-requests 1 requests' in analyze's warning; sweep's bar 'sweep (1 processes)'."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"hash_ids": [1], "input_length": 5}\n{"hash_ids": [1], '
+                     '"input_length": 5}\n')
+    res = run("analyze", trace, "--window-s", "5", "--window-requests", "1")
+    assert res.exit_code == 0, res.output
+    err = one_line(res.stderr)
+    assert "working set is per --window-requests 1 request" in err
+    assert "1 requests" not in err
+    labels = []
+    real_progress = kvtier.cli._progress
+
+    def recording(enabled, total_refs):  # the bar's label, which a test console never shows
+        bar = real_progress(True, total_refs)
+        add_task = bar.add_task
+        bar.add_task = lambda description, **kw: labels.append(description) or add_task(
+            description, **kw)
+        return bar
+
+    monkeypatch.setattr(kvtier.cli, "_progress", recording)
+    res = run("sweep", trace, "-p", "lru", "-c", "1", "--workers", "1")
+    assert res.exit_code == 0, res.output
+    assert labels == ["sweep (1 process)"]
+
+
+def test_analyze_and_cost_model_say_has_for_one_request():
+    from kvtier.analyze import Analyzer
+    from kvtier.costmodel import CostModel, evaluate
+
+    an = Analyzer()
+    an.add([1], 0.0)
+    an.add([2], None)
+    an.add([3], 5.0)
+    with pytest.warns(UserWarning, match="1 of 3 requests has no timestamp"):
+        an.result()
+    model = CostModel.build(model="llama-3.1-8b", block_tokens=16)
+    with pytest.warns(UserWarning, match="1 of 3 requests is out of arrival order"):
+        evaluate(model, [16, 16, 16], [0, 0, 0], [0.0, 10.0, 5.0], 0)

@@ -409,10 +409,12 @@ class Analyzer:
         if self._odd_stamps:
             n, total = self._odd_stamps, self._requests
             warnings.warn(
-                f"{n:,} of {total:,} requests have no timestamp: their references get no "
+                f"{n:,} of {total:,} requests {'has' if n == 1 else 'have'} no timestamp: "
+                "their references get no "
                 "time between reuses and they join the current working-set window"
                 if self._has_ts else
-                f"{n:,} of {total:,} requests have a timestamp but the first request has "
+                f"{n:,} of {total:,} requests {'has' if n == 1 else 'have'} a timestamp but "
+                "the first request has "
                 "none: the timestamps are ignored (no time between reuses; working-set "
                 "windows in requests)", stacklevel=2)
         self._close_window()

@@ -710,7 +710,7 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
         payload["interrupted"] = True
     _write_json(cmd.output.json, payload)
     if interrupted:
-        _warn(f"interrupted (Ctrl-C): {len(results)} of {len(runs)} runs finished; "
+        _warn(f"interrupted (Ctrl-C): {len(results)} of {_count(len(runs), 'run')} finished; "
               "their rows are above")
         raise _Interrupted
     return results
@@ -909,7 +909,8 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
     elif given_s and not result.has_timestamps:
         _warn(f"--window-s {window_s:g} is for traces with timestamps; this one is read "
               f"without (its first request has none), so the working set is per "
-              f"--window-requests {window_requests} requests")
+              f"--window-requests {window_requests} "
+              f"{'request' if window_requests == 1 else 'requests'}")
     d = result.to_dict()
     out = _out_console(json_out)
     out.print(_analysis_table(d))
@@ -1059,7 +1060,8 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
         bar = _progress(cmd.output.progress, n_refs * n_points)
         try:
             with bar if bar is not None else nullcontext():
-                task = (bar.add_task(f"sweep ({min(n_workers, n_points)} processes)",
+                procs = min(n_workers, n_points)
+                task = (bar.add_task(f"sweep ({procs} process{'' if procs == 1 else 'es'})",
                                      total=n_points) if bar is not None else None)
 
                 def on_result(r: ReplayResult) -> None:
@@ -1091,7 +1093,8 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
         payload["interrupted"] = True
     _write_json(cmd.output.json, payload)
     if interrupted:
-        _warn(f"interrupted (Ctrl-C): {len(results)} of {n_points} grid points finished; "
+        _warn(f"interrupted (Ctrl-C): {len(results)} of {_count(n_points, 'grid point')} "
+              "finished; "
               "their rows are above (no plot drawn)")
         raise _Interrupted
     if cmd.plot is None:

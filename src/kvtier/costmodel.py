@@ -265,7 +265,8 @@ def _warn_out_of_order(timestamps_ms: Sequence[float]) -> None:
         i, t, before, j = first
         warnings.warn(
             f"cost model: request {i} arrives at {t:g} ms, before request {j} ({before:g} ms); "
-            f"{count:,} of {len(timestamps_ms):,} requests are out of arrival order and the "
+            f"{count:,} of {len(timestamps_ms):,} requests {'is' if count == 1 else 'are'} out "
+            "of arrival order and the "
             "FIFO queue serves them in trace order (sort the trace by timestamp)",
             stacklevel=3)
 
@@ -380,7 +381,8 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
     if 0 < unstamped < n:  # the caption says "no timestamps": say how many had one
         first = next(i for i, t in enumerate(timestamps_ms) if t is None)  # type: ignore[arg-type]
         warnings.warn(
-            f"cost model: {unstamped:,} of {n:,} requests have no timestamp (first: request "
+            f"cost model: {unstamped:,} of {n:,} requests {'has' if unstamped == 1 else 'have'} "
+            "no timestamp (first: request "
             f"{first + 1}); no queue is modeled (TTFT = each request's own prefill and load "
             "time)", stacklevel=2)
     if timestamps_ms is not None and n and not unstamped:
