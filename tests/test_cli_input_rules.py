@@ -155,3 +155,34 @@ def test_analyze_and_cost_model_say_has_for_one_request():
     model = CostModel.build(model="llama-3.1-8b", block_tokens=16)
     with pytest.warns(UserWarning, match="1 of 3 requests is out of arrival order"):
         evaluate(model, [16, 16, 16], [0, 0, 0], [0.0, 10.0, 5.0], 0)
+
+
+# -- a trace whose requests all have an empty hash_ids ---------------------------------------
+def test_a_trace_of_empty_hash_ids_says_so_not_block_tokens(tmp_path):
+    """Found by a newcomer pass: every request with 'hash_ids': [] and an input_length > 0
+    was warned about as '2 of 2 requests have an input_length that needs another number of
+    512-token blocks than their hash_ids ...; no power-of-two block size up to 65,536 fits',
+    which sends the user after --block-tokens; no block size fixes an empty hash_ids."""
+    from kvtier.trace import TraceWarning, read_trace
+
+    trace = tmp_path / "empty.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 100, "hash_ids": []}\n'
+                     '{"timestamp": 1, "input_length": 600, "hash_ids": []}\n')
+    with pytest.warns(TraceWarning) as record:
+        reqs = list(read_trace(trace))
+    assert len(reqs) == 2 and len(record) == 1
+    message = str(record[0].message)
+    assert "every one of its 2 requests has an empty hash_ids (input_length up to 600 " \
+           "tokens)" in message
+    assert "nothing can be stored or hit" in message
+    assert "block size" not in message and "--block-tokens" not in message
+    for command in ("replay", "analyze"):
+        res = run(command, trace, *(["-c", "1"] if command == "replay" else []))
+        assert res.exit_code == 0, res.output
+        err = one_line(res.stderr)
+        assert "empty hash_ids" in err and "power-of-two" not in err, err
+    one = tmp_path / "one.jsonl"
+    one.write_text('{"input_length": 5, "hash_ids": []}\n')
+    with pytest.warns(TraceWarning, match="its one request has an empty hash_ids "
+                                          r"\(input_length up to 5 tokens\)"):
+        list(read_trace(one))

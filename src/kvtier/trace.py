@@ -604,6 +604,22 @@ class TraceReader:
         if self._reported:  # said already in this pass (report_lengths): counts updated only
             return
         self._reported = True
+        if not self.block_refs:
+            # every hash_ids is empty: "needs another number of 512-token blocks ... no
+            # power-of-two block size fits" sent the user after --block-tokens, which no
+            # value fixes (found by a newcomer pass)
+            longest = max(length for length, _ in pairs)
+            warnings.warn(
+                f"{shown}: "
+                + (f"every one of its {self.requests:,} requests has" if self.requests > 1
+                   else "its one request has")
+                + f" an empty hash_ids (input_length up to {counted(longest, 'token')}): no "
+                "request names a block, so nothing can be stored or hit and every hit ratio "
+                "is 0; a trace needs each request's block hashes in hash_ids (or its "
+                "token_ids). strict=True / --strict makes this an error.",
+                TraceWarning, stacklevel=4,
+            )
+            return
         hint = (f"; block size {best} fits {fits:,} of them (--block-tokens {best})" if fits
                 else "; no power-of-two block size up to 65,536 fits any of them")
         warnings.warn(
