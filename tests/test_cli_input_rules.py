@@ -186,3 +186,29 @@ def test_a_trace_of_empty_hash_ids_says_so_not_block_tokens(tmp_path):
     with pytest.warns(TraceWarning, match="its one request has an empty hash_ids "
                                           r"\(input_length up to 5 tokens\)"):
         list(read_trace(one))
+
+
+# -- --tiers with a lower tier smaller than the one above --------------------------------------
+@pytest.mark.parametrize(("tiers", "noted"), [
+    ("host:10%,disk:5%", "--tiers disk:5% (594 blocks) is smaller than host:10% (1,188 blocks) "
+                         "above it"),
+    ("host:2000,disk:1", "--tiers disk:1 (1 block) is smaller than host:2000 (2,000 blocks) "
+                         "above it"),
+    ("host:10%,disk:10%", None),
+    ("host:594,disk:20%", None),
+])
+def test_a_lower_tier_smaller_than_the_one_above_is_noted(tmp_path, tiers, noted):
+    """Found by a newcomer pass: ``--tiers host:10%,disk:5%`` ran without a word, though a
+    lower tier holds what the host tier evicts (write-back; the sample's disk tier hit 0.40 %)
+    or a copy of what it stores (write-through: 0 hits). It runs, with a warning naming both
+    items and their sizes in blocks."""
+    out = tmp_path / "o.json"
+    res = run("replay", "--tiers", tiers, "-p", "lru", "--json", out)
+    assert res.exit_code == 0, res.output
+    err = one_line(res.stderr)
+    if noted is None:
+        assert "smaller than" not in err
+    else:
+        assert noted in err and "running the stack as given" in err
+    assert [t["name"] for t in json.loads(out.read_text())["results"][0]["tiers"]] == \
+        ["host", "disk"]
