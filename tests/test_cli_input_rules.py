@@ -212,3 +212,42 @@ def test_a_lower_tier_smaller_than_the_one_above_is_noted(tmp_path, tiers, noted
         assert noted in err and "running the stack as given" in err
     assert [t["name"] for t in json.loads(out.read_text())["results"][0]["tiers"]] == \
         ["host", "disk"]
+
+
+# -- analyze: windows of time in which no request arrived -------------------------------------
+def test_analyze_says_how_many_empty_windows_it_skipped(tmp_path):
+    """Found by a newcomer pass: a gap in arrivals longer than a window was jumped over in
+    silence: 'working set per 60s ... min 1, 2 windows' for a trace spanning 4 windows, 2 of
+    them with no request. The count is in the table, the JSON and TraceAnalysis."""
+    from kvtier.analyze import analyze
+
+    trace = tmp_path / "gap.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 5, "hash_ids": [1]}\n'
+                     '{"timestamp": 1000, "input_length": 5, "hash_ids": [2]}\n'
+                     '{"timestamp": 200000, "input_length": 5, "hash_ids": [1]}\n')
+    out = tmp_path / "a.json"
+    res = run("analyze", trace, "--json", out)
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.stdout.split())
+    assert "2 windows; 2 empty windows (no request arrived) skipped, not in these figures" \
+        in text
+    ws = json.loads(out.read_text())["analysis"]["working_set"]
+    assert ws["windows"] == 2 and ws["empty_windows"] == 2
+    assert [w["start"] for w in ws["series"]] == [0.0, 180.0]
+    from kvtier.trace import read_trace
+
+    assert analyze(read_trace(trace), window_s=100).empty_windows == 1  # [100, 200) s
+    assert analyze(read_trace(trace), window_s=300).empty_windows == 0
+    # no gap, or windows in requests: nothing said
+    res = run("analyze")
+    assert res.exit_code == 0 and "empty window" not in res.stdout
+
+
+def test_analyze_of_requests_without_timestamps_has_no_empty_windows(tmp_path):
+    from kvtier.analyze import Analyzer
+
+    an = Analyzer(window_requests=2)
+    for keys in ([1], [2], [3], [1], [2]):
+        an.add(keys)
+    result = an.result()
+    assert result.empty_windows == 0 and len(result.windows) == 3

@@ -859,9 +859,12 @@ def _analysis_table(d: dict) -> Table:
     dw = ws["distinct_per_window"]
     unit = ("s" if ws["window_unit"] == "s"
             else " request" if ws["window"] == 1 else " requests")
+    empty = ws.get("empty_windows", 0)
     rows.append((f"working set per {ws['window']:g}{unit}", f"p50 {_fmt(dw['p50'])}",
                  f"min {_fmt(dw['min'])}, max {_fmt(dw['max'])} distinct blocks, "
-                 f"{_count(ws['windows'], 'window')}"))
+                 f"{_count(ws['windows'], 'window')}"
+                 + (f"; {_count(empty, 'empty window')} (no request arrived) skipped, not "
+                    "in these figures" if empty else "")))
     for row in rows:
         table.add_row(*row)
     return table
