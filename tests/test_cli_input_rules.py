@@ -251,3 +251,35 @@ def test_analyze_of_requests_without_timestamps_has_no_empty_windows(tmp_path):
         an.add(keys)
     result = an.result()
     assert result.empty_windows == 0 and len(result.windows) == 3
+
+
+# -- Ctrl-C before any run finished --------------------------------------------------------------
+@pytest.mark.parametrize("tiers", [False, True])
+def test_ctrl_c_before_the_first_run_says_no_run_finished(tmp_path, monkeypatch, tiers):
+    """Found by a newcomer pass (a real SIGINT 3.5 s into ``kvtier replay FULL_TRACE --tiers
+    host:1%,disk:10% -p lru,arc``): '0 of 2 runs finished; their rows are above' under an
+    empty table."""
+    import kvtier.tiersim
+
+    module = kvtier.tiersim if tiers else kvtier.cli
+    name = "replay_tiers" if tiers else "replay"
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, name, interrupted)
+    args = ["--tiers", "host:100,disk:1000"] if tiers else ["-c", "100"]
+    res = run("replay", "-p", "lru,arc", *args, "--json", tmp_path / "o.json")
+    assert res.exit_code == 130
+    err = one_line(res.stderr)
+    assert "interrupted (Ctrl-C): none of the 2 runs finished; no row to show" in err, err
+    assert "rows are above" not in err
+
+
+def test_ctrl_c_after_one_run_says_its_row():
+    import kvtier.cli as cli
+
+    assert cli._interrupted_note(1, 4, "run") == \
+        "interrupted (Ctrl-C): 1 of 4 runs finished; its row is above"
+    assert cli._interrupted_note(2, 1_000, "grid point") == \
+        "interrupted (Ctrl-C): 2 of 1,000 grid points finished; their rows are above"

@@ -382,6 +382,17 @@ def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
+def _interrupted_note(done: int, total: int, noun: str) -> str:
+    """What Ctrl-C left: ``done`` of ``total`` runs (or grid points) finished, their rows
+    printed and written; with none finished, says so ("0 ... finished; their rows are
+    above" pointed at an empty table)."""
+    if not done:
+        return (f"interrupted (Ctrl-C): none of the {_count(total, noun)} finished; no row "
+                "to show")
+    return (f"interrupted (Ctrl-C): {done:,} of {_count(total, noun)} finished; "
+            f"{'its row is' if done == 1 else 'their rows are'} above")
+
+
 def _trace_caption(info: dict) -> str:
     rate = info["parse_refs_per_s"]
     name = info["path"]
@@ -710,8 +721,7 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
         payload["interrupted"] = True
     _write_json(cmd.output.json, payload)
     if interrupted:
-        _warn(f"interrupted (Ctrl-C): {len(results)} of {_count(len(runs), 'run')} finished; "
-              "their rows are above")
+        _warn(_interrupted_note(len(results), len(runs), "run"))
         raise _Interrupted
     return results
 
@@ -1096,9 +1106,7 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
         payload["interrupted"] = True
     _write_json(cmd.output.json, payload)
     if interrupted:
-        _warn(f"interrupted (Ctrl-C): {len(results)} of {_count(n_points, 'grid point')} "
-              "finished; "
-              "their rows are above (no plot drawn)")
+        _warn(_interrupted_note(len(results), n_points, "grid point") + " (no plot drawn)")
         raise _Interrupted
     if cmd.plot is None:
         out.print("no image written (--plot FILE.png draws the miss-ratio curves)",

@@ -560,8 +560,7 @@ def replay_tiers_cli(command, tiers: str, demotion: str, capacity_given: bool = 
                                "results": [r.to_dict() for r in results],
                                **({"interrupted": True} if interrupted else {})})
     if interrupted:
-        cli._warn(f"interrupted (Ctrl-C): {len(results)} of {len(command.policies)} runs "
-                  "finished; their rows are above")
+        cli._warn(cli._interrupted_note(len(results), len(command.policies), "run"))
         raise cli._Interrupted
     # a Redis tier that failed during the run served less than it would have: the figures
     # are not the tier's, so the command fails (exit status 1) after showing them
