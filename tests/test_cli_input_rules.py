@@ -283,3 +283,49 @@ def test_ctrl_c_after_one_run_says_its_row():
         "interrupted (Ctrl-C): 1 of 4 runs finished; its row is above"
     assert cli._interrupted_note(2, 1_000, "grid point") == \
         "interrupted (Ctrl-C): 2 of 1,000 grid points finished; their rows are above"
+
+
+# -- the library: replay() and run_grid() name their own arguments ------------------------------
+@pytest.mark.parametrize("capacity", [0, -1, "10", 10.0, True, None, 2**31])
+def test_replay_names_its_capacity_argument(capacity):
+    """Found by a newcomer pass: replay(reqs, "lru", 0) raised 'num_blocks must be a positive
+    int', the manager's argument, which replay() does not have."""
+    from kvtier.replay import replay
+    from kvtier.trace import embedded_sample_path, read_trace
+
+    reqs = list(read_trace(embedded_sample_path()))[:5]
+    with pytest.raises(ValueError, match=r"^capacity must be an int from 1 to 2,147,483,647 "
+                                         r"\(blocks\), got "):
+        replay(reqs, "lru", capacity)
+
+
+def test_replay_still_takes_numpy_capacities():
+    np = pytest.importorskip("numpy")
+    from kvtier.replay import replay
+    from kvtier.trace import embedded_sample_path, read_trace
+
+    reqs = list(read_trace(embedded_sample_path()))[:5]
+    res = replay(reqs, "lru", np.int64(10))
+    assert res.capacity == 10 and type(res.capacity) is int
+
+
+def test_run_grid_checks_capacities_and_policies_before_any_worker(monkeypatch):
+    """run_grid(path, ["lru"], [0]) and an unknown policy failed inside each worker process,
+    after it had read the trace, with the manager's 'num_blocks ...'; now before the pool,
+    naming the list item."""
+    import kvtier.sweep
+    from kvtier.sweep import run_grid
+    from kvtier.trace import embedded_sample_path
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("the trace was read before the arguments were checked")
+
+    monkeypatch.setattr(kvtier.sweep, "_read", no_read)
+    monkeypatch.setattr(kvtier.sweep, "ProcessPoolExecutor", no_read)
+    with pytest.raises(ValueError, match=r"^capacities\[1\] must be an int from 1 to "
+                                         r"2,147,483,647 \(blocks\), got 0$"):
+        run_grid(embedded_sample_path(), ["lru"], [10, 0], workers=2)
+    with pytest.raises(ValueError, match=r"capacities\[0\] must be .*got '10'"):
+        run_grid(embedded_sample_path(), ["lru"], ["10"], workers=1)
+    with pytest.raises(ValueError, match="unknown policy 'nosuch'"):
+        run_grid(embedded_sample_path(), ["lru", "nosuch"], [10], workers=2)

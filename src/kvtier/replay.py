@@ -91,6 +91,17 @@ def parse_count(text: str) -> int | None:
     return int(m.group(1).replace("_", "")) if m else None
 
 
+def check_capacity(value: object, name: str = "capacity") -> int:
+    """``value`` as a tier size in blocks: an int (numpy ints taken, bools not) from 1 to
+    :data:`kvtier.manager.MAX_BLOCKS`; a ``ValueError`` naming ``name`` otherwise (the
+    manager's own error named its argument, ``num_blocks``, which replay() does not have)."""
+    number = _as_int(value)
+    if number is None or not 1 <= number <= MAX_BLOCKS:
+        raise ValueError(f"{name} must be an int from 1 to {MAX_BLOCKS:,} (blocks), got "
+                         f"{value!r}")
+    return number
+
+
 def _positive_int(name: str, value: object, unit: str, minimum: int = 1) -> int:
     """``value`` as a plain int >= ``minimum`` (numpy ints taken, as by the manager)."""
     number = _as_int(value)
@@ -370,6 +381,7 @@ def replay(
             "needs the whole trace up front (each block's next use), so it cannot replay a "
             "stream; pass the requests as a list (the CLI: drop --stream)"
         )
+    capacity = check_capacity(capacity)
     manager = OffloadingManager(capacity, policy, store_threshold=store_threshold,
                                 admission=admission, max_open_requests=max(4096, inflight + 1))
     advance = None
