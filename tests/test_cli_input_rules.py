@@ -329,3 +329,19 @@ def test_run_grid_checks_capacities_and_policies_before_any_worker(monkeypatch):
         run_grid(embedded_sample_path(), ["lru"], ["10"], workers=1)
     with pytest.raises(ValueError, match="unknown policy 'nosuch'"):
         run_grid(embedded_sample_path(), ["lru", "nosuch"], [10], workers=2)
+
+
+def test_input_lengths_of_bare_lists_is_a_clear_type_error():
+    """Found by a newcomer pass: costmodel.input_lengths([[1, 2]], 16) raised
+    AttributeError: 'list' object has no attribute 'input_length'."""
+    from kvtier.costmodel import input_lengths
+    from kvtier.trace import Request
+
+    with pytest.raises(TypeError, match=r"request 1 \(\[1, 2\]\) has no .input_length and "
+                                        r".keys: input_lengths\(\) takes Request objects"):
+        input_lengths([Request([1], 5, None, None), [1, 2]], 16)
+    with pytest.raises(ValueError, match=r"block_tokens must be a positive int \(tokens\), "
+                                         "got 0"):
+        input_lengths([Request([1], None, None, None)], 0)
+    assert input_lengths([Request([1, 2], None, None, None), Request([1], 7, None, None)],
+                         16) == [32, 7]

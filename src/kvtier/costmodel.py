@@ -29,7 +29,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from kvtier.checks import _as_int
+from kvtier.checks import _as_int, check_positive_int
 
 __all__ = ["AUTO_UTILIZATION", "DEFAULTS", "PROFILES", "CostModel", "ModelProfile", "evaluate", "input_lengths"]
 
@@ -231,9 +231,24 @@ class CostModel:
 
 def input_lengths(requests: Sequence, block_tokens: int = 512) -> list[int]:
     """Per request, ``input_length``, or ``len(keys) · block_tokens`` where it is ``None``
-    (the replay's ``input_tokens`` rule)."""
-    return [r.input_length if r.input_length is not None else len(r.keys) * block_tokens
-            for r in requests]
+    (the replay's ``input_tokens`` rule).
+
+    Raises:
+        ValueError: ``block_tokens`` is not an int >= 1.
+        TypeError: a request has no ``input_length`` / ``keys`` (e.g. a bare list of keys:
+            wrap it in :class:`kvtier.trace.Request`); it raised ``AttributeError`` before.
+    """
+    block_tokens = check_positive_int("block_tokens", block_tokens, "tokens")
+    out = []
+    for i, r in enumerate(requests):
+        try:
+            length = r.input_length
+            out.append(length if length is not None else len(r.keys) * block_tokens)
+        except AttributeError:
+            raise TypeError(f"request {i} ({r!r:.40}) has no .input_length and .keys: "
+                            "input_lengths() takes Request objects (kvtier.trace.Request(keys, "
+                            "input_length, output_length, timestamp))") from None
+    return out
 
 
 def _percentiles(values: list[float]) -> dict:
