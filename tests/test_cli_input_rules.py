@@ -345,3 +345,31 @@ def test_input_lengths_of_bare_lists_is_a_clear_type_error():
         input_lengths([Request([1], None, None, None)], 0)
     assert input_lengths([Request([1, 2], None, None, None), Request([1], 7, None, None)],
                          16) == [32, 7]
+
+
+# -- kvtier.synthetic ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["short_gap", "long_gap"])
+def test_synthetic_gaps_too_large_for_a_float_are_refused_up_front(name):
+    """Found by a newcomer pass: generate(short_gap=10**400, long_share=0) stopped half-way
+    with 'OverflowError: int too large to convert to float'."""
+    from kvtier.synthetic import SyntheticSpec, generate
+
+    with pytest.raises(ValueError, match=rf"^{name} must be an int from 1 to 1e\+300 "
+                                         r"\(requests\), got 1000000"):
+        generate(sessions=5, long_share=0.5, **{name: 10**400})
+    assert SyntheticSpec(**{name: 10**300}).__dict__[name] == 10**300
+
+
+def test_trace_profile_of_a_generator_or_bare_lists():
+    """trace_profile(iter(reqs)) read its argument twice: the second pass of a generator
+    was empty, so leaf_reuse and inner_reuse were 0.0; trace_profile([[1, 2]]) raised
+    AttributeError."""
+    from kvtier.synthetic import generate, trace_profile
+
+    reqs = generate(sessions=50, seed=1)
+    want = trace_profile(reqs)
+    assert want["leaf_reuse"] > 0 or want["inner_reuse"] > 0
+    assert trace_profile(r for r in reqs) == want
+    with pytest.raises(TypeError, match=r"request 0 \(\[1, 2\]\) has no .keys: "
+                                        r"trace_profile\(\) takes Request objects"):
+        trace_profile([[1, 2]])
