@@ -373,3 +373,16 @@ def test_trace_profile_of_a_generator_or_bare_lists():
     with pytest.raises(TypeError, match=r"request 0 \(\[1, 2\]\) has no .keys: "
                                         r"trace_profile\(\) takes Request objects"):
         trace_profile([[1, 2]])
+
+
+# -- --plot - ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("command", [["analyze"], ["sweep", "-p", "lru", "-c", "10"]])
+def test_plot_to_standard_output_is_refused_before_the_run(command, tmp_path, monkeypatch):
+    """Found by a newcomer pass: ``kvtier analyze --plot -`` exited 0 saying 'distributions
+    written to -', but no image was written anywhere (stdout held the table only)."""
+    monkeypatch.chdir(tmp_path)
+    res = run(*command, "--plot", "-")
+    assert res.exit_code == 1, res.output
+    assert "--plot -: the image cannot go to standard output (only --json - does); give a " \
+           "file name" in one_line(res.stderr)
+    assert "written to" not in res.output and list(tmp_path.iterdir()) == []

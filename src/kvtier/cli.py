@@ -209,7 +209,12 @@ def _check_distinct_outputs(json_out: Path | None, plot: Path | None) -> None:
 
 
 def _check_plot_format(target: Path) -> None:
-    """Fail before any work when matplotlib cannot write the image format the suffix names."""
+    """Fail before any work when matplotlib cannot write the image format the suffix names,
+    or when ``target`` is ``-``: only ``--json -`` means standard output; ``--plot -`` wrote
+    the image nowhere (matplotlib's ``savefig("-")``) and said "written to -"."""
+    if str(target) == "-":
+        raise _CliError("--plot -: the image cannot go to standard output (only --json - "
+                        "does); give a file name, e.g. --plot mrc.png")
     suffix = target.suffix.lower().lstrip(".")
     if not suffix:
         return  # matplotlib's default format (PNG)
