@@ -58,7 +58,17 @@ def test_int_options_take_only_ascii_counts_as_capacity_does(command, option, mi
 def test_int_options_below_their_minimum_name_it(command, option, minimum):
     res = run(command, option, "0")
     assert res.exit_code == 2, res.output
-    assert f"must be >= 1" in one_line(res.stderr) and "'0'" in one_line(res.stderr)
+    assert "must be >= 1 (" in one_line(res.stderr) and "'0'" in one_line(res.stderr)
+
+
+@pytest.mark.parametrize(("command", "option", "minimum"), INT_OPTIONS)
+def test_a_negative_int_option_is_said_to_be_below_its_minimum(command, option, minimum):
+    """'-W -1' was 'must be a whole number >= 0 ... in ASCII digits', as if '-1' were not
+    a number; --capacity -5 says 'must be >= 1 block'."""
+    res = run(command, f"{option}=-1")
+    assert res.exit_code == 2, res.output
+    assert f"must be >= {minimum} (" in one_line(res.stderr), res.stderr
+    assert "'-1'" in one_line(res.stderr) and "ASCII" not in res.stderr
 
 
 def test_int_options_take_grouped_digits_and_spaces_as_capacity_does(tmp_path):
