@@ -200,10 +200,10 @@ def test_a_trace_of_empty_hash_ids_says_so_not_block_tokens(tmp_path):
 
 # -- --tiers with a lower tier smaller than the one above --------------------------------------
 @pytest.mark.parametrize(("tiers", "noted"), [
-    ("host:10%,disk:5%", "--tiers disk:5% (594 blocks) is smaller than host:10% (1,188 blocks) "
-                         "above it"),
-    ("host:2000,disk:1", "--tiers disk:1 (1 block) is smaller than host:2000 (2,000 blocks) "
-                         "above it"),
+    ("host:10%,disk:5%", ("--tiers disk:5% (594 blocks) is smaller than host:10% "
+                          "(1,188 blocks) above it")),
+    ("host:2000,disk:1", ("--tiers disk:1 (1 block) is smaller than host:2000 "
+                          "(2,000 blocks) above it")),
     ("host:10%,disk:10%", None),
     ("host:594,disk:20%", None),
 ])
@@ -287,7 +287,7 @@ def test_ctrl_c_before_the_first_run_says_no_run_finished(tmp_path, monkeypatch,
 
 
 def test_ctrl_c_after_one_run_says_its_row():
-    import kvtier.cli as cli
+    from kvtier import cli
 
     assert cli._interrupted_note(1, 4, "run") == \
         "interrupted (Ctrl-C): 1 of 4 runs finished; its row is above"
