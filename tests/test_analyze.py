@@ -276,7 +276,7 @@ def test_a_trace_whose_first_request_has_no_timestamp_says_so():
                                          r"has none.*ignored"):
         r = analyze(_reqs([[1, 2], [1, 2, 3], [1, 2, 3]], [None, 0, 70_000]))
     assert not r.has_timestamps and list(r.reuse_times_s) == []
-    with pytest.warns(UserWarning, match=r"1 of 3 requests have no timestamp"):
+    with pytest.warns(UserWarning, match=r"1 of 3 requests has no timestamp"):
         r = analyze(_reqs([[1, 2], [1, 2, 3], [1, 2, 3]], [0, None, 70_000]))
     assert r.has_timestamps
 

@@ -52,7 +52,7 @@ def test_fifo_queue_over_arrivals():
     c3 = evaluate(auto, [1000, 2000], [0, 2], [0, 500], stored_blocks=3)
     assert c3["instances"] == 8 and c3["instances_auto"]  # ceil(3 s / (0.8 * 0.5 s))
     # a missing timestamp: treated as a trace without timestamps (and said so)
-    with pytest.warns(UserWarning, match="1 of 2 requests have no timestamp"):
+    with pytest.warns(UserWarning, match="1 of 2 requests has no timestamp"):
         assert evaluate(M, [1000, 2000], [0, 2], [0, None], 3)["queue"] == "none"
 
 
@@ -227,7 +227,7 @@ def test_a_trace_with_some_requests_unstamped_says_why_there_is_no_queue():
     import warnings
 
     model = CostModel(1000, 1000, 1.0, instances=1)
-    with pytest.warns(UserWarning, match=r"cost model: 1 of 3 requests have no timestamp "
+    with pytest.warns(UserWarning, match=r"cost model: 1 of 3 requests has no timestamp "
                                          r"\(first: request 2\); no queue is modeled"):
         c = evaluate(model, [1000, 1000, 1000], [0, 0, 0], [0.0, None, 500.0], 0)
     assert c["queue"] == "none"

@@ -191,7 +191,7 @@ def test_bad_arguments():
         replay(TINY, "lru", 4, protocol="set")
     with pytest.raises(ValueError, match="unknown policy 'nope'"):
         replay(TINY, "nope", 4)
-    with pytest.raises(ValueError, match="num_blocks"):
+    with pytest.raises(ValueError, match="capacity must be an int from 1"):
         replay(TINY, "lru", 0)
     with pytest.raises(ValueError, match="inflight"):
         replay(TINY, "lru", 4, inflight=-1)

@@ -76,7 +76,7 @@ def test_mooncake_lengths_that_disagree_warn_once_and_replay_goes_on(tmp_path):
     assert "no power-of-two block size up to 65,536 fits any of them" in message
     assert reader.fitting_block_tokens is None
     assert len(reqs) == 3 and reader.length_mismatches == 2
-    with pytest.raises(TraceFormatError, match=r"line 1: 'input_length' 1 needs 1 blocks of 512"):
+    with pytest.raises(TraceFormatError, match=r"line 1: 'input_length' 1 needs 1 block of 512"):
         list(read_trace(path, strict=True))
 
 
@@ -95,7 +95,7 @@ def test_a_skipped_bad_line_is_not_counted_as_a_length_mismatch(tmp_path):
         assert sum(1 for _ in reader) == 2
     assert reader.bad_lines == 2 and reader.length_mismatches == 1
     message = str(record[0].message)
-    assert "1 of 2 requests have an input_length" in message and "first at line 3" in message
+    assert "1 of 2 requests has an input_length" in message and "first at line 3" in message
     assert reader.fitting_block_tokens is None  # 1 token in 3 blocks: no block size fits
 
 

@@ -149,7 +149,10 @@ class TraceAnalysis:
         windows: per window ``{"start", "requests", "refs", "distinct", "new", "footprint"}``:
             start (s since the first timestamp, or the first request's index), blocks
             referenced, distinct blocks in the window, blocks never seen before, distinct
-            blocks so far.
+            blocks so far. Windows of arrival time in which no request arrived are not in
+            the list (they would count 0 distinct blocks): ``empty_windows`` counts them.
+        empty_windows: windows of arrival time between the first and the last request in
+            which no request arrived (0 for windows in requests).
         has_timestamps: whether the analysis used timestamps: the first request had one
             (:meth:`Analyzer.result` warns about requests that differ from it).
     """
@@ -166,6 +169,7 @@ class TraceAnalysis:
     window: float
     windows: list[dict] = field(default_factory=list)
     has_timestamps: bool = False
+    empty_windows: int = 0
 
     @property
     def one_hit_share(self) -> float:
@@ -235,6 +239,7 @@ class TraceAnalysis:
                 "window_unit": self.window_unit,
                 "window": self.window,
                 "windows": len(self.windows),
+                "empty_windows": self.empty_windows,  # not in "windows" nor the summary
                 "distinct_per_window": _summary(distinct_per_window),
                 "series": self.windows,
             },
@@ -286,6 +291,7 @@ class Analyzer:
         self._win: set = set()
         self._win_refs = self._win_reqs = self._win_new = 0
         self._windows: list[dict] = []
+        self._empty_windows = 0  # windows of time skipped because no request arrived
 
     def add(self, keys: Sequence, timestamp: float | None = None) -> None:
         """One request: its block keys (head first) and arrival time in ms (or ``None``).
@@ -374,8 +380,9 @@ class Analyzer:
             t = (ts - self._t0) / 1000.0
             if self._win_reqs and t >= self._win_start + self.window_s:
                 self._close_window()
-                self._win_start += self.window_s * math.floor(
-                    (t - self._win_start) / self.window_s)
+                steps = math.floor((t - self._win_start) / self.window_s)
+                self._empty_windows += steps - 1  # the windows jumped over had no request
+                self._win_start += self.window_s * steps
         elif self._win_reqs >= self.window_requests:
             self._close_window()
             self._win_start = float(self._requests)
@@ -409,10 +416,12 @@ class Analyzer:
         if self._odd_stamps:
             n, total = self._odd_stamps, self._requests
             warnings.warn(
-                f"{n:,} of {total:,} requests have no timestamp: their references get no "
+                f"{n:,} of {total:,} requests {'has' if n == 1 else 'have'} no timestamp: "
+                "their references get no "
                 "time between reuses and they join the current working-set window"
                 if self._has_ts else
-                f"{n:,} of {total:,} requests have a timestamp but the first request has "
+                f"{n:,} of {total:,} requests {'has' if n == 1 else 'have'} a timestamp but "
+                "the first request has "
                 "none: the timestamps are ignored (no time between reuses; working-set "
                 "windows in requests)", stacklevel=2)
         self._close_window()
@@ -427,6 +436,7 @@ class Analyzer:
             window_unit="s" if has_ts else "requests",
             window=self.window_s if has_ts else self.window_requests,
             windows=self._windows, has_timestamps=has_ts,
+            empty_windows=self._empty_windows if has_ts else 0,
         )
 
 

@@ -52,7 +52,14 @@ from rich.table import Table
 from kvtier.admission_adaptive import ADMISSION_MODES
 from kvtier.costmodel import PROFILES, CostModel, evaluate, input_lengths
 from kvtier.policies import PolicyPluginError, available_policies, get_policy
-from kvtier.replay import PROTOCOLS, ReplayOptions, ReplayResult, parse_capacity, replay
+from kvtier.replay import (
+    PROTOCOLS,
+    ReplayOptions,
+    ReplayResult,
+    parse_capacity,
+    parse_count,
+    replay,
+)
 from kvtier.trace import (
     FORMATS,
     TraceFormatError,
@@ -84,6 +91,29 @@ def _main() -> None:
     """kvtier: bookkeeping, policies and replay for the offloaded tier of an LLM KV cache."""
 
 
+def _count_option(minimum: int, unit: str):
+    """The ``parser`` of an int option: the text must be a count by
+    :func:`kvtier.replay.parse_count`'s rule, the one ``--capacity`` uses (ASCII digits,
+    optionally grouped by single ``_``), and at least ``minimum``. typer's own int took
+    ``"\u0663"`` (Arabic-Indic 3), ``"+3"``, ``"3.0"`` or ``"1__0"``, depending on its
+    version; ``min=`` is not applied to an option with a parser, so it is checked here."""
+    def parse(value):
+        if not isinstance(value, str):  # a default, passed through by click-based typer
+            return value
+        number = parse_count(value)
+        if number is None and value.strip()[:1] == "-" and parse_count(value.strip()[1:]):
+            number = -1  # a negative count: said as below the minimum, as --capacity -5 is
+        if number is None:
+            raise typer.BadParameter(
+                f"must be a whole number >= {minimum} ({unit}) in ASCII digits, "
+                f"optionally grouped by _ (1000, 16_000), got {value!r}")
+        if number < minimum:
+            raise typer.BadParameter(f"must be >= {minimum} ({unit}), got {value!r}")
+        return number
+
+    return parse
+
+
 # -- shared option types -------------------------------------------------------------------
 TraceArg = Annotated[
     Optional[Path],
@@ -99,11 +129,14 @@ PolicyOpt = Annotated[
 ]
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help=f"Trace format: {', '.join(FORMATS)}.")]
 BlockTokensOpt = Annotated[int, typer.Option("--block-tokens", min=1,
+                                             parser=_count_option(1, "tokens"),
                                              help="Tokens per block (token-id traces; token counts).")]
 InflightOpt = Annotated[int, typer.Option("--inflight", "-W", min=0,
+                                          parser=_count_option(0, "requests"),
                                           help="Requests whose loads/stores stay in flight.")]
 ProtocolOpt = Annotated[str, typer.Option("--protocol", help="'prefix' (engine, explicit touch), 'request' (engine, vLLM 0.33's request-scoped use) or 'get' (one get per block).")]
 ThresholdOpt = Annotated[int, typer.Option("--store-threshold", min=1,
+                                           parser=_count_option(1, "lookups"),
                                            help="Admission: store blocks looked up at least N times.")]
 AdmissionOpt = Annotated[str, typer.Option(
     "--admission", help="Admission: 'all' (store every new block), 'adaptive' (learn online "
@@ -178,7 +211,12 @@ def _check_distinct_outputs(json_out: Path | None, plot: Path | None) -> None:
 
 
 def _check_plot_format(target: Path) -> None:
-    """Fail before any work when matplotlib cannot write the image format the suffix names."""
+    """Fail before any work when matplotlib cannot write the image format the suffix names,
+    or when ``target`` is ``-``: only ``--json -`` means standard output; ``--plot -`` wrote
+    the image nowhere (matplotlib's ``savefig("-")``) and said "written to -"."""
+    if str(target) == "-":
+        raise _CliError("--plot -: the image cannot go to standard output (only --json - "
+                        "does); give a file name, e.g. --plot mrc.png")
     suffix = target.suffix.lower().lstrip(".")
     if not suffix:
         return  # matplotlib's default format (PNG)
@@ -351,6 +389,17 @@ def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
+def _interrupted_note(done: int, total: int, noun: str) -> str:
+    """What Ctrl-C left: ``done`` of ``total`` runs (or grid points) finished, their rows
+    printed and written; with none finished, says so ("0 ... finished; their rows are
+    above" pointed at an empty table)."""
+    if not done:
+        return (f"interrupted (Ctrl-C): none of the {_count(total, noun)} finished; no row "
+                "to show")
+    return (f"interrupted (Ctrl-C): {done:,} of {_count(total, noun)} finished; "
+            f"{'its row is' if done == 1 else 'their rows are'} above")
+
+
 def _trace_caption(info: dict) -> str:
     rate = info["parse_refs_per_s"]
     name = info["path"]
@@ -515,6 +564,7 @@ def replay_cmd(
     skip_bad_lines: SkipOpt = False,
     strict: StrictOpt = False,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1,
+                                                 parser=_count_option(1, "requests"),
                                                  help="Replay only the first N requests.")] = None,
     stream: Annotated[bool, typer.Option(
         "--stream", help="Re-read the trace for each run instead of holding it in memory "
@@ -537,8 +587,8 @@ def replay_cmd(
         "--model", help="Cost model: KV shape from a built-in profile: "
                         + ", ".join(sorted(PROFILES)) + ".  \\[default: llama-3.1-8b]")] = None,
     kv_bytes: Annotated[Optional[int], typer.Option(
-        "--kv-bytes-per-token", min=1, help="Cost model: KV bytes per token (instead of "
-                                            "--model).")] = None,
+        "--kv-bytes-per-token", min=1, parser=_count_option(1, "bytes"),
+        help="Cost model: KV bytes per token (instead of --model).")] = None,
     prefill_tps: Annotated[Optional[float], typer.Option(
         "--prefill-tps", min=0.001, help="Cost model: prefill tokens/s of one instance.  "
                                          "\\[default: 10,000, an assumption]")] = None,
@@ -546,9 +596,9 @@ def replay_cmd(
         "--read-gbps", min=0.001, help="Cost model: tier read bandwidth, GB/s.  "
                                        "\\[default: 25, an assumption]")] = None,
     instances: Annotated[Optional[int], typer.Option(
-        "--instances", min=1, help="Cost model: prefill instances serving the arrivals.  "
-                                   "\\[default: auto, fewest keeping no-tier utilization "
-                                   "<= 0.8]")] = None,
+        "--instances", min=1, parser=_count_option(1, "prefill instances"),
+        help="Cost model: prefill instances serving the arrivals.  \\[default: auto, fewest "
+             "keeping no-tier utilization <= 0.8]")] = None,
 ) -> None:
     """Replay a trace through the offloading manager: hit ratios and bookkeeping cost.
 
@@ -678,8 +728,7 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
         payload["interrupted"] = True
     _write_json(cmd.output.json, payload)
     if interrupted:
-        _warn(f"interrupted (Ctrl-C): {len(results)} of {len(runs)} runs finished; "
-              "their rows are above")
+        _warn(_interrupted_note(len(results), len(runs), "run"))
         raise _Interrupted
     return results
 
@@ -749,13 +798,15 @@ def analyze_cmd(
     skip_bad_lines: SkipOpt = False,
     strict: StrictOpt = False,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1,
+                                                 parser=_count_option(1, "requests"),
                                                  help="Analyze only the first N requests.")] = None,
     window_s: Annotated[Optional[float], typer.Option(
         "--window-s", min=0.001, help="Working-set window, seconds (traces with timestamps).  "
                                       "\\[default: 60]")] = None,
     window_requests: Annotated[Optional[int], typer.Option(
-        "--window-requests", min=1, help="Working-set window, requests (traces without "
-                                         "timestamps).  \\[default: 1000]")] = None,
+        "--window-requests", min=1, parser=_count_option(1, "requests"),
+        help="Working-set window, requests (traces without timestamps).  "
+             "\\[default: 1000]")] = None,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="Image of the distributions (PNG; log axes where they span decades).")] = None,
     json_out: JsonOpt = None,
@@ -825,9 +876,12 @@ def _analysis_table(d: dict) -> Table:
     dw = ws["distinct_per_window"]
     unit = ("s" if ws["window_unit"] == "s"
             else " request" if ws["window"] == 1 else " requests")
+    empty = ws.get("empty_windows", 0)
     rows.append((f"working set per {ws['window']:g}{unit}", f"p50 {_fmt(dw['p50'])}",
                  f"min {_fmt(dw['min'])}, max {_fmt(dw['max'])} distinct blocks, "
-                 f"{_count(ws['windows'], 'window')}"))
+                 f"{_count(ws['windows'], 'window')}"
+                 + (f"; {_count(empty, 'empty window')} (no request arrived) skipped, not "
+                    "in these figures" if empty else "")))
     for row in rows:
         table.add_row(*row)
     return table
@@ -875,7 +929,8 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
     elif given_s and not result.has_timestamps:
         _warn(f"--window-s {window_s:g} is for traces with timestamps; this one is read "
               f"without (its first request has none), so the working set is per "
-              f"--window-requests {window_requests} requests")
+              f"--window-requests {window_requests} "
+              f"{'request' if window_requests == 1 else 'requests'}")
     d = result.to_dict()
     out = _out_console(json_out)
     out.print(_analysis_table(d))
@@ -912,7 +967,8 @@ def sweep_cmd(
         "--policy", "-p", help="Policies to compare; repeat or comma-separate. "
                                "Default: every registered policy.")] = None,
     points: Annotated[Optional[int], typer.Option(
-        "--points", min=1, help="Capacities in the log-spaced grid.  \\[default: 12]")] = None,
+        "--points", min=1, parser=_count_option(1, "capacities"),
+        help="Capacities in the log-spaced grid.  \\[default: 12]")] = None,
     cap_min: Annotated[Optional[str], typer.Option(
         "--min", help="Smallest capacity of the grid (blocks or %).  \\[default: 0.5%]")] = None,
     cap_max: Annotated[Optional[str], typer.Option(
@@ -928,12 +984,14 @@ def sweep_cmd(
     skip_bad_lines: SkipOpt = False,
     strict: StrictOpt = False,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1,
+                                                 parser=_count_option(1, "requests"),
                                                  help="Replay only the first N requests.")] = None,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="Draw the miss-ratio curves to this image file (the suffix picks "
                        "matplotlib's format, e.g. .png, .svg). Default: no image.")] = None,
     json_out: JsonOpt = None,
     workers: Annotated[Optional[int], typer.Option("--workers", "-j", min=1,
+                                                   parser=_count_option(1, "processes"),
                                                    help="Processes (default: one per core).")] = None,
     progress: ProgressOpt = None,
 ) -> None:
@@ -1022,7 +1080,8 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
         bar = _progress(cmd.output.progress, n_refs * n_points)
         try:
             with bar if bar is not None else nullcontext():
-                task = (bar.add_task(f"sweep ({min(n_workers, n_points)} processes)",
+                procs = min(n_workers, n_points)
+                task = (bar.add_task(f"sweep ({procs} process{'' if procs == 1 else 'es'})",
                                      total=n_points) if bar is not None else None)
 
                 def on_result(r: ReplayResult) -> None:
@@ -1054,8 +1113,7 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
         payload["interrupted"] = True
     _write_json(cmd.output.json, payload)
     if interrupted:
-        _warn(f"interrupted (Ctrl-C): {len(results)} of {n_points} grid points finished; "
-              "their rows are above (no plot drawn)")
+        _warn(_interrupted_note(len(results), n_points, "grid point") + " (no plot drawn)")
         raise _Interrupted
     if cmd.plot is None:
         out.print("no image written (--plot FILE.png draws the miss-ratio curves)",

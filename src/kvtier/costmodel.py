@@ -29,7 +29,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from kvtier.checks import _as_int
+from kvtier.checks import _as_int, check_positive_int
 
 __all__ = ["AUTO_UTILIZATION", "DEFAULTS", "PROFILES", "CostModel", "ModelProfile", "evaluate", "input_lengths"]
 
@@ -231,9 +231,24 @@ class CostModel:
 
 def input_lengths(requests: Sequence, block_tokens: int = 512) -> list[int]:
     """Per request, ``input_length``, or ``len(keys) · block_tokens`` where it is ``None``
-    (the replay's ``input_tokens`` rule)."""
-    return [r.input_length if r.input_length is not None else len(r.keys) * block_tokens
-            for r in requests]
+    (the replay's ``input_tokens`` rule).
+
+    Raises:
+        ValueError: ``block_tokens`` is not an int >= 1.
+        TypeError: a request has no ``input_length`` / ``keys`` (e.g. a bare list of keys:
+            wrap it in :class:`kvtier.trace.Request`); it raised ``AttributeError`` before.
+    """
+    block_tokens = check_positive_int("block_tokens", block_tokens, "tokens")
+    out = []
+    for i, r in enumerate(requests):
+        try:
+            length = r.input_length
+            out.append(length if length is not None else len(r.keys) * block_tokens)
+        except AttributeError:
+            raise TypeError(f"request {i} ({r!r:.40}) has no .input_length and .keys: "
+                            "input_lengths() takes Request objects (kvtier.trace.Request(keys, "
+                            "input_length, output_length, timestamp))") from None
+    return out
 
 
 def _percentiles(values: list[float]) -> dict:
@@ -265,7 +280,8 @@ def _warn_out_of_order(timestamps_ms: Sequence[float]) -> None:
         i, t, before, j = first
         warnings.warn(
             f"cost model: request {i} arrives at {t:g} ms, before request {j} ({before:g} ms); "
-            f"{count:,} of {len(timestamps_ms):,} requests are out of arrival order and the "
+            f"{count:,} of {len(timestamps_ms):,} requests {'is' if count == 1 else 'are'} out "
+            "of arrival order and the "
             "FIFO queue serves them in trace order (sort the trace by timestamp)",
             stacklevel=3)
 
@@ -380,7 +396,8 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
     if 0 < unstamped < n:  # the caption says "no timestamps": say how many had one
         first = next(i for i, t in enumerate(timestamps_ms) if t is None)  # type: ignore[arg-type]
         warnings.warn(
-            f"cost model: {unstamped:,} of {n:,} requests have no timestamp (first: request "
+            f"cost model: {unstamped:,} of {n:,} requests {'has' if unstamped == 1 else 'have'} "
+            "no timestamp (first: request "
             f"{first + 1}); no queue is modeled (TTFT = each request's own prefill and load "
             "time)", stacklevel=2)
     if timestamps_ms is not None and n and not unstamped:

@@ -81,6 +81,27 @@ _CAPACITY_FORMS = ("a block count (ASCII digits, optionally grouped by _: 4000, 
                    "percentage of the trace's distinct blocks (10%, 2.5%, 1e-3%)")
 
 
+def parse_count(text: str) -> int | None:
+    """``text`` as a count by the rule of a block count in :func:`parse_capacity`: ASCII
+    digits, optionally grouped by single underscores between digits (``"16_000"``), spaces
+    around ignored; ``None`` for anything else (``"\u0663"``, ``"+5"``, ``"1e3"``, ``"1.0"``,
+    ``"1__0"``). The one checker of the command line's counts (``--capacity`` and every int
+    option)."""
+    m = _CAPACITY_RE.match(text)
+    return int(m.group(1).replace("_", "")) if m else None
+
+
+def check_capacity(value: object, name: str = "capacity") -> int:
+    """``value`` as a tier size in blocks: an int (numpy ints taken, bools not) from 1 to
+    :data:`kvtier.manager.MAX_BLOCKS`; a ``ValueError`` naming ``name`` otherwise (the
+    manager's own error named its argument, ``num_blocks``, which replay() does not have)."""
+    number = _as_int(value)
+    if number is None or not 1 <= number <= MAX_BLOCKS:
+        raise ValueError(f"{name} must be an int from 1 to {MAX_BLOCKS:,} (blocks), got "
+                         f"{value!r}")
+    return number
+
+
 def _positive_int(name: str, value: object, unit: str, minimum: int = 1) -> int:
     """``value`` as a plain int >= ``minimum`` (numpy ints taken, as by the manager)."""
     number = _as_int(value)
@@ -250,9 +271,9 @@ def parse_capacity(spec: str | int, unique_blocks: int | None = None) -> int:
         if value is None:
             raise ValueError(f"capacity must be {_CAPACITY_FORMS}, got {spec!r}")
     else:
-        m = _CAPACITY_RE.match(spec)
-        if m:
-            value = int(m.group(1).replace("_", ""))
+        count = parse_count(spec)
+        if count is not None:
+            value = count
         else:
             p = _PERCENT_RE.match(spec)
             if not p:
@@ -360,6 +381,7 @@ def replay(
             "needs the whole trace up front (each block's next use), so it cannot replay a "
             "stream; pass the requests as a list (the CLI: drop --stream)"
         )
+    capacity = check_capacity(capacity)
     manager = OffloadingManager(capacity, policy, store_threshold=store_threshold,
                                 admission=admission, max_open_requests=max(4096, inflight + 1))
     advance = None

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from kvtier.checks import _as_int, check_nonnegative_int, check_positive_int, counted
 from kvtier.manager import MAX_BLOCKS
-from kvtier.replay import ReplayOptions, ReplayResult, log_grid, replay
+from kvtier.policies import get_policy
+from kvtier.replay import ReplayOptions, ReplayResult, check_capacity, log_grid, replay
 from kvtier.trace import TraceOptions, TraceWarning
 
 __all__ = ["DEFAULT_POINTS", "default_grid", "plot_mrc", "run_grid"]
@@ -155,6 +156,12 @@ def run_grid(
                             f"{type(value).__name__}")
     trace = TraceOptions() if trace is None else trace
     options = ReplayOptions() if options is None else options
+    # checked here too: a bad size or name failed in each worker after it read the trace,
+    # naming the manager's num_blocks
+    capacities = [check_capacity(c, f"capacities[{i}]") for i, c in enumerate(capacities)]
+    for p in policies:
+        if isinstance(p, str):
+            get_policy(p)  # unknown name: ValueError naming it and the known ones
     points = [(p, c) for p in policies for c in capacities]
     if not points:
         return []

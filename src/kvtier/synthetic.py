@@ -69,6 +69,9 @@ def _check_share(name: str, value: object) -> float:
     return float(value)
 
 
+_MAX_GAP = 10**300  # a mean gap, in requests, that a float holds with room to spare
+
+
 @dataclass(frozen=True)
 class SyntheticSpec:
     """Parameters of :func:`generate` (see the module docstring for the model).
@@ -83,8 +86,8 @@ class SyntheticSpec:
         dead_tail: probability in [0, 1] that a turn ends in a partial (dead) block.
         one_shot: share in [0, 1] of sessions that are one request of unique blocks.
         one_shot_blocks: (min, max) own blocks of a one-shot request (>= 1).
-        short_gap: mean gap between a session's turns, in requests (>= 1).
-        long_gap: mean gap of a long pause, in requests (>= 1).
+        short_gap: mean gap between a session's turns, in requests (1 to 1e300).
+        long_gap: mean gap of a long pause, in requests (1 to 1e300).
         long_share: probability in [0, 1] that a gap is a long pause.
         seed: the random seed.
 
@@ -114,6 +117,11 @@ class SyntheticSpec:
             number = _as_int(value)
             if number is None or number < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            if name.endswith("_gap") and number > _MAX_GAP:
+                # the gaps are drawn as floats: 10**400 stopped generate() half-way with
+                # "OverflowError: int too large to convert to float"
+                raise ValueError(f"{name} must be an int from 1 to {_MAX_GAP:.0e} "
+                                 f"(requests), got {value!r}")
             fixed[name] = number
         fixed["turns"] = _check_range("turns", self.turns, 1)
         fixed["system_blocks"] = _check_range("system_blocks", self.system_blocks, 0)
@@ -218,7 +226,21 @@ def trace_profile(requests: list[Request]) -> dict:
         followed by a later one, the share whose last key (the leaf), resp. whose
         second-to-last key, is named again by a later request (the quantities the prefix
         wrapper's leaf estimator compares, see :mod:`kvtier.policies.leaf_reuse`).
+
+    ``requests`` is read twice: an iterator (a generator) is taken into a list first (its
+    second pass was empty, so ``leaf_reuse`` and ``inner_reuse`` came back 0.0).
+
+    Raises:
+        TypeError: a request has no ``.keys`` (e.g. a bare list of keys: wrap it in
+            :class:`kvtier.trace.Request`); it raised ``AttributeError`` before.
     """
+    if not isinstance(requests, (list, tuple)):
+        requests = list(requests)
+    for i, req in enumerate(requests):
+        if not hasattr(req, "keys") or isinstance(req, dict):
+            raise TypeError(f"request {i} ({req!r:.40}) has no .keys: trace_profile() takes "
+                            "Request objects (kvtier.trace.Request(keys, input_length, "
+                            "output_length, timestamp))")
     counts: Counter = Counter()
     for req in requests:
         counts.update(set(req.keys))

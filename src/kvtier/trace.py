@@ -62,7 +62,7 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, NamedTuple
 
-from kvtier.checks import check_bool, check_positive_int
+from kvtier.checks import check_bool, check_positive_int, counted
 
 __all__ = [
     "FORMATS",
@@ -536,7 +536,9 @@ class TraceReader:
         if self.requests == 0:
             if self.bad_lines:
                 raise TraceFormatError(
-                    shown, None, f"no valid request: all {self.bad_lines} request lines are bad"
+                    shown, None, "no valid request: "
+                    + (f"all {self.bad_lines:,} request lines are bad" if self.bad_lines > 1
+                       else "its one request line is bad")
                 )
             raise TraceFormatError(shown, None, "empty trace: no request lines")
         self._report_lengths(shown)
@@ -577,8 +579,11 @@ class TraceReader:
             self._longest_tokens = -1  # once per pass
             bt = self.block_tokens
             warnings.warn(
-                f"{shown}: none of its {self.requests:,} requests has a full block of {bt} "
-                f"tokens (the longest token_ids has {longest:,}): only full blocks get a key, "
+                f"{shown}: "
+                + (f"none of its {self.requests:,} requests has a" if self.requests > 1
+                   else "its one request has no")
+                + f" full block of {counted(bt, 'token')} (the longest token_ids has "
+                f"{longest:,}): only full blocks get a key, "
                 "so nothing can be stored or hit; a smaller --block-tokens (block_tokens=) "
                 "gives them blocks (vLLM's default block size is 16 tokens)",
                 TraceWarning, stacklevel=4,
@@ -599,11 +604,31 @@ class TraceReader:
         if self._reported:  # said already in this pass (report_lengths): counts updated only
             return
         self._reported = True
+        if not self.block_refs:
+            # every hash_ids is empty: "needs another number of 512-token blocks ... no
+            # power-of-two block size fits" sent the user after --block-tokens, which no
+            # value fixes (found by a newcomer pass)
+            longest = max(length for length, _ in pairs)
+            warnings.warn(
+                f"{shown}: "
+                + (f"every one of its {self.requests:,} requests has" if self.requests > 1
+                   else "its one request has")
+                + f" an empty hash_ids (input_length up to {counted(longest, 'token')}): no "
+                "request names a block, so nothing can be stored or hit and every hit ratio "
+                "is 0; a trace needs each request's block hashes in hash_ids (or its "
+                "token_ids). strict=True / --strict makes this an error.",
+                TraceWarning, stacklevel=4,
+            )
+            return
         hint = (f"; block size {best} fits {fits:,} of them (--block-tokens {best})" if fits
                 else "; no power-of-two block size up to 65,536 fits any of them")
         warnings.warn(
-            f"{shown}: {bad:,} of {self.requests:,} requests have an input_length that needs "
-            f"another number of {bt}-token blocks than their hash_ids (first at line {self._first_mismatch})"
+            f"{shown}: {bad:,} of {counted(self.requests, 'request')} "
+            + ("has an input_length that needs another number of "
+               f"{bt}-token blocks than its hash_ids" if bad == 1 else
+               "have an input_length that needs another number of "
+               f"{bt}-token blocks than their hash_ids")
+            + f" (first at line {self._first_mismatch})"
             f"{hint}. Token hit ratios assume {bt} tokens per block; block hit ratios are "
             "unaffected. strict=True / --strict makes this an error.",
             TraceWarning, stacklevel=4,
@@ -647,8 +672,8 @@ class TraceReader:
                     if strict:
                         need = (input_length + block_tokens - 1) // block_tokens
                         raise _LineError(
-                            f"'input_length' {input_length} needs {need} blocks of "
-                            f"{block_tokens} tokens but 'hash_ids' has {len(ids)} "
+                            f"'input_length' {input_length} needs {counted(need, 'block')} of "
+                            f"{counted(block_tokens, 'token')} but 'hash_ids' has {len(ids)} "
                             "(--block-tokens sets the block size)"
                         )
                     pair = (input_length, len(ids))
