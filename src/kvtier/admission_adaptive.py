@@ -84,8 +84,9 @@ fewer than :data:`LONG_MEMORY` keys). The doorkeeper's memory of 8 to 16 tier si
 keys is shorter there than the static rule's tracker (64,000 keys: 147 tier sizes at 436
 blocks), and which of the two is better depends on the traffic: on `one-hit-90` 1 % W=32,
 sessions that come back once after a long gap, a fixed long memory gains 0.2 to 0.4 points;
-on `multi-turn` and `shared-prefix` 1 % W=32 and the conversation trace it loses up to 1.0
-(docs/policies.md, "versions tried", session 14). So the memory is dueled too. The
+on `multi-turn` and `shared-prefix` 1 % W=32 it loses up to 1.0, and starting with it cost
+the conversation trace 0.16 to 0.47 at 1,828 blocks (docs/policies.md, "versions tried",
+session 14). So the memory is dueled too. The
 doorkeepers' dropped generations go into an archive (two generations of ``LONG_MEMORY // 2``
 keys, one set union per dropped generation; the sampled doorkeeper's likewise, at ``rate``
 times the size), and a third shadow plays second sight with the long memory (doorkeeper
@@ -94,9 +95,11 @@ PSEL of admit-all against the other memory and a PSEL of long against short memo
 the same exact variance and test; the last one decays by the keys the busier of its two
 shadows stored (their contents' turnover: a miss that neither stores, most one-shot
 references, says nothing about the memories and ages nothing) instead of by misses. The tier
-starts with the short memory (main's choice, the better one on the conversation trace) and
-changes memory when that PSEL shows the other ahead beyond the switch test's bar (not
-during the fill); the two admit-all PSELs trade places then. With the long memory, second
+starts with the short memory (main's choice, the better one on the conversation trace)
+and, while it follows second sight, changes memory when that PSEL shows the other ahead
+beyond the switch test's bar; the two admit-all PSELs trade places then (under admit-all
+the memory stays: a change there would give the rule's test a second chance to leave
+admit-all). With the long memory, second
 sight also counts a key as seen before when the archive holds it. While the short memory is
 kept the tier's rule and its two shadows are exactly the two-shadow duel's (the long
 memory's shadow only adds its own duel; tested). Only the duel's general path runs the
@@ -945,10 +948,10 @@ class DuelingAdmission:
         PSEL (admit-all against the memory in use) and ``_psel_x`` (admit-all against the
         other memory), decayed by the keys not hit in both of their shadows, as
         :meth:`_weigh`, and ``_psel_m`` (long memory against short), decayed by ``turn``,
-        the keys the busier of its two shadows stored. The tier's memory changes when ``_psel_m`` shows the
-        other one ahead beyond the switch test's bar (:meth:`_decide`'s test: the same z
-        and small-sample term; not during the fill, when the two shadows are the same), and
-        PSEL and ``_psel_x`` trade places then; last, PSEL takes the evidence of admit-all
+        the keys the busier of its two shadows stored. While the tier follows second sight
+        (never during the fill), its memory changes when ``_psel_m`` shows the other one
+        ahead beyond the switch test's bar (:meth:`_decide`'s test: the same z and
+        small-sample term), and PSEL and ``_psel_x`` trade places then; last, PSEL takes the evidence of admit-all
         against the memory in use and the tier's rule follows it (:meth:`_weigh`)."""
         decay = self._decay
         long = self.long_memory
@@ -970,7 +973,13 @@ class DuelingAdmission:
         d = hits_l - hits_b
         self._psel_m = pm = self._psel_m * keep + d
         self._s2_m = s2m = self._s2_m * keep * keep + d * d
-        if not self._filling and (pm < 0.0 if long else pm > 0.0) and self._passes(pm, s2m):
+        # (only while the tier follows second sight: under admit-all a change of memory
+        # would give the rule's test a second chance to leave admit-all, against the other
+        # memory; so it moved `one-hit-90` ARC 3 % W=32 17.67 -> 17.43, where admit-all is
+        # the better rule: docs/policies.md, "versions tried", session 14)
+        if self.selective and not self._filling and (pm < 0.0 if long else pm > 0.0) and (
+            self._passes(pm, s2m)
+        ):
             self._swap_memory()
             h_use = h_other
         keep = 1 - (n - (hits_a if hits_a < h_use else h_use)) * decay
