@@ -79,32 +79,6 @@ without its set work for the lookups it never serves. The shadows have their own
 over the sampled keys, with generations of ``rate * WINDOW_FACTOR * num_blocks`` sampled
 keys (the same span of time).
 
-**Two memories** (tiers under 4,000 blocks, where the doorkeeper's two generations span
-fewer than :data:`LONG_MEMORY` keys). The doorkeeper's memory of 8 to 16 tier sizes of new
-keys is shorter there than the static rule's tracker (64,000 keys: 147 tier sizes at 436
-blocks), and which of the two is better depends on the traffic: on `one-hit-90` 1 % W=32,
-sessions that come back once after a long gap, a fixed long memory gains 0.2 to 0.4 points;
-on `multi-turn` and `shared-prefix` 1 % W=32 it loses up to 1.0, and starting with it cost
-the conversation trace 0.16 to 0.47 at 1,828 blocks (docs/policies.md, "versions tried",
-session 14). So the memory is dueled too. The
-doorkeepers' dropped generations go into an archive (two generations of ``LONG_MEMORY // 2``
-keys, one set union per dropped generation; the sampled doorkeeper's likewise, at ``rate``
-times the size), and a third shadow plays second sight with the long memory (doorkeeper
-and archive). Besides PSEL (admit-all against the second sight the tier would follow), a
-PSEL of admit-all against the other memory and a PSEL of long against short memory run with
-the same exact variance and test; the last one decays by the keys the busier of its two
-shadows stored (their contents' turnover: a miss that neither stores, most one-shot
-references, says nothing about the memories and ages nothing) instead of by misses. The tier
-starts with the short memory (main's choice, the better one on the conversation trace)
-and, while it follows second sight, changes memory when that PSEL shows the other ahead
-beyond the switch test's bar; the two admit-all PSELs trade places then (under admit-all
-the memory stays: a change there would give the rule's test a second chance to leave
-admit-all). With the long memory, second
-sight also counts a key as seen before when the archive holds it. While the short memory is
-kept the tier's rule and its two shadows are exactly the two-shadow duel's (the long
-memory's shadow only adds its own duel; tested). Only the duel's general path runs the
-third shadow, so the inlined one-key paths are not taken at these sizes.
-
 **Requests in flight.** A block whose store is in flight is not readable (HIT_PENDING, a
 miss, and the lookup stops there) and not evictable. The shadows model both: a key a shadow
 stores stays pending for the tier's in-flight depth ``D`` in calls, and a shadow's store
@@ -137,16 +111,11 @@ keys (at most their capacity) and the FIFO of their pins (at most twice their pi
 plus one lookup's), the FIFO of store calls in flight at most ``num_blocks + L`` entries
 (after each lookup its blocks but the oldest entry's are fewer than the tier's pending
 blocks) plus the last answered call (held aside until the next call), plus a few counters.
-With two memories (``A = LONG_MEMORY // 2``), also the archives, at most ``2 * (A + G + L)``
-keys and ``2 * (rate * (A + G) + L)`` sampled keys (an archive generation passes ``A`` by at
-most one dropped generation), and the third shadow (its capacity, pending and pinned keys,
-as the others): up to about 70,000 keys for the smallest tiers, the static rule's tracker's
-64,000. Time per key looked up: a slice and a hash for ``1 / stride`` of the keys, and two
-shadow policy updates for a sampled key (three with two memories); while second sight is chosen, also one hash, one set
+Time per key looked up: a slice and a hash for ``1 / stride`` of the keys, and two shadow
+policy updates for a sampled key; while second sight is chosen, also one hash, one set
 insertion and one or two set lookups per key (the leading run of keys seen before; while
 admit-all keeps the doorkeeper, one copy into its log instead); the end of a generation
-drops one set of ``G`` keys, or adds it to the archive (O(1) amortized per key); with the
-long memory in use the leading-run scan looks in the two archive sets too. :meth:`admit` is O(1) per key of its
+drops one set of ``G`` keys (O(1) amortized per key). :meth:`admit` is O(1) per key of its
 call.
 
 Deterministic for a given sequence of calls whose keys hash deterministically: ints (every
@@ -168,7 +137,6 @@ __all__ = [
     "MAX_STRIDE",
     "HORIZON",
     "KEEP_LEAD",
-    "LONG_MEMORY",
     "MIN_RATE",
     "SHADOW_BLOCKS",
     "WINDOW_FACTOR",
@@ -184,15 +152,6 @@ WINDOW_FACTOR = 8
 8 to 16 tier sizes of new keys: a block reused within that is admitted on its second sight.
 Caffeine (TinyLFU) resets its sketch every 10 tier sizes; the figure is generic, not fitted
 to a trace."""
-
-LONG_MEMORY = 64_000
-"""The long doorkeeper memory, in distinct keys: the static rule's tracker
-(``OffloadingManager(max_tracker_size=64_000)``), so that second sight with the long memory
-remembers a first sight about as long as ``--store-threshold 2`` does. Kept (an archive of
-the doorkeeper's dropped generations, in two generations of ``LONG_MEMORY // 2`` keys) only
-for tiers whose own two generations span less (``2 * WINDOW_FACTOR * num_blocks <
-LONG_MEMORY``, under 4,000 blocks); which of the two memories the tier uses is dueled (see
-the module docstring, "Two memories")."""
 
 SHADOW_BLOCKS = 512
 """Wanted size of each shadow cache, in blocks: the sampling rate is about
@@ -250,9 +209,6 @@ class DuelingAdmission:
         shadow_blocks: wanted shadow size in blocks (>= 1).
         min_rate: lowest sampling rate, in (0, 1].
         horizon: PSEL's memory in shadow turnovers (>= 1), see :data:`HORIZON`.
-        long_memory: the long doorkeeper memory in keys (>= 0; 0: none, two shadows only),
-            see :data:`LONG_MEMORY`; kept only where it exceeds the doorkeeper's two
-            generations (``2 * window_factor * num_blocks``).
         shadow_policy: the tier's policy class, run by the shadows (default and for
             offline policies: LRU).
 
@@ -272,23 +228,17 @@ class DuelingAdmission:
         horizon: int = HORIZON,
         shadow_policy: type | None = None,
         switch_z: float = SWITCH_Z,
-        long_memory: int = LONG_MEMORY,
     ) -> None:
         for arg, value in (("num_blocks", num_blocks), ("window_factor", window_factor),
                            ("shadow_blocks", shadow_blocks), ("horizon", horizon)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{arg} must be a positive int, got {value!r}")
-        if isinstance(long_memory, bool) or not isinstance(long_memory, int) or long_memory < 0:
-            raise ValueError(f"long_memory must be an int >= 0, got {long_memory!r}")
         if isinstance(min_rate, bool) or not isinstance(min_rate, (int, float)) or not (
             0 < min_rate <= 1
         ):
             raise ValueError(f"min_rate must be a number in (0, 1], got {min_rate!r}")
         self.num_blocks = num_blocks
         self.window = window_factor * num_blocks
-        # the long memory's archive generation (keys), or 0 where the doorkeeper's own
-        # generations span as much (see LONG_MEMORY)
-        self.arch_window = long_memory // 2 if 2 * self.window < long_memory else 0
         # 1 / rate = stride * modulus ~ num_blocks / shadow_blocks, at most 1 / min_rate
         inverse = max(1.0, min(num_blocks / shadow_blocks, 1 / min_rate))
         self.stride = max(1, min(MAX_STRIDE, int(inverse)))
@@ -316,8 +266,6 @@ class DuelingAdmission:
         generation (``rate`` times the tier's, scaled as the shadows) and PSEL's decay."""
         self.shadow_capacity = capacity
         self.sample_window = max(1, round(self.rate * self.window * capacity / self._nominal))
-        self.sample_arch_window = max(
-            1, round(self.rate * self.arch_window * capacity / self._nominal))
         self._decay = 1 / (self.horizon * capacity)  # PSEL's decay per sampled ref
         self._keep_above = -KEEP_LEAD / self._decay  # the doorkeeper is kept while PSEL > this
         self._keep1 = 1 - self._decay  # ... its factor per sampled ref
@@ -343,23 +291,6 @@ class DuelingAdmission:
         mini = _LRUMini if self._lru_minis else _ARCMini if self._arc_minis else _Mini
         self._mini_a = mini(self.shadow_policy, self.shadow_capacity)  # admit-all
         self._mini_b = mini(self.shadow_policy, self.shadow_capacity)  # second sight
-        # two memories (see the module docstring): the archives of dropped generations (the
-        # tier's and the sampled keys'), the third shadow (second sight with the long
-        # memory), the tier's memory (long first), PSEL of admit-all against the memory not
-        # in use (self.psel is against the one in use) and PSEL of long against short
-        long = self.arch_window > 0
-        self._arch: set[Hashable] | None = set() if long else None
-        self._arch_old: set[Hashable] = set()
-        self._sarch: set[int] = set()
-        self._sarch_old: set[int] = set()
-        self._mini_l = mini(self.shadow_policy, self.shadow_capacity) if long else None
-        self.long_memory = False  # (the short memory first: see "Two memories")
-        self._psel_x = 0.0
-        self._s2_x = 0.0
-        self._psel_m = 0.0
-        self._s2_m = 0.0
-        self.memory_switches = 0
-        self.shadow_hits_long = 0
         # PSEL: the duel's evidence for second sight (see _decide for how it picks the rule)
         self.psel = 0.0
         self._s2 = 0.0  # sum of squared disagreements, squared weights (PSEL's variance)
@@ -386,9 +317,7 @@ class DuelingAdmission:
         self._adm: int | None = None
         self._calls = 0
         self._depth = 0.0
-        # depth >= 1 or a shadow holds pending keys: the duel's general path (always with
-        # the third shadow, which only the general path runs)
-        self._inflight = self._mini_l is not None
+        self._inflight = False  # depth >= 1 or a shadow holds pending keys
         # the last lookup's keys and how many of them lead that were seen before it (or -1)
         self._last: Sequence[Hashable] = ()
         self._last_run = -1
@@ -459,14 +388,11 @@ class DuelingAdmission:
                     self._apply_log()
                 seen = self._seen
                 if len(seen) >= self.window:  # a new generation: the oldest sights are
-                    if self._arch is not None:  # forgotten (or archived: the long memory)
-                        self._archive(self._seen_old)
-                    self._seen_old = seen
+                    self._seen_old = seen  # forgotten
                     self._seen = seen = set()
                     self.generations += 1
                 self._last = last
-                self._last_run = (self._leading_seen_long(last) if self.long_memory
-                                  else self._leading_seen(last))
+                self._last_run = self._leading_seen(last)
                 seen.update(last)
         else:
             self._last_run = -1
@@ -501,8 +427,7 @@ class DuelingAdmission:
         self._log = []
         self._logged = 0
         if self._last_run is None:
-            self._last_run = (self._leading_seen_long(last) if self.long_memory
-                              else self._leading_seen(last))
+            self._last_run = self._leading_seen(last)
         seen.update(last)
 
     def _leading_seen(self, keys: Sequence[Hashable]) -> int:
@@ -520,30 +445,6 @@ class DuelingAdmission:
             while run < n and keys[run] in seen:
                 run += 1
         return run
-
-    def _leading_seen_long(self, keys: Sequence[Hashable]) -> int:
-        """How many leading ``keys`` the long memory holds (the doorkeeper's generations and
-        the archive's)."""
-        seen = self._seen
-        old = self._seen_old
-        arch = self._arch
-        arch_old = self._arch_old
-        run = 0
-        for key in keys:
-            if not (key in seen or key in old or key in arch or key in arch_old):
-                break
-            run += 1
-        return run
-
-    def _archive(self, dropped: set) -> None:
-        """A doorkeeper generation ends: its oldest generation ``dropped`` joins the
-        archive; an archive generation of ``arch_window`` keys or more becomes the old one
-        (the one before is forgotten)."""
-        arch = self._arch
-        arch.update(dropped)
-        if len(arch) >= self.arch_window:
-            self._arch_old = arch
-            self._arch = set()
 
     def _push(self) -> None:
         """The last answered store call (``_adm``) joins the FIFO of calls in flight."""
@@ -770,9 +671,6 @@ class DuelingAdmission:
             elif psel < 0.0 if self.selective else psel > 0.0:
                 self._test_switch(psel, s2)
             return
-        if self._mini_l is not None:  # the third shadow (a tier under 4,000 blocks)
-            self._duel3(sampled)
-            return
         # the leading hits: plain loops (takewhile and a list cost more for these few keys)
         hits_a = 0
         for h in sampled:
@@ -854,151 +752,6 @@ class DuelingAdmission:
             keep = 0.0  # everything (PSEL stays a decayed sum, never flips sign)
         self._weigh(hits_b - hits_a, hits_a, keep)
 
-    def _duel3(self, sampled: list[int]) -> None:
-        """:meth:`_duel`'s general path with the third shadow (second sight with the long
-        memory, see the module docstring, "Two memories"): the same steps for the three
-        shadows, then :meth:`_weigh3`."""
-        ma = self._mini_a
-        mb = self._mini_b
-        ml = self._mini_l
-        n = len(sampled)
-        hits = [0, 0, 0]
-        minis = (ma, mb, ml)
-        for i, m in enumerate(minis):
-            keys = m.keys
-            run = 0
-            for h in sampled:
-                if h not in keys:
-                    break
-                run += 1
-            hits[i] = run
-        depth = self._depth
-        oldest = self._calls - int(depth)
-        for i, m in enumerate(minis):
-            if m.held or m.pins:
-                m.complete(oldest)
-                if m.held:
-                    hits[i] = _until_pending(sampled, hits[i], m.held)
-        if depth >= 1:  # the keys a lookup hits are pinned (see _duel)
-            call = self._calls
-            for i, m in enumerate(minis):
-                if hits[i]:
-                    m.pin(sampled[:hits[i]], call)
-        hits_a, hits_b, hits_l = hits
-        self.sampled_refs += n
-        self.shadow_hits_all += hits_a
-        self.shadow_hits_second += hits_b
-        self.shadow_hits_long += hits_l
-        sseen = self._sseen
-        if hits_a == n and hits_b == n and hits_l == n:  # no store, no disagreement
-            for m in minis:
-                if m.touch is not None:
-                    m.touch(sampled)
-            sseen.update(sampled)
-            self._ha += n
-            if self.selective:
-                self._decide()
-            return
-        if (hits_a < n or hits_b < n) and len(sseen) >= self.sample_window:
-            # a new sampled generation: the oldest joins the sampled archive (as _archive);
-            # not where admit-all and short second sight both hit every key (the long
-            # memory's shadow missed): :meth:`_duel` starts no generation there, so while the
-            # short memory is in use the tier's rule and its two shadows are :meth:`_duel`'s
-            sarch = self._sarch
-            sarch.update(self._sseen_old)
-            if len(sarch) >= self.sample_arch_window:
-                self._sarch_old = sarch
-                self._sarch = set()
-            self._sseen_old = sseen
-            self._sseen = sseen = set()
-        sold = self._sseen_old
-        run = 0
-        for h in sampled:
-            if h in sseen or h in sold:
-                run += 1
-            else:
-                break
-        run_l = run
-        sarch = self._sarch
-        sarch_old = self._sarch_old
-        for h in sampled[run:]:
-            if h in sseen or h in sold or h in sarch or h in sarch_old:
-                run_l += 1
-            else:
-                break
-        sseen.update(sampled)
-        call = self._calls if depth >= 1 else 0  # stores stay pending while calls are
-        cap = self.shadow_capacity
-        ma.access(sampled, n, cap, call)
-        if self._filling:  # the three store every miss until full: the tier's fill
-            turn = mb.access(sampled, n, cap, call)
-            turn = max(turn, ml.access(sampled, n, cap, call))
-            if len(mb.keys) >= cap:
-                self._end_fill()
-        else:
-            stored = mb.access(sampled, run, cap, call)
-            turn = max(stored, ml.access(sampled, run_l, cap, call))
-            if stored and self._settle:
-                self._settling(stored)
-        self._weigh3(hits_a, hits_b, hits_l, n, turn)
-
-    def _weigh3(self, hits_a: int, hits_b: int, hits_l: int, n: int, turn: int) -> None:
-        """One sampled lookup's evidence with the third shadow (see the module docstring,
-        "Two memories"). Three duels, each a PSEL with its own decay and exact variance:
-        PSEL (admit-all against the memory in use) and ``_psel_x`` (admit-all against the
-        other memory), decayed by the keys not hit in both of their shadows, as
-        :meth:`_weigh`, and ``_psel_m`` (long memory against short), decayed by ``turn``,
-        the keys the busier of its two shadows stored. While the tier follows second sight
-        (never during the fill), its memory changes when ``_psel_m`` shows the other one
-        ahead beyond the switch test's bar (:meth:`_decide`'s test: the same z and
-        small-sample term), and PSEL and ``_psel_x`` trade places then; last, PSEL takes the evidence of admit-all
-        against the memory in use and the tier's rule follows it (:meth:`_weigh`)."""
-        decay = self._decay
-        long = self.long_memory
-        h_use, h_other = (hits_l, hits_b) if long else (hits_b, hits_l)
-        keep = 1 - (n - (hits_a if hits_a < h_other else h_other)) * decay
-        if keep < 0.0:
-            keep = 0.0
-        d = h_other - hits_a
-        self._psel_x = self._psel_x * keep + d
-        self._s2_x = self._s2_x * keep * keep + d * d
-        # the memories' duel forgets at the pace the two second-sight shadows' contents turn
-        # over: by the keys the busier one stored (a miss of a key neither stores, most
-        # references of one-shot traffic, changes neither shadow; decayed per miss, as
-        # PSEL, it kept so few disagreements at `one-hit-90` 1 % W=32 that SIEVE never
-        # passed the test: docs/policies.md, "versions tried", session 14)
-        keep = 1 - turn * decay
-        if keep < 0.0:
-            keep = 0.0
-        d = hits_l - hits_b
-        self._psel_m = pm = self._psel_m * keep + d
-        self._s2_m = s2m = self._s2_m * keep * keep + d * d
-        # (only while the tier follows second sight: under admit-all a change of memory
-        # would give the rule's test a second chance to leave admit-all, against the other
-        # memory; so it moved `one-hit-90` ARC 3 % W=32 17.67 -> 17.43, where admit-all is
-        # the better rule: docs/policies.md, "versions tried", session 14)
-        if self.selective and not self._filling and (pm < 0.0 if long else pm > 0.0) and (
-            self._passes(pm, s2m)
-        ):
-            self._swap_memory()
-            h_use = h_other
-        keep = 1 - (n - (hits_a if hits_a < h_use else h_use)) * decay
-        if keep < 0.0:
-            keep = 0.0
-        self._weigh(h_use - hits_a, hits_a, keep)
-
-    def _passes(self, psel: float, s2: float) -> bool:
-        """PSEL beyond the switch test's bar (see :meth:`_decide`)."""
-        se = s2 ** 0.5
-        return bool(se) and abs(psel) > self._z * se + self._tc / se
-
-    def _swap_memory(self) -> None:
-        """The tier's doorkeeper memory changes: PSEL and ``_psel_x`` trade places."""
-        self.long_memory = not self.long_memory
-        self.memory_switches += 1
-        self.psel, self._psel_x = self._psel_x, self.psel
-        self._s2, self._s2_x = self._s2_x, self._s2
-
     def _count_fill(self, new_keys: Sequence[Hashable], n: int) -> None:
         """During the fill: count a store call's new blocks, and those at the sampled
         depths (``depth % stride == 0``), when the call is the tail of the last lookup (the
@@ -1046,8 +799,6 @@ class DuelingAdmission:
                     self._size_shadows(cap)
                     self._mini_a.shrink(cap)
                     self._mini_b.shrink(cap)
-                    if self._mini_l is not None:
-                        self._mini_l.shrink(cap)
         self._settle = self.shadow_capacity
 
     def _settling(self, stored: int) -> None:
@@ -1061,17 +812,7 @@ class DuelingAdmission:
         restarts: PSEL and its variance from 0 (the admit-all shadow's hit count, for the
         "no hits" rule, is kept)."""
         self._settle = settle = self._settle - stored if stored < self._settle else 0
-        if settle:
-            return
-        if self._mini_l is not None:  # the other duels the same way (the long memory's
-            z = self._z  # shadow held the fill's contents too)
-            if not (self._s2_x and abs(self._psel_x) > z * self._s2_x ** 0.5
-                    + self._tc / self._s2_x ** 0.5):
-                self._psel_x = self._s2_x = 0.0
-            if not (self._s2_m and abs(self._psel_m) > z * self._s2_m ** 0.5
-                    + self._tc / self._s2_m ** 0.5):
-                self._psel_m = self._s2_m = 0.0
-        if self.selective:
+        if settle or self.selective:
             return
         s2 = self._s2
         if s2:
@@ -1223,17 +964,6 @@ class DuelingAdmission:
             except Exception:  # (as above: keys whose == misbehaves are other keys)
                 fresh = ()
         count = 0
-        if self.long_memory:
-            arch = self._arch
-            arch_old = self._arch_old
-            for key in new_keys:
-                if (key in seen or key in old or key in arch or key in arch_old) and (
-                    key not in fresh
-                ):
-                    count += 1
-                else:
-                    break
-            return count
         for key in new_keys:
             if (key in seen or key in old) and key not in fresh:
                 count += 1
@@ -1244,12 +974,8 @@ class DuelingAdmission:
     # -- introspection -------------------------------------------------------------------
     def state_size(self) -> int:
         """Keys held now (doorkeepers and shadows); bounded as the module docstring says."""
-        size = (len(self._seen) + self._logged + len(self._seen_old) + len(self._sseen)
+        return (len(self._seen) + self._logged + len(self._seen_old) + len(self._sseen)
                 + len(self._sseen_old) + len(self._mini_a.keys) + len(self._mini_b.keys))
-        if self._mini_l is not None:
-            size += (len(self._arch) + len(self._arch_old) + len(self._sarch)
-                     + len(self._sarch_old) + len(self._mini_l.keys))
-        return size
 
     def info(self) -> dict:
         """The current choice and the duel's counters, for ``stats``-style reporting."""
@@ -1270,10 +996,6 @@ class DuelingAdmission:
             "inflight_depth": self._depth,
             "window": self.window,
             "generations": self.generations,
-            "memory": "long" if self.long_memory else "short",
-            "memory_switches": self.memory_switches,
-            "psel_memory": self._psel_m,
-            "shadow_hits_long": self.shadow_hits_long,
             "state_keys": self.state_size(),
         }
 
@@ -1308,11 +1030,6 @@ class DuelingAdmission:
                          self._calls, self._depth, self._live_flight()),
             "pending": (dict(self._mini_a.held), dict(self._mini_b.held)),
             "pinned": (dict(self._mini_a.pins), dict(self._mini_b.pins)),
-            "long": None if self._mini_l is None else (
-                set(self._arch), set(self._arch_old), set(self._sarch), set(self._sarch_old),
-                self._mini_l.policy.snapshot(), dict(self._mini_l.held),
-                dict(self._mini_l.pins), self.long_memory, self.memory_switches,
-                self._psel_x, self._s2_x, self._psel_m, self._s2_m),
         }
 
 
