@@ -28,7 +28,10 @@ with :meth:`OffloadingManager.on_new_request` (request mode, vLLM 0.33's model):
 keys the request loads and names in ``prepare_store`` are recorded and applied as one use
 when :meth:`OffloadingManager.on_request_finished` closes it (docs/manager.md, "Request
 mode"). Every method validates all its keys before it changes anything: a bad call raises
-and leaves the manager exactly as it was. Not thread-safe: one thread at a time.
+and leaves the manager exactly as it was. Keys must be hashable and equal to themselves: a
+NaN key (``float("nan")``) is stored but never found again by another NaN object (key
+lists are not scanned for it: a check per key would cost every call; docs/manager.md, "The
+rules"). Not thread-safe: one thread at a time.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ class _RequestLog:
     attribute: LRU replay +0.7 %, docs/performance.md, "Request mode, round 6"). The manager
     has 29."""
 
-    __slots__ = ("max_open", "early", "finished", "finished_early", "late", "store_miss",
+    __slots__ = ("early", "finished", "finished_early", "late", "max_open", "store_miss",
                  "trusted")
 
     def __init__(self, max_open: int, store_miss: Any, trusted: bool = False) -> None:
@@ -129,7 +132,7 @@ class _Request:
     5 (manager and adapter)").
     """
 
-    __slots__ = ("keys", "inserted", "order", "reused", "merged")
+    __slots__ = ("inserted", "keys", "merged", "order", "reused")
 
     keys: dict[Hashable, None]
     inserted: set[Hashable]
@@ -380,7 +383,7 @@ class OffloadingManager:
             # unhashable victim when nothing was pending, pinned or protected.)
             slots.extend(map(slot_of.pop, victims))
         except (TypeError, KeyError) as error:
-            for key, slot in zip(victims, slots):
+            for key, slot in zip(victims, slots, strict=False):  # the slots popped so far
                 slot_of[key] = slot
             raise self._bad_victims(victims, n, error) from None
         return slots
@@ -523,6 +526,9 @@ class OffloadingManager:
             BlockStateError: a key is not stored, or its store is still in flight. Nothing
                 is pinned then.
             TypeError: a key is not hashable.
+            whatever the policy's ``mark_non_evictable`` raises (a policy that does not
+                share the manager's held state is told of new pins): the manager takes the
+                pins back and is exactly as before the call.
         """
         if type(keys) is not list and type(keys) is not tuple:
             keys = key_list(keys, "prepare_load")
@@ -535,7 +541,11 @@ class OffloadingManager:
                 if count == 0:
                     self._evictable -= 1
                     if self._on_pin is not None:
-                        self._on_pin(keys)
+                        try:
+                            self._on_pin(keys)
+                        except BaseException:  # the policy's hook raised: nothing pinned
+                            self._evictable += 1
+                            raise
                 pins[key] = count + 1
                 self._loads += 1
                 if req_context is not None and self._requests:  # request mode only
@@ -576,7 +586,11 @@ class OffloadingManager:
         if newly_pinned:
             self._evictable -= len(newly_pinned)
             if self._on_pin is not None:
-                self._on_pin(newly_pinned)
+                try:
+                    self._on_pin(newly_pinned)
+                except BaseException:  # the policy's hook raised: take the pins back
+                    self._unpin_all(keys, len(newly_pinned))
+                    raise
         self._loads += len(slots)
         if req_context is not None and self._requests:  # request mode only
             try:  # the open request, if any (see _record_load)
@@ -593,6 +607,18 @@ class OffloadingManager:
                     rec.keys = dict.fromkeys(keys)
                     rec.reused = rec.keys.keys()
         return slots
+
+    def _unpin_all(self, keys: Sequence[Hashable], newly_pinned: int) -> None:
+        """prepare_load's error path: take back the pin each occurrence in ``keys`` took
+        (``newly_pinned`` of them made a block non-evictable)."""
+        pins = self._pins
+        for key in keys:
+            count = pins[key] - 1
+            if count:
+                pins[key] = count
+            else:
+                del pins[key]
+        self._evictable += newly_pinned
 
     def complete_load(self, keys: Sequence[Hashable], req_context: Any = None) -> None:
         """Release one pin per key (ref count -1); a block at 0 becomes evictable again.
@@ -627,8 +653,8 @@ class OffloadingManager:
         counts: list[int] = []
         try:  # list.extend keeps the counts popped before an unhashable key
             counts.extend(map(pins.pop, keys, repeat(0)))  # not a comprehension: see _CELLS
-        except TypeError:
-            pins.update(item for item in zip(keys, counts) if item[1])
+        except TypeError:  # the counts popped before the unhashable key: fewer than keys
+            pins.update(item for item in zip(keys, counts, strict=False) if item[1])
             self._slots_of(keys, "complete_load")  # raises (names the first bad key)
             raise
         if before - len(pins) == len(keys):
@@ -636,13 +662,15 @@ class OffloadingManager:
                 freed_keys = keys
             else:
                 freed_keys = []
+                # (equal lengths: every key's count was popped; no strict=True, see the
+                # store's zip in prepare_store)
                 for key, count in zip(keys, counts):
                     if count > 1:
                         pins[key] = count - 1
                     else:
                         freed_keys.append(key)
         else:
-            pins.update(item for item in zip(keys, counts) if item[1])
+            pins.update(item for item in zip(keys, counts, strict=True) if item[1])
             try:  # every key stored and hashable (_slots_of spelled out, _FRAMES)
                 list(map(self._slot_of.__getitem__, keys))
             except (KeyError, TypeError):
@@ -772,9 +800,11 @@ class OffloadingManager:
                     (victim,) = victims
                     slot = slot_of.pop(victim)
                 except (TypeError, ValueError, KeyError):
+                    self._no_room()  # the admission takes back its answer (PolicyError next)
                     slot = self._victim_slots(victims, 1, ())[0]  # raises PolicyError
                 if victim in self._pending_keys or victim in self._pins:
                     slot_of[victim] = slot  # (checked for every policy, trusted or not)
+                    self._no_room()
                     raise self._policy_error(
                         f"evict(1) chose block {victim!r}, "
                         + ("whose store is pending" if victim in self._pending_keys
@@ -839,7 +869,10 @@ class OffloadingManager:
         all_recorded = lazy = False
         if rec is not None:
             # vLLM's order: the call's admitted new keys and ready keys are recorded before
-            # any early return (a failed store still records them); inserted only below.
+            # any early return (a failed store still records them); inserted only below. An
+            # offer that evicts is recorded once its eviction is done (a PolicyError leaves
+            # the record as it was): the usual one (lazy) at its insert, any other by
+            # _record_offer.
             # The usual offer (nothing stored yet, every new key fits under the cap) is
             # _record_store + _add_keys spelled out (_FRAMES)
             rkeys, inserted = rec.keys, rec.inserted
@@ -853,6 +886,8 @@ class OffloadingManager:
                     # _Request; isdisjoint walks the smaller side; vLLM spec replay -206 per
                     # block reference, docs/performance.md, "Request mode, round 7")
                     lazy = True
+                elif len(new_keys) > self._num_blocks - len(slot_of):
+                    pass  # it evicts: recorded once the eviction is done (_record_offer)
                 else:
                     rec.merge()
                     if rec.keys:
@@ -860,7 +895,7 @@ class OffloadingManager:
                     else:  # the request's first keys
                         rec.keys = dict.fromkeys(new_keys)
                 all_recorded = True
-            else:
+            elif len(new_keys) <= self._num_blocks - len(slot_of):  # else as just above
                 rec.merge()  # its new keys recorded in keys, then inserted
                 all_recorded = self._record_store(rec, keys, new_keys, num_resident)
         if not new_keys:
@@ -876,6 +911,8 @@ class OffloadingManager:
             if shortfall > self._evictable:
                 if lazy:  # a failed store records its new keys, not inserted
                     self._record_unstored(rec, new_keys)
+                elif rec is not None:
+                    self._record_offer(rec, keys, new_keys, num_resident)
                 return self._no_room()  # fast fail: the policy is not asked
             # only the call's keys that are already stored can be victims, so only they are
             # passed as protected; usually there are none
@@ -885,28 +922,38 @@ class OffloadingManager:
                 protected: Collection[Hashable] = ()
             else:
                 protected = set(filter(slot_of.__contains__, keys))  # see _CELLS
-            if rec is not None:
-                # request mode: ghost learning (a touch of the new keys) must come before the
-                # eviction, as vLLM's on_store_miss, and only when the store will succeed
-                if protected:
-                    protected = protected_set(protected)
-                    if self.policy.count_eligible(protected) < shortfall:
-                        if lazy:
-                            self._record_unstored(rec, new_keys)
-                        return self._no_room()
-                if rec.inserted:
-                    self._learn_misses(rec, new_keys)
-                else:  # nothing used for ghost learning yet: all of them (_FRAMES)
-                    self._req_log.store_miss(new_keys)
-                victims = self.policy._evict(shortfall, protected)
-            elif protected:
-                victims = self.policy.evict(shortfall, protected)
-                if victims is None:
-                    return self._no_room()
-            else:  # the manager's count is exact: no recount (see the one-key path)
-                victims = self.policy._evict(shortfall, ())
-            # SlotAllocator.release spelled out (_FRAMES)
-            self._slots.free.extend(self._victim_slots(victims, shortfall, protected))
+            try:
+                if rec is not None:
+                    # request mode: ghost learning (a touch of the new keys) must come before the
+                    # eviction, as vLLM's on_store_miss, and only when the store will succeed
+                    if protected:
+                        protected = protected_set(protected)
+                        if self.policy.count_eligible(protected) < shortfall:
+                            if lazy:
+                                self._record_unstored(rec, new_keys)
+                            else:
+                                self._record_offer(rec, keys, new_keys, num_resident)
+                            return self._no_room()
+                    if rec.inserted:
+                        self._learn_misses(rec, new_keys)
+                    else:  # nothing used for ghost learning yet: all of them (_FRAMES)
+                        self._req_log.store_miss(new_keys)
+                    victims = self.policy._evict(shortfall, protected)
+                    # SlotAllocator.release spelled out (_FRAMES)
+                    self._slots.free.extend(self._victim_slots(victims, shortfall, protected))
+                    if not lazy:  # the offer is recorded now that no PolicyError can come
+                        all_recorded = self._record_offer(rec, keys, new_keys, num_resident)
+                else:
+                    if protected:
+                        victims = self.policy.evict(shortfall, protected)
+                        if victims is None:
+                            return self._no_room()
+                    else:  # the manager's count is exact: no recount (see the one-key path)
+                        victims = self.policy._evict(shortfall, ())
+                    self._slots.free.extend(self._victim_slots(victims, shortfall, protected))
+            except BaseException:  # a PolicyError (or the policy's own error) from the
+                self._no_room()    # eviction: the admission takes back its answer too
+                raise
             evicted_keys = victims
             if self._on_evict is not None:  # TinyLFU admission learns the victims' frequency
                 self._on_evict(victims)
@@ -932,6 +979,8 @@ class OffloadingManager:
             slot_of[new_keys[0]] = block_ids[0]
             self._pending_keys.add(new_keys[0])
         else:
+            # equal lengths (block_ids taken for new_keys); no strict=True: a keyword
+            # argument makes zip parse its keywords at every store
             slot_of.update(zip(new_keys, block_ids))
             self._pending_keys.update(new_keys)
         if self._insert is not None:
@@ -957,6 +1006,17 @@ class OffloadingManager:
         if self._on_store is not None:
             self._on_store(keys)
         return _output((new_keys, block_ids, evicted_keys))
+
+    def _record_offer(
+        self, rec: _Request, keys: Sequence[Hashable], new_keys: Sequence[Hashable],
+        num_resident: int,
+    ) -> bool:
+        """Record a :meth:`prepare_store` offer that is not the usual store (see _Request)
+        and that evicts: deferred until the eviction is done (or known to fail), so that a
+        :class:`PolicyError` leaves the record as it was. Return whether every key of
+        ``new_keys`` is now recorded (:meth:`_record_store`)."""
+        rec.merge()  # its new keys recorded in keys, then inserted
+        return self._record_store(rec, keys, new_keys, num_resident)
 
     @staticmethod
     def _record_unstored(rec: _Request, new_keys: list) -> None:
@@ -1066,6 +1126,10 @@ class OffloadingManager:
             TypeError: ``req_context`` is not hashable, or is ``None`` (which means "no
                 request" to prepare_load / prepare_store); nothing changed.
             RequestStateError: ``req_context`` is already open (nothing changed).
+            whatever the policy's ``on_request_finished`` raises while the cap finishes the
+                oldest request early: that request stays open, ``req_context`` is not
+                opened, and the manager is as before the call (the policy's own state may
+                not be).
         """
         if req_context is None:  # prepare_load / prepare_store read None as "no request"
             raise TypeError(
@@ -1088,15 +1152,21 @@ class OffloadingManager:
             )
         log = self._req_log
         early = log.early
-        if early:  # (empty until the cap first finishes a request early)
-            early.pop(req_context, None)  # the same context, a new request
         if len(self._requests) >= log.max_open:
+            # finished, then dropped, and only then anything else changed: when the
+            # policy's on_request_finished raises, the oldest request stays open and the
+            # manager is as before (it was dropped first, so a later finish of it raised
+            # RequestStateError)
             oldest = next(iter(self._requests))
-            self._finish(self._requests.pop(oldest))
+            self._finish(self._requests[oldest])
+            del self._requests[oldest]
+            early.pop(req_context, None)  # the same context, a new request
             log.finished_early += 1
             early[oldest] = None
             if len(early) > log.max_open:
                 del early[next(iter(early))]
+        elif early:  # (empty until the cap first finishes a request early)
+            early.pop(req_context, None)  # the same context, a new request
         rec = _new_record(_Request)  # no __init__ frame (see _Request)
         rec.keys = {}
         rec.inserted = set()
@@ -1117,6 +1187,10 @@ class OffloadingManager:
             TypeError: ``req_context`` is not hashable (nothing changed).
             RequestStateError: ``req_context`` is not open: never opened with
                 :meth:`on_new_request`, or already finished (nothing changed).
+            whatever the policy's ``on_request_finished`` raises: the request is closed
+                all the same (its record is dropped, not counted in
+                ``stats().requests_finished``; putting it back at its place among the open
+                requests would cost every finish a dict operation more).
         """
         try:
             hash(req_context)  # dict.pop of an empty dict would not hash it
@@ -1140,8 +1214,8 @@ class OffloadingManager:
         self._finish(rec)
 
     def _finish(self, rec: _Request) -> None:
-        """Apply a closed request's one use (vLLM's ``inserted_keys - reused_keys``)."""
-        self._req_log.finished += 1
+        """Apply a closed request's one use (vLLM's ``inserted_keys - reused_keys``); counted
+        once the policy took it."""
         if rec.keys or rec.inserted:
             # the record's own sets, not frozenset copies: the record is dropped here (request
             # mode, docs/performance.md, "Request mode, round 3"); inserted - reused only when
@@ -1158,6 +1232,7 @@ class OffloadingManager:
             else:
                 keys = (*rec.keys, *rec.order) if rec.keys else tuple(rec.order)
             self.policy.on_request_finished(keys, inserted, reused)
+        self._req_log.finished += 1
 
     def _add_keys(self, rec: _Request, keys: Any, fresh: dict | None = None) -> bool:
         """Record ``keys`` (validated, in order) as seen by ``rec``: first occurrence only,
