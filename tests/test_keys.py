@@ -105,3 +105,21 @@ def test_a_dict_as_the_key_list_is_refused(method):
                                          r"dict \{6: 1\}"):
         getattr(m, method)({6: 1})
     assert m.snapshot() == before
+
+
+@pytest.mark.parametrize("make", [set, frozenset])
+@pytest.mark.parametrize("method", ["lookup_prefix", "prepare_load", "complete_load", "touch",
+                                    "prepare_store", "complete_store", "missing"])
+def test_a_set_as_the_key_list_is_refused(make, method):
+    """Session 14, item 3: a key list's order is its meaning (first key most recently used,
+    prefixes head first); a set's order is arbitrary, and it was taken as a list."""
+    m = OffloadingManager(4, "lru")
+    m.complete_store(m.prepare_store([1, 2]).keys_to_store)
+    before = m.snapshot()
+    with pytest.raises(TypeError, match=rf"{method}: keys must be a list of block keys in "
+                                        rf"order .*not a {make.__name__}, whose order is "
+                                        r"arbitrary"):
+        getattr(m, method)(make([1, 2]))
+    assert m.snapshot() == before
+    # an ordered view is still taken (dict keys keep their insertion order)
+    assert m.missing({2: None, 3: None}.keys()) == [3]

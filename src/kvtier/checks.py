@@ -94,12 +94,21 @@ def key_list(keys: Any, method: str) -> list[Hashable]:
         TypeError: ``keys`` is a single str, bytes, bytearray or memoryview (almost always a
             forgotten list: iterating it would give characters or byte values), a dict or
             other mapping (iterating it gives its keys, silently dropping its values: pass
-            ``list(d)`` when the keys are meant), or is not iterable.
+            ``list(d)`` when the keys are meant), a set or frozenset (its order is arbitrary,
+            while a key list's order is its meaning: the first key is the most recently
+            used, a prefix is matched head first; pass a list in the request's order), or
+            is not iterable.
     """
     if isinstance(keys, (str, bytes, bytearray, memoryview)):
         raise TypeError(
             f"{method}: keys must be a list of block keys, not a single "
             f"{type(keys).__name__} {keys!r} (wrap it in a list)"
+        )
+    if isinstance(keys, (set, frozenset)):
+        raise TypeError(
+            f"{method}: keys must be a list of block keys in order (first key most recently "
+            f"used, prefixes head first), not a {type(keys).__name__}, whose order is "
+            f"arbitrary: {keys!r}"
         )
     if isinstance(keys, Mapping):
         raise TypeError(
