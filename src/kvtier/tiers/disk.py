@@ -38,6 +38,7 @@ import fcntl
 import functools
 import itertools
 import json
+import operator
 import os
 import queue
 import struct
@@ -231,7 +232,7 @@ class DiskTier(BlockTier):
             raise ValueError(f"path must be a non-empty directory path, got {path!r}")
         self.name = name
         self.block_bytes = block_bytes
-        self.num_blocks = num_blocks
+        self._num_blocks = num_blocks  # read through the class property num_blocks
         self.fsync = fsync
         policy_cls = get_policy(policy) if isinstance(policy, str) else policy
         if getattr(policy_cls, "needs_future", False):  # an offline reference (belady)
@@ -745,6 +746,18 @@ class DiskTier(BlockTier):
         closed (as :meth:`read` and :meth:`write` do)."""
         self._check_open()
         return len(self.manager)
+
+    def _set_num_blocks(self, value: Any) -> None:
+        raise AttributeError(
+            f"DiskTier.num_blocks is fixed when the tier is opened ({self._num_blocks} slots): "
+            "the files, the index and the host manager of its slots are sized by it; open a "
+            f"new tier (another directory) for {value!r}"
+        )
+
+    # read-only, as OffloadingManager.num_blocks: a new value broke the file sizes, the
+    # checksum list and the slot map (session 14)
+    num_blocks = property(operator.attrgetter("_num_blocks"), _set_num_blocks,
+                          doc="The tier's capacity in blocks (slots; read-only).")
 
     def __repr__(self) -> str:
         return (f"DiskTier({str(self.path)!r}, num_blocks={self.num_blocks}, "

@@ -352,7 +352,16 @@ class TierStack:
     # -- demotion ------------------------------------------------------------------------
     def stored(self, keys: Sequence[Hashable]) -> None:
         """Host stores of ``keys`` completed: under write-through, write them to every lower
-        tier now (keys no longer in the host are skipped). No-op under write-back."""
+        tier now (keys no longer in the host are skipped). No-op under write-back.
+
+        A tier that refuses the blocks (its ``write`` raises, e.g. a tier its owner closed)
+        does not keep the other tiers from getting them (before, the first refusal stopped
+        the tiers below it).
+
+        Raises:
+            RuntimeError: after every tier was written: names each tier that refused the
+                blocks (how many, and its error), chained from the first error.
+        """
         if self.demotion != "write-through" or not self.lower:
             return
         get = self.host.slot_of
@@ -448,11 +457,25 @@ class TierStack:
                 f"({type(exc).__name__}: {exc})")
 
     def _write_down(self, pairs: list[tuple[Hashable, Any]]) -> None:
+        """Write ``pairs`` (key, bytes) to every lower tier, each tier's error caught (see
+        :meth:`stored`); counted in :attr:`demoted` when at least one tier took them."""
         keys = [k for k, _ in pairs]
         blocks = [b for _, b in pairs]
+        problems: list[str] = []
+        first: BaseException | None = None
+        taken = False
         for tier in self.lower:
-            tier.write(keys, blocks)
-        self.demoted += len(pairs)
+            try:
+                tier.write(keys, blocks)
+            except Exception as exc:  # any tier's error: reported below, with the others'
+                first = first or exc
+                problems.append(self._refused(tier, len(keys), exc))
+            else:
+                taken = True
+        if taken:
+            self.demoted += len(pairs)
+        if problems:
+            raise RuntimeError("TierStack.stored: " + "; ".join(problems)) from first
 
     # -- events and stats ----------------------------------------------------------------
     def take_events(self) -> list[TierEvent]:
