@@ -108,8 +108,8 @@ def test_a_dict_as_the_key_list_is_refused(method):
 
 
 @pytest.mark.parametrize("make", [set, frozenset])
-@pytest.mark.parametrize("method", ["lookup_prefix", "prepare_load", "complete_load", "touch",
-                                    "prepare_store", "complete_store", "missing"])
+@pytest.mark.parametrize("method", ["lookup_prefix", "prepare_load", "touch", "prepare_store",
+                                    "missing"])
 def test_a_set_as_the_key_list_is_refused(make, method):
     """Session 14, item 3: a key list's order is its meaning (first key most recently used,
     prefixes head first); a set's order is arbitrary, and it was taken as a list."""
@@ -123,3 +123,17 @@ def test_a_set_as_the_key_list_is_refused(make, method):
     assert m.snapshot() == before
     # an ordered view is still taken (dict keys keep their insertion order)
     assert m.missing({2: None, 3: None}.keys()) == [3]
+
+
+@pytest.mark.parametrize("make", [set, frozenset])
+def test_a_set_is_taken_where_the_order_does_not_matter(make):
+    """Releasing pins and completing stores do not depend on the key order, and vLLM's
+    offloading connector passes each job's keys as a set to complete_load and
+    complete_store: those two take sets (checks.key_collection)."""
+    m = OffloadingManager(4, "lru")
+    out = m.prepare_store([1, 2, 3])
+    m.complete_store(make(out.keys_to_store))
+    assert m.stats().completed_stores == 3
+    m.prepare_load([1, 2])
+    m.complete_load(make([1, 2]))
+    assert m.stats().pinned == 0 and m.stats().evictable == 3

@@ -44,7 +44,13 @@ from typing import Any
 
 from kvtier.admission import AdmissionTracker
 from kvtier.admission_adaptive import make_admission
-from kvtier.checks import check_bool, check_positive_int, key_list, unhashable_error
+from kvtier.checks import (
+    check_bool,
+    check_positive_int,
+    key_collection,
+    key_list,
+    unhashable_error,
+)
 from kvtier.errors import BlockStateError, PolicyError, RequestStateError
 from kvtier.policies import CachePolicy, get_policy
 from kvtier.policies.base import protected_set
@@ -632,7 +638,7 @@ class OffloadingManager:
             TypeError: a key is not hashable.
         """
         if type(keys) is not list and type(keys) is not tuple:
-            keys = key_list(keys, "complete_load")
+            keys = key_collection(keys, "complete_load")  # a set is taken (vLLM passes one)
         pins = self._pins
         if len(keys) == 1:  # fast path; anything unusual falls through to the checks below
             key = keys[0]
@@ -1061,7 +1067,7 @@ class OffloadingManager:
                 f"success={req_context!r} by keyword"
             )
         if type(keys) is not list and type(keys) is not tuple:
-            keys = key_list(keys, "complete_store")
+            keys = key_collection(keys, "complete_store")  # a set is taken (vLLM passes one)
         pending = self._pending_keys
         # fast path for one key of a type whose hashing cannot fail (a set's membership test
         # would quietly take a mutable set key for the equal frozenset)
