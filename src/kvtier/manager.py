@@ -947,8 +947,19 @@ class OffloadingManager:
                     victims = self.policy._evict(shortfall, protected)
                     # SlotAllocator.release spelled out (_FRAMES)
                     self._slots.free.extend(self._victim_slots(victims, shortfall, protected))
-                    if not lazy:  # the offer is recorded now that no PolicyError can come
-                        all_recorded = self._record_offer(rec, keys, new_keys, num_resident)
+                    if not lazy:  # the offer is recorded now that no PolicyError can come:
+                        # _record_offer spelled out, its usual case (every new key fits, none
+                        # stored) without _record_store's frames (_FRAMES)
+                        rec.merge()
+                        if (not num_resident
+                                and len(new_keys) <= self._num_blocks - len(rec.keys)):
+                            if rec.keys:
+                                rec.keys.update(dict.fromkeys(new_keys))
+                            else:  # the request's first keys
+                                rec.keys = dict.fromkeys(new_keys)
+                        else:
+                            all_recorded = self._record_store(rec, keys, new_keys,
+                                                              num_resident)
                 else:
                     if protected:
                         victims = self.policy.evict(shortfall, protected)
