@@ -415,6 +415,12 @@ class OffloadingManager:
         return self._completed_stores + self._failed_stores + len(self._pending_keys)
 
     def _policy_error(self, rule: str) -> PolicyError:
+        """The PolicyError for an answer of the policy's ``evict`` that breaks ``rule``. Every
+        one comes from prepare_store's check of the victims, after the admission answered
+        for the call: the admission takes its answer back here (:meth:`_no_room`), so the
+        error leaves the manager as it was, with no try on the store's path (a try costs a
+        NOP and a jump per store)."""
+        self._no_room()
         return PolicyError(
             self._policy_name,
             f"{type(self.policy).__name__}.{rule}; the manager is unchanged, the policy's "
@@ -792,11 +798,9 @@ class OffloadingManager:
                     (victim,) = victims
                     slot = slot_of.pop(victim)
                 except (TypeError, ValueError, KeyError):
-                    self._no_room()  # the admission takes back its answer (PolicyError next)
                     slot = self._victim_slots(victims, 1, ())[0]  # raises PolicyError
                 if victim in self._pending_keys or victim in self._pins:
                     slot_of[victim] = slot  # (checked for every policy, trusted or not)
-                    self._no_room()
                     raise self._policy_error(
                         f"evict(1) chose block {victim!r}, "
                         + ("whose store is pending" if victim in self._pending_keys
@@ -914,49 +918,45 @@ class OffloadingManager:
                 protected: Collection[Hashable] = ()
             else:
                 protected = set(filter(slot_of.__contains__, keys))  # see _CELLS
-            try:
-                if rec is not None:
-                    # request mode: ghost learning (a touch of the new keys) must come before the
-                    # eviction, as vLLM's on_store_miss, and only when the store will succeed
-                    if protected:
-                        protected = protected_set(protected)
-                        if self.policy.count_eligible(protected) < shortfall:
-                            if lazy:
-                                self._record_unstored(rec, new_keys)
-                            else:
-                                self._record_offer(rec, keys, new_keys, num_resident)
-                            return self._no_room()
-                    if rec.inserted:
-                        self._learn_misses(rec, new_keys)
-                    else:  # nothing used for ghost learning yet: all of them (_FRAMES)
-                        self._req_log.store_miss(new_keys)
-                    victims = self.policy._evict(shortfall, protected)
-                    # SlotAllocator.release spelled out (_FRAMES)
-                    self._slots.free.extend(self._victim_slots(victims, shortfall, protected))
-                    if not lazy:  # the offer is recorded now that no PolicyError can come:
-                        # _record_offer spelled out, its usual case (every new key fits, none
-                        # stored) without _record_store's frames (_FRAMES)
-                        rec.merge()
-                        if (not num_resident
-                                and len(new_keys) <= self._num_blocks - len(rec.keys)):
-                            if rec.keys:
-                                rec.keys.update(dict.fromkeys(new_keys))
-                            else:  # the request's first keys
-                                rec.keys = dict.fromkeys(new_keys)
+            if rec is not None:
+                # request mode: ghost learning (a touch of the new keys) must come before the
+                # eviction, as vLLM's on_store_miss, and only when the store will succeed
+                if protected:
+                    protected = protected_set(protected)
+                    if self.policy.count_eligible(protected) < shortfall:
+                        if lazy:
+                            self._record_unstored(rec, new_keys)
                         else:
-                            all_recorded = self._record_store(rec, keys, new_keys,
-                                                              num_resident)
-                else:
-                    if protected:
-                        victims = self.policy.evict(shortfall, protected)
-                        if victims is None:
-                            return self._no_room()
-                    else:  # the manager's count is exact: no recount (see the one-key path)
-                        victims = self.policy._evict(shortfall, ())
-                    self._slots.free.extend(self._victim_slots(victims, shortfall, protected))
-            except BaseException:  # a PolicyError (or the policy's own error) from the
-                self._no_room()    # eviction: the admission takes back its answer too
-                raise
+                            self._record_offer(rec, keys, new_keys, num_resident)
+                        return self._no_room()
+                if rec.inserted:
+                    self._learn_misses(rec, new_keys)
+                else:  # nothing used for ghost learning yet: all of them (_FRAMES)
+                    self._req_log.store_miss(new_keys)
+                victims = self.policy._evict(shortfall, protected)
+                # SlotAllocator.release spelled out (_FRAMES)
+                self._slots.free.extend(self._victim_slots(victims, shortfall, protected))
+                if not lazy:  # the offer is recorded now that no PolicyError can come:
+                    # _record_offer spelled out, its usual case (every new key fits, none
+                    # stored) without _record_store's frames (_FRAMES)
+                    rec.merge()
+                    if (not num_resident
+                            and len(new_keys) <= self._num_blocks - len(rec.keys)):
+                        if rec.keys:
+                            rec.keys.update(dict.fromkeys(new_keys))
+                        else:  # the request's first keys
+                            rec.keys = dict.fromkeys(new_keys)
+                    else:
+                        all_recorded = self._record_store(rec, keys, new_keys,
+                                                          num_resident)
+            else:
+                if protected:
+                    victims = self.policy.evict(shortfall, protected)
+                    if victims is None:
+                        return self._no_room()
+                else:  # the manager's count is exact: no recount (see the one-key path)
+                    victims = self.policy._evict(shortfall, ())
+                self._slots.free.extend(self._victim_slots(victims, shortfall, protected))
             evicted_keys = victims
             if self._on_evict is not None:  # TinyLFU admission learns the victims' frequency
                 self._on_evict(victims)
