@@ -118,6 +118,8 @@ def key_collection(keys: Any, method: str) -> list[Hashable]:
     Raises:
         TypeError: as :func:`key_list`, sets excepted.
     """
+    if type(keys) is set:  # vLLM's complete_load / complete_store, once per job: without the
+        return list(keys)  # isinstance checks below (the Mapping one is an ABC check)
     if isinstance(keys, (str, bytes, bytearray, memoryview)):
         raise TypeError(
             f"{method}: keys must be a list of block keys, not a single "
