@@ -105,3 +105,35 @@ def test_a_dict_as_the_key_list_is_refused(method):
                                          r"dict \{6: 1\}"):
         getattr(m, method)({6: 1})
     assert m.snapshot() == before
+
+
+@pytest.mark.parametrize("make", [set, frozenset])
+@pytest.mark.parametrize("method", ["lookup_prefix", "prepare_load", "touch", "prepare_store",
+                                    "missing"])
+def test_a_set_as_the_key_list_is_refused(make, method):
+    """Session 14, item 3: a key list's order is its meaning (first key most recently used,
+    prefixes head first); a set's order is arbitrary, and it was taken as a list."""
+    m = OffloadingManager(4, "lru")
+    m.complete_store(m.prepare_store([1, 2]).keys_to_store)
+    before = m.snapshot()
+    with pytest.raises(TypeError, match=rf"{method}: keys must be a list of block keys in "
+                                        rf"order .*not a {make.__name__}, whose order is "
+                                        r"arbitrary"):
+        getattr(m, method)(make([1, 2]))
+    assert m.snapshot() == before
+    # an ordered view is still taken (dict keys keep their insertion order)
+    assert m.missing({2: None, 3: None}.keys()) == [3]
+
+
+@pytest.mark.parametrize("make", [set, frozenset])
+def test_a_set_is_taken_where_the_order_does_not_matter(make):
+    """Releasing pins and completing stores do not depend on the key order, and vLLM's
+    offloading connector passes each job's keys as a set to complete_load and
+    complete_store: those two take sets (checks.key_collection)."""
+    m = OffloadingManager(4, "lru")
+    out = m.prepare_store([1, 2, 3])
+    m.complete_store(make(out.keys_to_store))
+    assert m.stats().completed_stores == 3
+    m.prepare_load([1, 2])
+    m.complete_load(make([1, 2]))
+    assert m.stats().pinned == 0 and m.stats().evictable == 3

@@ -88,14 +88,38 @@ def check_timeout(value: Any, method: str) -> float | None:
 
 
 def key_list(keys: Any, method: str) -> list[Hashable]:
-    """``keys`` as a list (callers pass lists and tuples on directly; anything else is copied).
+    """``keys`` as a list (callers pass lists and tuples on directly; anything else is copied),
+    for a call whose key order is its meaning (the first key most recently used, a prefix
+    head first, results in key order).
 
     Raises:
         TypeError: ``keys`` is a single str, bytes, bytearray or memoryview (almost always a
             forgotten list: iterating it would give characters or byte values), a dict or
             other mapping (iterating it gives its keys, silently dropping its values: pass
-            ``list(d)`` when the keys are meant), or is not iterable.
+            ``list(d)`` when the keys are meant), a set or frozenset (its order is arbitrary:
+            pass a list in the request's order; :func:`key_collection` takes sets where the
+            order does not matter), or is not iterable.
     """
+    if isinstance(keys, (set, frozenset)):
+        raise TypeError(
+            f"{method}: keys must be a list of block keys in order (first key most recently "
+            f"used, prefixes head first), not a {type(keys).__name__}, whose order is "
+            f"arbitrary: {keys!r}"
+        )
+    return key_collection(keys, method)
+
+
+def key_collection(keys: Any, method: str) -> list[Hashable]:
+    """``keys`` as a list, for a call whose key order does not matter (releasing pins,
+    completing stores): as :func:`key_list`, but a set or frozenset is taken (vLLM's
+    offloading connector passes each job's keys as a set to ``complete_load`` and
+    ``complete_store``).
+
+    Raises:
+        TypeError: as :func:`key_list`, sets excepted.
+    """
+    if type(keys) is set:  # vLLM's complete_load / complete_store, once per job: without the
+        return list(keys)  # isinstance checks below (the Mapping one is an ABC check)
     if isinstance(keys, (str, bytes, bytearray, memoryview)):
         raise TypeError(
             f"{method}: keys must be a list of block keys, not a single "

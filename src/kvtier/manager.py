@@ -28,7 +28,10 @@ with :meth:`OffloadingManager.on_new_request` (request mode, vLLM 0.33's model):
 keys the request loads and names in ``prepare_store`` are recorded and applied as one use
 when :meth:`OffloadingManager.on_request_finished` closes it (docs/manager.md, "Request
 mode"). Every method validates all its keys before it changes anything: a bad call raises
-and leaves the manager exactly as it was. Not thread-safe: one thread at a time.
+and leaves the manager exactly as it was. Keys must be hashable and equal to themselves: a
+NaN key (``float("nan")``) is stored but never found again by another NaN object (key
+lists are not scanned for it: a check per key would cost every call; docs/manager.md, "The
+rules"). Not thread-safe: one thread at a time.
 """
 
 from __future__ import annotations
@@ -41,7 +44,13 @@ from typing import Any
 
 from kvtier.admission import AdmissionTracker
 from kvtier.admission_adaptive import make_admission
-from kvtier.checks import check_bool, check_positive_int, key_list, unhashable_error
+from kvtier.checks import (
+    check_bool,
+    check_positive_int,
+    key_collection,
+    key_list,
+    unhashable_error,
+)
 from kvtier.errors import BlockStateError, PolicyError, RequestStateError
 from kvtier.policies import CachePolicy, get_policy
 from kvtier.policies.base import protected_set
@@ -86,7 +95,7 @@ class _RequestLog:
     attribute: LRU replay +0.7 %, docs/performance.md, "Request mode, round 6"). The manager
     has 29."""
 
-    __slots__ = ("max_open", "early", "finished", "finished_early", "late", "store_miss",
+    __slots__ = ("early", "finished", "finished_early", "late", "max_open", "store_miss",
                  "trusted")
 
     def __init__(self, max_open: int, store_miss: Any, trusted: bool = False) -> None:
@@ -129,7 +138,7 @@ class _Request:
     5 (manager and adapter)").
     """
 
-    __slots__ = ("keys", "inserted", "order", "reused", "merged")
+    __slots__ = ("inserted", "keys", "merged", "order", "reused")
 
     keys: dict[Hashable, None]
     inserted: set[Hashable]
@@ -380,7 +389,7 @@ class OffloadingManager:
             # unhashable victim when nothing was pending, pinned or protected.)
             slots.extend(map(slot_of.pop, victims))
         except (TypeError, KeyError) as error:
-            for key, slot in zip(victims, slots):
+            for key, slot in zip(victims, slots, strict=False):  # the slots popped so far
                 slot_of[key] = slot
             raise self._bad_victims(victims, n, error) from None
         return slots
@@ -406,6 +415,12 @@ class OffloadingManager:
         return self._completed_stores + self._failed_stores + len(self._pending_keys)
 
     def _policy_error(self, rule: str) -> PolicyError:
+        """The PolicyError for an answer of the policy's ``evict`` that breaks ``rule``. Every
+        one comes from prepare_store's check of the victims, after the admission answered
+        for the call: the admission takes its answer back here (:meth:`_no_room`), so the
+        error leaves the manager as it was, with no try on the store's path (a try costs a
+        NOP and a jump per store)."""
+        self._no_room()
         return PolicyError(
             self._policy_name,
             f"{type(self.policy).__name__}.{rule}; the manager is unchanged, the policy's "
@@ -523,6 +538,9 @@ class OffloadingManager:
             BlockStateError: a key is not stored, or its store is still in flight. Nothing
                 is pinned then.
             TypeError: a key is not hashable.
+            whatever the policy's ``mark_non_evictable`` raises (a policy that does not
+                share the manager's held state is told of new pins): the manager takes the
+                pins back and is exactly as before the call.
         """
         if type(keys) is not list and type(keys) is not tuple:
             keys = key_list(keys, "prepare_load")
@@ -533,9 +551,9 @@ class OffloadingManager:
             if slot is not None and key not in self._pending_keys:
                 count = pins.get(key, 0)
                 if count == 0:
+                    if self._on_pin is not None:  # first: if the policy's hook raises,
+                        self._on_pin(keys)        # nothing changed (no try: see below)
                     self._evictable -= 1
-                    if self._on_pin is not None:
-                        self._on_pin(keys)
                 pins[key] = count + 1
                 self._loads += 1
                 if req_context is not None and self._requests:  # request mode only
@@ -565,18 +583,24 @@ class OffloadingManager:
                 newly_pinned = list(filterfalse(already.__contains__, keys))
             else:
                 newly_pinned = keys
-            pins.update(new_counts)
         else:  # a key named several times: one pin per occurrence
             newly_pinned = []
+            new_counts = {}
             for key in keys:
-                count = pins.get(key, 0)
-                if count == 0:
-                    newly_pinned.append(key)
-                pins[key] = count + 1
+                count = new_counts.get(key)
+                if count is None:  # its first occurrence here
+                    count = pins.get(key, 0)
+                    if count == 0:
+                        newly_pinned.append(key)
+                new_counts[key] = count + 1
         if newly_pinned:
-            self._evictable -= len(newly_pinned)
+            # the policy's hook first: if it raises, nothing changed (the pins are written
+            # below; a try here costs a NOP and a jump on every load: explicit op load LRU
+            # 9,716 -> 9,741 instructions, benchmarks/instr_count.py)
             if self._on_pin is not None:
                 self._on_pin(newly_pinned)
+            self._evictable -= len(newly_pinned)
+        pins.update(new_counts)
         self._loads += len(slots)
         if req_context is not None and self._requests:  # request mode only
             try:  # the open request, if any (see _record_load)
@@ -606,7 +630,7 @@ class OffloadingManager:
             TypeError: a key is not hashable.
         """
         if type(keys) is not list and type(keys) is not tuple:
-            keys = key_list(keys, "complete_load")
+            keys = key_collection(keys, "complete_load")  # a set is taken (vLLM passes one)
         pins = self._pins
         if len(keys) == 1:  # fast path; anything unusual falls through to the checks below
             key = keys[0]
@@ -627,8 +651,8 @@ class OffloadingManager:
         counts: list[int] = []
         try:  # list.extend keeps the counts popped before an unhashable key
             counts.extend(map(pins.pop, keys, repeat(0)))  # not a comprehension: see _CELLS
-        except TypeError:
-            pins.update(item for item in zip(keys, counts) if item[1])
+        except TypeError:  # the counts popped before the unhashable key: fewer than keys
+            pins.update(item for item in zip(keys, counts, strict=False) if item[1])
             self._slots_of(keys, "complete_load")  # raises (names the first bad key)
             raise
         if before - len(pins) == len(keys):
@@ -636,13 +660,15 @@ class OffloadingManager:
                 freed_keys = keys
             else:
                 freed_keys = []
+                # (equal lengths: every key's count was popped; no strict=True, see the
+                # store's zip in prepare_store)
                 for key, count in zip(keys, counts):
                     if count > 1:
                         pins[key] = count - 1
                     else:
                         freed_keys.append(key)
         else:
-            pins.update(item for item in zip(keys, counts) if item[1])
+            pins.update(item for item in zip(keys, counts, strict=True) if item[1])
             try:  # every key stored and hashable (_slots_of spelled out, _FRAMES)
                 list(map(self._slot_of.__getitem__, keys))
             except (KeyError, TypeError):
@@ -839,7 +865,10 @@ class OffloadingManager:
         all_recorded = lazy = False
         if rec is not None:
             # vLLM's order: the call's admitted new keys and ready keys are recorded before
-            # any early return (a failed store still records them); inserted only below.
+            # any early return (a failed store still records them); inserted only below. An
+            # offer that evicts is recorded once its eviction is done (a PolicyError leaves
+            # the record as it was): the usual one (lazy) at its insert, any other by
+            # _record_offer.
             # The usual offer (nothing stored yet, every new key fits under the cap) is
             # _record_store + _add_keys spelled out (_FRAMES)
             rkeys, inserted = rec.keys, rec.inserted
@@ -853,6 +882,8 @@ class OffloadingManager:
                     # _Request; isdisjoint walks the smaller side; vLLM spec replay -206 per
                     # block reference, docs/performance.md, "Request mode, round 7")
                     lazy = True
+                elif len(new_keys) > self._num_blocks - len(slot_of):
+                    pass  # it evicts: recorded once the eviction is done (_record_offer)
                 else:
                     rec.merge()
                     if rec.keys:
@@ -860,7 +891,7 @@ class OffloadingManager:
                     else:  # the request's first keys
                         rec.keys = dict.fromkeys(new_keys)
                 all_recorded = True
-            else:
+            elif len(new_keys) <= self._num_blocks - len(slot_of):  # else as just above
                 rec.merge()  # its new keys recorded in keys, then inserted
                 all_recorded = self._record_store(rec, keys, new_keys, num_resident)
         if not new_keys:
@@ -876,6 +907,8 @@ class OffloadingManager:
             if shortfall > self._evictable:
                 if lazy:  # a failed store records its new keys, not inserted
                     self._record_unstored(rec, new_keys)
+                elif rec is not None:
+                    self._record_offer(rec, keys, new_keys, num_resident)
                 return self._no_room()  # fast fail: the policy is not asked
             # only the call's keys that are already stored can be victims, so only they are
             # passed as protected; usually there are none
@@ -893,20 +926,37 @@ class OffloadingManager:
                     if self.policy.count_eligible(protected) < shortfall:
                         if lazy:
                             self._record_unstored(rec, new_keys)
+                        else:
+                            self._record_offer(rec, keys, new_keys, num_resident)
                         return self._no_room()
                 if rec.inserted:
                     self._learn_misses(rec, new_keys)
                 else:  # nothing used for ghost learning yet: all of them (_FRAMES)
                     self._req_log.store_miss(new_keys)
                 victims = self.policy._evict(shortfall, protected)
-            elif protected:
-                victims = self.policy.evict(shortfall, protected)
-                if victims is None:
-                    return self._no_room()
-            else:  # the manager's count is exact: no recount (see the one-key path)
-                victims = self.policy._evict(shortfall, ())
-            # SlotAllocator.release spelled out (_FRAMES)
-            self._slots.free.extend(self._victim_slots(victims, shortfall, protected))
+                # SlotAllocator.release spelled out (_FRAMES)
+                self._slots.free.extend(self._victim_slots(victims, shortfall, protected))
+                if not lazy:  # the offer is recorded now that no PolicyError can come:
+                    # _record_offer spelled out, its usual case (every new key fits, none
+                    # stored) without _record_store's frames (_FRAMES)
+                    rec.merge()
+                    if (not num_resident
+                            and len(new_keys) <= self._num_blocks - len(rec.keys)):
+                        if rec.keys:
+                            rec.keys.update(dict.fromkeys(new_keys))
+                        else:  # the request's first keys
+                            rec.keys = dict.fromkeys(new_keys)
+                    else:
+                        all_recorded = self._record_store(rec, keys, new_keys,
+                                                          num_resident)
+            else:
+                if protected:
+                    victims = self.policy.evict(shortfall, protected)
+                    if victims is None:
+                        return self._no_room()
+                else:  # the manager's count is exact: no recount (see the one-key path)
+                    victims = self.policy._evict(shortfall, ())
+                self._slots.free.extend(self._victim_slots(victims, shortfall, protected))
             evicted_keys = victims
             if self._on_evict is not None:  # TinyLFU admission learns the victims' frequency
                 self._on_evict(victims)
@@ -932,6 +982,8 @@ class OffloadingManager:
             slot_of[new_keys[0]] = block_ids[0]
             self._pending_keys.add(new_keys[0])
         else:
+            # equal lengths (block_ids taken for new_keys); no strict=True: a keyword
+            # argument makes zip parse its keywords at every store
             slot_of.update(zip(new_keys, block_ids))
             self._pending_keys.update(new_keys)
         if self._insert is not None:
@@ -957,6 +1009,17 @@ class OffloadingManager:
         if self._on_store is not None:
             self._on_store(keys)
         return _output((new_keys, block_ids, evicted_keys))
+
+    def _record_offer(
+        self, rec: _Request, keys: Sequence[Hashable], new_keys: Sequence[Hashable],
+        num_resident: int,
+    ) -> bool:
+        """Record a :meth:`prepare_store` offer that is not the usual store (see _Request)
+        and that evicts: deferred until the eviction is done (or known to fail), so that a
+        :class:`PolicyError` leaves the record as it was. Return whether every key of
+        ``new_keys`` is now recorded (:meth:`_record_store`)."""
+        rec.merge()  # its new keys recorded in keys, then inserted
+        return self._record_store(rec, keys, new_keys, num_resident)
 
     @staticmethod
     def _record_unstored(rec: _Request, new_keys: list) -> None:
@@ -1001,7 +1064,7 @@ class OffloadingManager:
                 f"success={req_context!r} by keyword"
             )
         if type(keys) is not list and type(keys) is not tuple:
-            keys = key_list(keys, "complete_store")
+            keys = key_collection(keys, "complete_store")  # a set is taken (vLLM passes one)
         pending = self._pending_keys
         # fast path for one key of a type whose hashing cannot fail (a set's membership test
         # would quietly take a mutable set key for the equal frozenset)
@@ -1066,6 +1129,10 @@ class OffloadingManager:
             TypeError: ``req_context`` is not hashable, or is ``None`` (which means "no
                 request" to prepare_load / prepare_store); nothing changed.
             RequestStateError: ``req_context`` is already open (nothing changed).
+            whatever the policy's ``on_request_finished`` raises while the cap finishes the
+                oldest request early: that request stays open, ``req_context`` is not
+                opened, and the manager is as before the call (the policy's own state may
+                not be).
         """
         if req_context is None:  # prepare_load / prepare_store read None as "no request"
             raise TypeError(
@@ -1088,15 +1155,21 @@ class OffloadingManager:
             )
         log = self._req_log
         early = log.early
-        if early:  # (empty until the cap first finishes a request early)
-            early.pop(req_context, None)  # the same context, a new request
         if len(self._requests) >= log.max_open:
+            # finished, then dropped, and only then anything else changed: when the
+            # policy's on_request_finished raises, the oldest request stays open and the
+            # manager is as before (it was dropped first, so a later finish of it raised
+            # RequestStateError)
             oldest = next(iter(self._requests))
-            self._finish(self._requests.pop(oldest))
+            self._finish(self._requests[oldest])
+            del self._requests[oldest]
+            early.pop(req_context, None)  # the same context, a new request
             log.finished_early += 1
             early[oldest] = None
             if len(early) > log.max_open:
                 del early[next(iter(early))]
+        elif early:  # (empty until the cap first finishes a request early)
+            early.pop(req_context, None)  # the same context, a new request
         rec = _new_record(_Request)  # no __init__ frame (see _Request)
         rec.keys = {}
         rec.inserted = set()
@@ -1117,6 +1190,10 @@ class OffloadingManager:
             TypeError: ``req_context`` is not hashable (nothing changed).
             RequestStateError: ``req_context`` is not open: never opened with
                 :meth:`on_new_request`, or already finished (nothing changed).
+            whatever the policy's ``on_request_finished`` raises: the request is closed
+                all the same (its record is dropped, not counted in
+                ``stats().requests_finished``; putting it back at its place among the open
+                requests would cost every finish a dict operation more).
         """
         try:
             hash(req_context)  # dict.pop of an empty dict would not hash it
@@ -1140,8 +1217,8 @@ class OffloadingManager:
         self._finish(rec)
 
     def _finish(self, rec: _Request) -> None:
-        """Apply a closed request's one use (vLLM's ``inserted_keys - reused_keys``)."""
-        self._req_log.finished += 1
+        """Apply a closed request's one use (vLLM's ``inserted_keys - reused_keys``); counted
+        once the policy took it."""
         if rec.keys or rec.inserted:
             # the record's own sets, not frozenset copies: the record is dropped here (request
             # mode, docs/performance.md, "Request mode, round 3"); inserted - reused only when
@@ -1158,6 +1235,7 @@ class OffloadingManager:
             else:
                 keys = (*rec.keys, *rec.order) if rec.keys else tuple(rec.order)
             self.policy.on_request_finished(keys, inserted, reused)
+        self._req_log.finished += 1
 
     def _add_keys(self, rec: _Request, keys: Any, fresh: dict | None = None) -> bool:
         """Record ``keys`` (validated, in order) as seen by ``rec``: first occurrence only,

@@ -759,3 +759,15 @@ def test_a_write_offers_its_keys_in_the_call_order(tmp_path, monkeypatch):
             assert tier.flush(10)
             # room 3: 1 free slot and 3 evictable blocks, 1 of them the call's own (1)
             assert offers[-1] == [5, 1, 6, 7]
+
+
+def test_num_blocks_is_read_only(tmp_path):
+    """Session 14, item 2: DiskTier.num_blocks was a plain attribute; a new value broke the
+    file sizes, the checksums and the slot map. It is read-only, as the manager's."""
+    with DiskTier(tmp_path, 4, BB) as t:
+        with pytest.raises(AttributeError, match=r"DiskTier.num_blocks is fixed when the tier "
+                                                 r"is opened \(4 slots\).*for 8"):
+            t.num_blocks = 8
+        assert t.num_blocks == 4 and type(t.num_blocks) is int
+        assert t.stats().capacity_blocks == 4
+        assert "num_blocks=4" in repr(t)

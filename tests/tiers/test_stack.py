@@ -252,7 +252,9 @@ def test_write_through_into_a_closed_tier_loses_no_job_result(tmp_path):
     job = tiered.offload(["a", "b"], [0, 1])
     assert tiered.offloader.engine.wait(10)  # copied, not yet polled
     disk.close()
-    with pytest.raises(ValueError, match="closed"):
+    # (a RuntimeError naming the tier and its error since session 14: TierStack.stored
+    # tries every tier, then reports each refusal)
+    with pytest.raises(RuntimeError, match=r"not demoted to 'disk' \(ValueError: .*closed"):
         tiered.poll()
     results = tiered.poll()
     assert [(r.job_id, r.kind, r.ok) for r in results] == [(job, "store", True)]
@@ -968,3 +970,48 @@ def test_flush_demotions_writes_every_tier_that_can_take_them(tmp_path, redis_se
     assert stack.demoted == 1
     assert redis.flush(10) and redis.read(["a"]) == [b"a" * 64]
     stack.close()
+
+
+def test_write_through_tries_every_tier_before_raising():
+    """Session 14, item 2: TierStack.stored stopped at the first tier whose write raised,
+    so the tiers below it never got the block. Every tier is written now, then one
+    RuntimeError names each refusal (as TierStack.close and flush_demotions do)."""
+    upper, lower = SimTier("upper", 4, block_bytes=8), SimTier("lower", 4, block_bytes=8)
+    host, stack, slots = _host_stack(2, [upper, lower], demotion="write-through")
+
+    def refuse(keys, blocks):
+        raise OSError("upper is full of errors")
+
+    upper.write = refuse
+    out = host.prepare_store([1])
+    slots[out.block_ids[0]] = b"1" * 8
+    host.complete_store(out.keys_to_store)
+    with pytest.raises(RuntimeError, match=r"TierStack.stored: 1 block was not demoted to "
+                                           r"'upper' \(OSError: upper is full of errors\)"
+                       ) as err:
+        stack.stored(out.keys_to_store)
+    assert isinstance(err.value.__cause__, OSError)
+    assert lower.lookup_prefix([1]) == 1  # (a SimTier keeps no bytes)
+    assert stack.demoted == 1  # taken by one tier at least
+
+
+def test_close_keeps_the_results_when_a_lower_tier_fails_to_close(tmp_path):
+    """Session 14, item 2: TieredOffloader.close lost wait's results (jobs applied to the
+    host already) when the stack's close raised: the caller never saw its store job end,
+    so never freed its device blocks. The error carries them, and poll returns them."""
+    tiered, _kv, disk = make(tmp_path, demotion="write-through")
+    job = tiered.offload(["a", "b"], [0, 1])
+    real_close = disk.close
+
+    def failing_close():
+        real_close()
+        raise OSError("disk unmounted")
+
+    disk.close = failing_close
+    with pytest.raises(RuntimeError, match=r"'disk' failed to close \(OSError: disk "
+                                           r"unmounted\)") as err:
+        tiered.close(10)
+    assert [(r.job_id, r.kind, r.ok) for r in err.value.results] == [(job, "store", True)]
+    assert tiered.offloader.engine.closed
+    assert [(r.job_id, r.kind, r.ok) for r in tiered.poll()] == [(job, "store", True)]
+    assert tiered.poll() == []

@@ -150,9 +150,10 @@ class TieredOffloader:
         """``KVOffloader.poll``; under write-through the completed stores go down.
 
         Raises:
-            what a lower tier's ``write`` raises (e.g. the tier was closed): the jobs are
-            applied to the host all the same, and the next :meth:`poll` or :meth:`wait`
-            returns them (their blocks do not go down).
+            RuntimeError: a lower tier's ``write`` raised (e.g. the tier was closed), named
+                with its error (:meth:`TierStack.stored`; the other tiers were written): the
+                jobs are applied to the host all the same, and the next :meth:`poll` or
+                :meth:`wait` returns them (their blocks do not go down to that tier).
         """
         return self._deliver(self.offloader.poll())
 
@@ -194,13 +195,33 @@ class TieredOffloader:
         return self.stack.stats()
 
     def close(self, timeout: float | None = None) -> list[OffloadResult]:
-        """Finish the host's jobs (write-through applied), then close the lower tiers (also
-        when the write-through raised: the copy thread is stopped all the same)."""
+        """Finish the host's jobs (write-through applied), then stop the copy thread and
+        close the lower tiers, each step also when an earlier one raised.
+
+        Returns:
+            the host's finished jobs, as :meth:`wait`.
+
+        Raises:
+            what :meth:`wait` raises (its results are kept, as :meth:`poll` says), what
+            ``KVOffloader.close`` raises, or the ``RuntimeError`` of
+            :meth:`TierStack.close` (a tier that could not be closed or took no pending
+            block). When only closing raised, :meth:`wait`'s results are not lost: the
+            error carries them as ``results`` and the next :meth:`poll` returns them too.
+        """
+        results: list[OffloadResult] | None = None
         try:
             results = self.wait(timeout)
         finally:
-            self.offloader.close(timeout)
-            self.stack.close()
+            try:
+                try:
+                    self.offloader.close(timeout)
+                finally:
+                    self.stack.close()
+            except BaseException as exc:
+                if results is not None:  # taken from the host already: keep them
+                    exc.results = results  # type: ignore[attr-defined]
+                    self._undelivered = results + self._undelivered
+                raise
         return results
 
     def __enter__(self) -> TieredOffloader:

@@ -553,7 +553,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
             self._snapshot = self._tier.stats()
         ok: list[OffloadKey] = []
         failed: list[OffloadKey] = []
-        for key, row, data in zip(item.keys, item.rows, datas):
+        for key, row, data in zip(item.keys, item.rows, datas, strict=True):
             if data is None:
                 failed.append(key)
                 continue

@@ -38,6 +38,7 @@ import fcntl
 import functools
 import itertools
 import json
+import operator
 import os
 import queue
 import struct
@@ -231,7 +232,7 @@ class DiskTier(BlockTier):
             raise ValueError(f"path must be a non-empty directory path, got {path!r}")
         self.name = name
         self.block_bytes = block_bytes
-        self.num_blocks = num_blocks
+        self._num_blocks = num_blocks  # read through the class property num_blocks
         self.fsync = fsync
         policy_cls = get_policy(policy) if isinstance(policy, str) else policy
         if getattr(policy_cls, "needs_future", False):  # an offline reference (belady)
@@ -380,7 +381,7 @@ class DiskTier(BlockTier):
             raise RuntimeError(f"disk tier {self.path}: could not enter the recovered blocks")
         phys = [-1] * self.num_blocks
         used = set()
-        for logical, rec in zip(out.block_ids, newest_first):
+        for logical, rec in zip(out.block_ids, newest_first, strict=True):
             phys[logical] = rec[2]
             used.add(rec[2])
             self._hash[logical] = rec[3]
@@ -462,7 +463,7 @@ class DiskTier(BlockTier):
             else:
                 datas = [self._pread(off) for off in offsets]
             per_block = (time.perf_counter() - t0) / len(offsets)
-            for i, key, logical, data in zip(ready, ready_keys, slots, datas):
+            for i, key, logical, data in zip(ready, ready_keys, slots, datas, strict=True):
                 t0 = time.perf_counter()
                 if (len(data) == self.block_bytes
                         and _data_checksum(encoded[i], data) == self._hash[logical]):
@@ -475,7 +476,7 @@ class DiskTier(BlockTier):
                 st.read_latency.observe(per_block + time.perf_counter() - t0)
         finally:
             m.complete_load(ready_keys)
-        hit_keys = [k for k, d in zip(keys, out) if d is not None]
+        hit_keys = [k for k, d in zip(keys, out, strict=True) if d is not None]
         if hit_keys:
             m.touch(hit_keys)
         return out
@@ -520,7 +521,7 @@ class DiskTier(BlockTier):
             raise ValueError(f"write: {counted(len(keys), 'key')} but "
                              f"{counted(len(blocks), 'block')}")
         encoded = []
-        for key, block in zip(keys, blocks):
+        for key, block in zip(keys, blocks, strict=True):
             kb = encode_key(key)
             if len(kb) > MAX_KEY_BYTES:
                 raise ValueError(f"write: block key {key!r} encodes to {len(kb)} bytes; a disk "
@@ -542,7 +543,7 @@ class DiskTier(BlockTier):
         st.writes_skipped += len(keys) - len(new) - len(redo)
         jobs: list[tuple[Key, bytes, int, Any, bool]] = []
         if redo:
-            for key, logical in zip(redo, m.prepare_load(redo)):
+            for key, logical in zip(redo, m.prepare_load(redo), strict=True):
                 i = first[key]
                 jobs.append((key, encoded[i], logical, blocks[i], True))
             self._rewriting.update(redo)
@@ -559,7 +560,7 @@ class DiskTier(BlockTier):
                 for key in out.evicted_keys:
                     self._bad.discard(key)
                 st.evictions += len(out.evicted_keys)
-                for key, logical in zip(out.keys_to_store, out.block_ids):
+                for key, logical in zip(out.keys_to_store, out.block_ids, strict=True):
                     i = first[key]
                     jobs.append((key, encoded[i], logical, blocks[i], False))
         if not jobs:
@@ -599,11 +600,11 @@ class DiskTier(BlockTier):
                 checksums.append(_data_checksum(kb, data))
             if self.fsync == "batch":
                 os.fdatasync(data_fd)
-            for (kb, slot, _), seq, checksum in zip(batch, seqs, checksums):
+            for (kb, slot, _), seq, checksum in zip(batch, seqs, checksums, strict=True):
                 os.pwrite(index_fd, _make_record(kb, seq, bb, checksum), slot * RECORD_BYTES)
             if self.fsync == "batch":
                 os.fdatasync(index_fd)
-        except Exception:  # reported as failed writes, never raised into the engine
+        except Exception:  # noqa: BLE001 (failed writes, never raised into the engine)
             ok = False
         self._done.put((meta, checksums, ok, len(batch) * self.block_bytes,
                         time.perf_counter() - t0))
@@ -625,7 +626,7 @@ class DiskTier(BlockTier):
             except queue.Empty:
                 break
             if ok:
-                for (key, logical, redo), checksum in zip(meta, checksums):
+                for (key, logical, redo), checksum in zip(meta, checksums, strict=True):
                     self._hash[logical] = checksum
                 st.bytes_written += nbytes
             entry = self._calls[call]
@@ -745,6 +746,18 @@ class DiskTier(BlockTier):
         closed (as :meth:`read` and :meth:`write` do)."""
         self._check_open()
         return len(self.manager)
+
+    def _set_num_blocks(self, value: Any) -> None:
+        raise AttributeError(
+            f"DiskTier.num_blocks is fixed when the tier is opened ({self._num_blocks} slots): "
+            "the files, the index and the host manager of its slots are sized by it; open a "
+            f"new tier (another directory) for {value!r}"
+        )
+
+    # read-only, as OffloadingManager.num_blocks: a new value broke the file sizes, the
+    # checksum list and the slot map (session 14)
+    num_blocks = property(operator.attrgetter("_num_blocks"), _set_num_blocks,
+                          doc="The tier's capacity in blocks (slots; read-only).")
 
     def __repr__(self) -> str:
         return (f"DiskTier({str(self.path)!r}, num_blocks={self.num_blocks}, "

@@ -726,7 +726,7 @@ class RedisTier(BlockTier):
         self._check_open()
         try:
             self._client("lookup").ping()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (any failure of the ping: unreachable)
             raise ConnectionError(
                 f"Redis tier {self._url_redacted} is not reachable: "
                 f"{_scrub(f'{type(exc).__name__}: {exc}', self._url)}"
@@ -762,7 +762,7 @@ class RedisTier(BlockTier):
                     pending = []
             if pending:
                 deleted += client.unlink(*pending)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (any failure: raised as ConnectionError)
             raise ConnectionError(
                 f"Redis tier {self._url_redacted}: purge of {self._key_prefix.decode()}* "
                 f"failed after {deleted} keys: "
@@ -787,7 +787,7 @@ class RedisTier(BlockTier):
             return _FAILED
         try:
             result = fn(*args)
-        except Exception as exc:  # RedisError, OSError, or a client bug: never to the engine
+        except Exception as exc:  # noqa: BLE001 (RedisError, OSError, a bug: not to the engine)
             opened = self._breaker.failure()
             with self._lock:
                 self._stats.backend_errors += 1
@@ -868,7 +868,7 @@ class RedisTier(BlockTier):
             return [None] * len(rkeys)
         out: list[bytes | None] = []
         errors = hits = nbytes = 0
-        for rkey, value in zip(rkeys, values):
+        for rkey, value in zip(rkeys, values, strict=True):
             if value is None:
                 out.append(None)
                 continue
@@ -928,7 +928,7 @@ class RedisTier(BlockTier):
                 block = decompressor.decompress(
                     memoryview(value)[HEADER_BYTES:], max_output_size=length
                 )
-            except Exception:
+            except Exception:  # noqa: BLE001 (a corrupt payload, whatever zstd raises: a miss)
                 return None
             if len(block) != length:
                 return None
@@ -1009,7 +1009,7 @@ class RedisTier(BlockTier):
         # bytes are immutable: kept as they are (0 copies, the raw MSET's cost); a
         # bytearray/memoryview the caller may reuse is copied once (outside the lock)
         items = [(rkeys[i], b if type(b) is bytes else bytes(memoryview(b)))
-                 for i, b in zip(range(take), blocks)]
+                 for i, b in zip(range(take), blocks, strict=False)]
         with self._lock:
             # enqueued under the lock close() takes to stop the writer: a write that passed
             # the closed check while another thread closed the tier queued its blocks after
@@ -1088,7 +1088,7 @@ class RedisTier(BlockTier):
             if client is not None:
                 try:
                     client.close()
-                except Exception:
+                except Exception:  # noqa: BLE001 (best effort: the client is dropped anyway)
                     pass
 
     def _check_open(self) -> None:
@@ -1121,7 +1121,7 @@ class RedisTier(BlockTier):
                 self._inflight += len(batch)
             try:
                 self._write_batch(batch)
-            except Exception as exc:  # keep the writer alive whatever happens (flush waits)
+            except Exception as exc:  # noqa: BLE001 (keep the writer alive: flush waits on it)
                 with self._lock:
                     self._stats.writes_failed += len(batch)
                 logger.error("%s: writer error: %s", self._url_redacted,
@@ -1186,7 +1186,7 @@ class RedisTier(BlockTier):
                 "to allkeys-lru or volatile-lru (docs/redis.md)", self._url_redacted,
                 _scrub(str(exc), self._url))
             return
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (any failure: counted, breaker told)
             opened = self._breaker.failure()
             with self._lock:
                 self._stats.writes_failed += len(batch)

@@ -179,7 +179,7 @@ class TierStack:
                         continue
                     try:
                         data = read(slot_of(key))
-                    except Exception as exc:
+                    except Exception as exc:  # noqa: BLE001 (any read error: dropped, reported)
                         # the policy has let the victims go, so the manager must take them
                         # all (raising here put the two out of step): the block is dropped
                         # and flush_demotions reports it
@@ -207,7 +207,7 @@ class TierStack:
             try:
                 if not contains(tier, key):
                     return False
-            except Exception:
+            except Exception:  # noqa: BLE001 (e.g. a closed tier: not holding)
                 return False
         return True
 
@@ -281,7 +281,7 @@ class TierStack:
             if name != self.host_name:
                 run = keys[pos : pos + count]
                 got = tiers[name].read(run)
-                for j, (key, block) in enumerate(zip(run, got)):
+                for j, (key, block) in enumerate(zip(run, got, strict=True)):
                     if block is None:  # torn/corrupt/vanished: the prefix ends here
                         n = pos + j
                         break
@@ -306,7 +306,7 @@ class TierStack:
                 return first_host
         write = self._write_slot
         try:
-            for key, slot in zip(out.keys_to_store, out.block_ids):
+            for key, slot in zip(out.keys_to_store, out.block_ids, strict=True):
                 write(slot, data[key])
         except BaseException:
             # the blocks are pending in the host: drop them, or their slots leak and they
@@ -352,7 +352,16 @@ class TierStack:
     # -- demotion ------------------------------------------------------------------------
     def stored(self, keys: Sequence[Hashable]) -> None:
         """Host stores of ``keys`` completed: under write-through, write them to every lower
-        tier now (keys no longer in the host are skipped). No-op under write-back."""
+        tier now (keys no longer in the host are skipped). No-op under write-back.
+
+        A tier that refuses the blocks (its ``write`` raises, e.g. a tier its owner closed)
+        does not keep the other tiers from getting them (before, the first refusal stopped
+        the tiers below it).
+
+        Raises:
+            RuntimeError: after every tier was written: names each tier that refused the
+                blocks (how many, and its error), chained from the first error.
+        """
         if self.demotion != "write-through" or not self.lower:
             return
         get = self.host.slot_of
@@ -401,7 +410,7 @@ class TierStack:
             for tier in self.lower:
                 try:
                     tier.write(keys, blocks)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 (any tier error: reported)
                     first = first or exc
                     problems.append(self._refused(tier, len(keys), exc))
                 else:
@@ -417,14 +426,14 @@ class TierStack:
                 try:
                     if contains is not None and contains(tier, key):
                         continue
-                except Exception:  # e.g. a closed tier: its write below says why
+                except Exception:  # noqa: BLE001 (e.g. a closed tier: its write says why)
                     pass
                 todo.append(i)
             if not todo:
                 continue
             try:
                 tier.write([through[i][0] for i in todo], [through[i][1] for i in todo])
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (any tier error: reported)
                 first = first or exc
                 problems.append(self._refused(tier, len(todo), exc))
             else:
@@ -448,11 +457,25 @@ class TierStack:
                 f"({type(exc).__name__}: {exc})")
 
     def _write_down(self, pairs: list[tuple[Hashable, Any]]) -> None:
+        """Write ``pairs`` (key, bytes) to every lower tier, each tier's error caught (see
+        :meth:`stored`); counted in :attr:`demoted` when at least one tier took them."""
         keys = [k for k, _ in pairs]
         blocks = [b for _, b in pairs]
+        problems: list[str] = []
+        first: BaseException | None = None
+        taken = False
         for tier in self.lower:
-            tier.write(keys, blocks)
-        self.demoted += len(pairs)
+            try:
+                tier.write(keys, blocks)
+            except Exception as exc:  # noqa: BLE001 (any tier error: reported with the others)
+                first = first or exc
+                problems.append(self._refused(tier, len(keys), exc))
+            else:
+                taken = True
+        if taken:
+            self.demoted += len(pairs)
+        if problems:
+            raise RuntimeError("TierStack.stored: " + "; ".join(problems)) from first
 
     # -- events and stats ----------------------------------------------------------------
     def take_events(self) -> list[TierEvent]:
@@ -519,7 +542,7 @@ class TierStack:
         for tier in self.lower:
             try:
                 tier.close()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (any tier error: reported)
                 first = first or exc
                 problems.append(f"tier {tier.name!r} failed to close "
                                 f"({type(exc).__name__}: {exc})")

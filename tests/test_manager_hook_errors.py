@@ -1,0 +1,245 @@
+"""A policy hook or ``evict`` that raises leaves the manager exactly as it was (session 14,
+items 1a-1c of the defects earlier sessions noticed): the request-mode record of a failed
+``prepare_store`` offer, the admission's answer for it, the pins of a ``prepare_load``
+whose ``mark_non_evictable`` raised, and the oldest open request when the
+``max_open_requests`` cap cannot finish it."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtier import OffloadingManager, PolicyError, RequestStateError
+from kvtier.policies.lru import LRUPolicy
+
+
+def without_policy(m: OffloadingManager) -> dict:
+    """The manager's snapshot less the policy's part (a broken policy's own state may
+    change: the PolicyError says so)."""
+    return {k: v for k, v in m.snapshot().items() if k != "policy"}
+
+
+class ShortLRU(LRUPolicy):
+    """An LRU whose eviction returns one victim too few: a PolicyError in prepare_store."""
+
+    name = "short-lru"
+
+    def _evict(self, n, protected):
+        return LRUPolicy._evict(self, n, protected)[:-1]
+
+
+def _full_tier_with_request(offer_kind: str) -> OffloadingManager:
+    """A full 4-block tier of ShortLRU, request "r" open with one load recorded; for
+    ``"merged"`` the request also stored a block (so a later offer is recorded in
+    ``keys``, not lazily)."""
+    m = OffloadingManager(4 if offer_kind != "merged" else 5, ShortLRU)
+    m.complete_store(m.prepare_store([1, 2, 3, 4]).keys_to_store)
+    m.on_new_request("r")
+    m.prepare_load([1], "r")
+    m.complete_load([1], "r")
+    if offer_kind == "merged":  # the request stores 9 itself (fills the tier), then loads 2
+        m.complete_store(m.prepare_store([9], "r").keys_to_store)
+        m.prepare_load([2], "r")
+        m.complete_load([2], "r")
+    return m
+
+
+@pytest.mark.parametrize(("offer_kind", "offer"), [
+    ("usual", [5, 6]),          # new keys only: recorded at insert (lazy)
+    ("ready", [1, 5, 6]),       # a ready key with the new ones (recorded in keys)
+    ("merged", [5, 6]),         # after the request's store and a load (merged record)
+    ("merged", [2, 5, 6]),
+])
+def test_a_policy_error_in_request_mode_leaves_the_record_as_it_was(offer_kind, offer):
+    # the record was written before the eviction: the failed offer stayed in it
+    m = _full_tier_with_request(offer_kind)
+    before = without_policy(m)
+    stats = m.stats()
+    with pytest.raises(PolicyError, match=r"short-lru.*evict\(2\) returned 1 victims"):
+        m.prepare_store(offer, "r")
+    assert without_policy(m) == before
+    assert m.stats() == stats
+    # and the request goes on as if the call had not been made: a store that fits records
+    m.policy.__class__ = LRUPolicy  # repaired
+    m.prepare_store(offer, "r")
+    assert set(m.snapshot()["requests"][0][1]) >= set(offer)
+
+
+def test_a_failed_store_without_room_still_records_its_offer():
+    # vLLM's order (recorded before any early return) is kept where no PolicyError comes:
+    # not enough evictable blocks, the offer names a ready key (not the lazy record)
+    # (a guard of the deferral, which must not drop this record; it passed before too)
+    m = OffloadingManager(3, "lru")
+    m.complete_store(m.prepare_store([1, 2, 3]).keys_to_store)
+    m.prepare_load([3])  # pinned outside the request
+    m.on_new_request("r")
+    m.prepare_load([1, 2], "r")  # all pinned: nothing evictable
+    assert m.prepare_store([1, 5], "r") is None
+    assert m.snapshot()["requests"][0][1] == (1, 2, 5)
+
+
+@pytest.mark.parametrize("admission", ["adaptive", "tinylfu"])
+@pytest.mark.parametrize("n_new", [1, 2])
+def test_a_policy_error_takes_back_the_admissions_answer(admission, n_new):
+    # the admission had counted the call's admitted keys: a PolicyError left them counted
+    m = OffloadingManager(4, ShortLRU, admission=admission)
+    keys = [1, 2, 3, 4]
+    while len(m) < 4:  # looked up until the admission lets them all in
+        for key in keys:
+            m.lookup(key)
+        out = m.prepare_store(keys)
+        m.complete_store(out.keys_to_store)
+    new = [5, 6][:n_new]
+    for _ in range(3):
+        for key in new:
+            m.lookup(key)
+    before = without_policy(m)
+    with pytest.raises(PolicyError, match=rf"evict\({n_new}\)"):
+        m.prepare_store(new)
+    assert without_policy(m) == before
+
+
+class PinHookRaises(LRUPolicy):
+    """An LRU that does not share the manager's held state and whose pin hook raises."""
+
+    name = "pin-hook-raises"
+    fail = True
+
+    def mark_non_evictable(self, keys):
+        if self.fail:
+            raise RuntimeError(f"mark_non_evictable({list(keys)}) failed")
+        super().mark_non_evictable(keys)
+
+
+@pytest.mark.parametrize("keys", [
+    [1],            # the one-key path
+    [1, 2],         # every key pinned by this call
+    [3, 1],         # 3 already pinned: its count + 1, 1 newly pinned
+    [1, 2, 1],      # a key named twice: one pin per occurrence
+])
+@pytest.mark.parametrize("req", [False, True])
+def test_a_raising_pin_hook_leaves_prepare_load_without_effect(keys, req):
+    # the pins (and the evictable count) were updated before the hook raised
+    m = OffloadingManager(4, PinHookRaises)
+    assert m._on_pin is not None
+    m.complete_store(m.prepare_store([1, 2, 3, 4]).keys_to_store)
+    m.policy.fail = False
+    m.prepare_load([3])
+    m.policy.fail = True
+    ctx = None
+    if req:
+        m.on_new_request("r")
+        ctx = "r"
+    before = m.snapshot()
+    stats = m.stats()
+    with pytest.raises(RuntimeError, match="mark_non_evictable"):
+        m.prepare_load(keys, ctx)
+    assert m.snapshot() == before
+    assert m.stats() == stats
+    m.policy.fail = False
+    assert m.prepare_load(keys, ctx) == [m.slot_of(k) for k in keys]  # nothing was left over
+    assert m.stats().evictable == 4 - len(set(keys) | {3})
+
+
+class FinishRaises(LRUPolicy):
+    name = "finish-raises"
+    fail = True
+
+    def on_request_finished(self, keys, inserted, reused):
+        if self.fail:
+            raise RuntimeError("on_request_finished failed")
+        super().on_request_finished(keys, inserted, reused)
+
+
+def test_the_cap_finishes_the_oldest_request_before_dropping_it():
+    # it was dropped first: when its finish raised, it was lost (a later finish of it
+    # raised RequestStateError) and its use never applied
+    m = OffloadingManager(4, FinishRaises, max_open_requests=2)
+    m.complete_store(m.prepare_store([1, 2]).keys_to_store)
+    m.on_new_request("old")
+    m.prepare_load([1], "old")
+    m.complete_load([1], "old")
+    m.on_new_request("mid")
+    before = m.snapshot()
+    stats = m.stats()
+    with pytest.raises(RuntimeError, match="on_request_finished failed"):
+        m.on_new_request("new")
+    assert m.snapshot() == before
+    assert m.stats() == stats
+    assert [ctx for ctx, *_ in m.snapshot()["requests"]] == ["old", "mid"]
+    m.policy.fail = False
+    m.on_new_request("new")  # the cap finishes "old" early now
+    s = m.stats()
+    assert (s.requests_open, s.requests_finished, s.requests_finished_early) == (2, 1, 1)
+    m.on_request_finished("old")  # its late finish: ignored and counted
+    assert m.stats().late_finishes == 1
+
+
+def test_a_raising_finish_closes_the_request_uncounted():
+    # documented: on_request_finished does not put the request back (that would cost every
+    # finish a dict operation more); it is not counted as finished
+    m = OffloadingManager(4, FinishRaises)
+    m.complete_store(m.prepare_store([1]).keys_to_store)
+    m.on_new_request("r")
+    m.prepare_load([1], "r")
+    with pytest.raises(RuntimeError, match="on_request_finished failed"):
+        m.on_request_finished("r")
+    assert m.stats().requests_finished == 0
+    with pytest.raises(RequestStateError):
+        m.on_request_finished("r")
+
+
+class RaisingEq:
+    """A key hash-equal to every other RaisingEq, whose ``==`` with another one raises."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __hash__(self) -> int:
+        return 7
+
+    def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
+        if isinstance(other, RaisingEq):
+            raise ValueError(f"cannot compare RaisingEq({self.n})")
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"RaisingEq({self.n})"
+
+
+_A, _B = RaisingEq(1), RaisingEq(2)
+_OPS = {
+    "prepare_store one key": lambda m, c: m.prepare_store([_B], c),
+    "prepare_store": lambda m, c: m.prepare_store([3, _B], c),
+    "prepare_store evicting": lambda m, c: m.prepare_store([5, 6, _B], c),
+    "lookup": lambda m, c: m.lookup(_B, c),
+    "lookup_prefix": lambda m, c: m.lookup_prefix([1, _B], c),
+    "touch": lambda m, c: m.touch([1, _B], c),
+    "prepare_load": lambda m, c: m.prepare_load([1, _B], c),
+    "prepare_load one key": lambda m, c: m.prepare_load([_B], c),
+    "complete_load": lambda m, c: m.complete_load([_B], c),
+    "missing": lambda m, c: m.missing([_B]),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_OPS))
+@pytest.mark.parametrize("policy", ["lru", "arc", "lfu", "s3fifo", "sieve"])
+@pytest.mark.parametrize("req", [False, True])
+def test_a_key_whose_eq_raises_propagates_its_error_and_changes_nothing(op, policy, req):
+    # item 4: documented (docs/manager.md, "The rules"), not wrapped: the key's own error
+    # comes out and the manager is as before; S3-FIFO's and SIEVE's touch mark the keys
+    # before the raising one (the policy's state, documented)
+    ctx = "r" if req else None
+    m = OffloadingManager(4, policy)
+    if req:
+        m.on_new_request(ctx)
+    m.complete_store(m.prepare_store([_A, 1, 2], ctx).keys_to_store)
+    m.prepare_store([4], ctx)
+    partial_touch = op == "touch" and policy in ("s3fifo", "sieve")
+    before = without_policy(m) if partial_touch else m.snapshot()
+    stats = m.stats()
+    with pytest.raises(ValueError, match=r"cannot compare RaisingEq\(\d\)"):
+        _OPS[op](m, ctx)
+    assert m.stats() == stats
+    assert (without_policy(m) if partial_touch else m.snapshot()) == before
