@@ -71,6 +71,18 @@ def test_a_negative_int_option_is_said_to_be_below_its_minimum(command, option, 
     assert "'-1'" in one_line(res.stderr) and "ASCII" not in res.stderr
 
 
+@pytest.mark.parametrize(("command", "option", "minimum"), INT_OPTIONS)
+def test_a_sign_apart_from_its_digits_is_not_a_negative_count(command, option, minimum):
+    """Review of session 14: '- 5' (a space after the sign) was said to be 'must be >= 1',
+    as if it were the number -5; it is no number (int('- 5') raises), so the rule of counts
+    is named, as for '+3'."""
+    res = run(command, f"{option}=- 5")
+    assert res.exit_code == 2, res.output
+    err = one_line(res.stderr)
+    assert f"must be a whole number >= {minimum}" in err and "ASCII digits" in err, err
+    assert "'- 5'" in err
+
+
 def test_int_options_take_grouped_digits_and_spaces_as_capacity_does(tmp_path):
     """"1_0" is ten, as --capacity 16_000 is 16,000 (the one rule of counts)."""
     out = tmp_path / "o.json"

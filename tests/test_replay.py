@@ -199,6 +199,15 @@ def test_bad_arguments():
         replay(TINY, "lru", 4, inflight=2, protocol="get")
 
 
+@pytest.mark.parametrize("spec", ["- 5", "-  5", "- 5%"])
+def test_parse_capacity_of_a_sign_apart_from_its_digits_names_the_forms(spec):
+    """Review of session 14: '- 5' was 'capacity must be >= 1 block' and '- 5%' 'must be
+    > 0%', as if they were the numbers -5 and -5 %; a space after the sign makes them no
+    number (int('- 5') raises): the forms of a capacity are named."""
+    with pytest.raises(ValueError, match=r"is neither a block count nor a percentage"):
+        parse_capacity(spec, 100)
+
+
 def test_parse_capacity():
     assert parse_capacity("4000") == 4000
     assert parse_capacity("16_000") == 16000

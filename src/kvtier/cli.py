@@ -101,7 +101,9 @@ def _count_option(minimum: int, unit: str):
         if not isinstance(value, str):  # a default, passed through by click-based typer
             return value
         number = parse_count(value)
-        if number is None and value.strip()[:1] == "-" and parse_count(value.strip()[1:]):
+        digits = value.strip()[1:]  # after a sign: a digit next ("- 5" is no number)
+        if (number is None and value.strip()[:1] == "-" and digits[:1].strip()
+                and parse_count(digits)):
             number = -1  # a negative count: said as below the minimum, as --capacity -5 is
         if number is None:
             raise typer.BadParameter(

@@ -278,9 +278,11 @@ def parse_capacity(spec: str | int, unique_blocks: int | None = None) -> int:
             p = _PERCENT_RE.match(spec)
             if not p:
                 neg = spec.strip()
-                if neg[:1] == "-" and _CAPACITY_RE.match(neg[1:]):
+                # a sign with a digit or point next ("- 5" is no number)
+                signed = neg[:1] == "-" and neg[1:2].strip()
+                if signed and _CAPACITY_RE.match(neg[1:]):
                     raise ValueError(f"capacity must be >= 1 block, got {spec!r}")
-                if neg[:1] == "-" and _PERCENT_RE.match(neg[1:]):
+                if signed and _PERCENT_RE.match(neg[1:]):
                     raise ValueError(f"capacity {spec!r} must be > 0%")
                 raise ValueError(f"capacity {spec!r} is neither a block count nor a percentage: "
                                  f"a capacity is {_CAPACITY_FORMS}")
