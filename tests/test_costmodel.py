@@ -209,14 +209,16 @@ def test_replay_cost_and_belady_errors():
 def test_replay_cost_errors_name_the_option_typed(option, value):
     """Found by a newcomer session: ``kvtier replay --prefill-tps inf`` (typer's min=0.001
     lets inf through) failed with 'prefill_tokens_per_s must be a positive number', naming
-    CostModel's argument, not the option the user typed."""
+    CostModel's argument, not the option the user typed. Since session 14 the option's
+    parser refuses it (exit 2), still naming the option."""
     from typer.testing import CliRunner
 
     from kvtier.cli import app
 
     res = CliRunner().invoke(app, ["replay", "-p", "lru", "-c", "10", option, value])
-    assert res.exit_code == 1
-    assert f"{option} must be a positive number, got inf" in res.output
+    assert res.exit_code == 2
+    assert f"Invalid value for '{option}'" in res.output
+    assert "must be a finite number >= 0.001" in " ".join(res.output.split())
     assert "_per_s" not in res.output
 
 

@@ -22,6 +22,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import stat
@@ -109,6 +110,35 @@ def _count_option(minimum: int, unit: str):
                 f"optionally grouped by _ (1000, 16_000), got {value!r}")
         if number < minimum:
             raise typer.BadParameter(f"must be >= {minimum} ({unit}), got {value!r}")
+        return number
+
+    return parse
+
+
+# a decimal number: ASCII digits, an optional fraction and exponent; no sign, no "_" grouping
+# (the rule of --capacity's percentages, kvtier.replay's _PERCENT_RE, without the "%")
+_DECIMAL_RE = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*$", re.ASCII)
+
+
+def _number_option(minimum: float, unit: str):
+    """The ``parser`` of a float option: the text must be a decimal number in ASCII digits
+    with an optional fraction and exponent (``25``, ``2.5``, ``1e4``, ``.5``), finite, and at
+    least ``minimum``. typer's float took ``"1_0"`` as 10 and, depending on its version,
+    ``"nan"``, ``"inf"`` or ``"\u0663"`` (Arabic-Indic 3); ``min=`` is not applied to an
+    option with a parser, so it is checked here."""
+    def parse(value):
+        if not isinstance(value, str):  # a default, passed through by click-based typer
+            return value
+        m = _DECIMAL_RE.match(value)
+        if m is None and value.strip()[:1] == "-" and _DECIMAL_RE.match(value.strip()[1:]):
+            raise typer.BadParameter(f"must be >= {minimum:g} ({unit}), got {value!r}")
+        number = float(m.group(1)) if m else None
+        if number is None or not math.isfinite(number):
+            raise typer.BadParameter(
+                f"must be a finite number >= {minimum:g} ({unit}) in ASCII digits, with an "
+                f"optional fraction and exponent (25, 2.5, 1e4), got {value!r}")
+        if number < minimum:
+            raise typer.BadParameter(f"must be >= {minimum:g} ({unit}), got {value!r}")
         return number
 
     return parse
@@ -590,11 +620,13 @@ def replay_cmd(
         "--kv-bytes-per-token", min=1, parser=_count_option(1, "bytes"),
         help="Cost model: KV bytes per token (instead of --model).")] = None,
     prefill_tps: Annotated[Optional[float], typer.Option(
-        "--prefill-tps", min=0.001, help="Cost model: prefill tokens/s of one instance.  "
-                                         "\\[default: 10,000, an assumption]")] = None,
+        "--prefill-tps", min=0.001, parser=_number_option(0.001, "tokens/s"),
+        help="Cost model: prefill tokens/s of one instance.  "
+             "\\[default: 10,000, an assumption]")] = None,
     read_gbps: Annotated[Optional[float], typer.Option(
-        "--read-gbps", min=0.001, help="Cost model: tier read bandwidth, GB/s.  "
-                                       "\\[default: 25, an assumption]")] = None,
+        "--read-gbps", min=0.001, parser=_number_option(0.001, "GB/s"),
+        help="Cost model: tier read bandwidth, GB/s.  "
+             "\\[default: 25, an assumption]")] = None,
     instances: Annotated[Optional[int], typer.Option(
         "--instances", min=1, parser=_count_option(1, "prefill instances"),
         help="Cost model: prefill instances serving the arrivals.  \\[default: auto, fewest "
@@ -801,8 +833,9 @@ def analyze_cmd(
                                                  parser=_count_option(1, "requests"),
                                                  help="Analyze only the first N requests.")] = None,
     window_s: Annotated[Optional[float], typer.Option(
-        "--window-s", min=0.001, help="Working-set window, seconds (traces with timestamps).  "
-                                      "\\[default: 60]")] = None,
+        "--window-s", min=0.001, parser=_number_option(0.001, "seconds"),
+        help="Working-set window, seconds (traces with timestamps).  "
+             "\\[default: 60]")] = None,
     window_requests: Annotated[Optional[int], typer.Option(
         "--window-requests", min=1, parser=_count_option(1, "requests"),
         help="Working-set window, requests (traces without timestamps).  "
@@ -899,8 +932,6 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
     given_s, given_requests = window_s is not None, window_requests is not None
     window_s = 60.0 if window_s is None else window_s
     window_requests = 1000 if window_requests is None else window_requests
-    if not math.isfinite(window_s):  # typer's min=0.001 lets inf through
-        raise _CliError(f"--window-s must be a finite number > 0 (seconds), got {window_s}")
     _check_writable(json_out, "--json", path)
     _check_distinct_outputs(json_out, plot)
     if plot is not None:
