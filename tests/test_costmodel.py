@@ -328,3 +328,16 @@ def test_a_burst_at_one_timestamp_says_why_the_automatic_count_is_one_instance()
                                    "--cost", "--no-progress"])
     assert res.exit_code == 0, res.output
     assert "warning: cost model: all 10 requests arrive at the same time (0 ms)" in res.stderr
+
+
+def test_the_fifo_queue_refuses_arrivals_and_service_times_of_other_lengths():
+    """ruff B905 pass (session 14): _ttft zipped arrivals with service times and dropped the
+    extra ones of the longer list in silence; evaluate() checks its lists' lengths first,
+    so only a direct call could get there, and now fails loudly."""
+    from kvtier.costmodel import _ttft
+
+    assert _ttft([1.0, 2.0], [0.0, 0.0], 2)[0] == [1.0, 2.0]
+    with pytest.raises(ValueError, match="zip"):
+        _ttft([1.0, 2.0, 3.0], [0.0, 0.0], 2)
+    with pytest.raises(ValueError, match="zip"):
+        _ttft([1.0], [0.0, 0.0], 2)

@@ -334,7 +334,7 @@ _COLUMNS = ("policy", "tier\nblocks", "requests", "block\nrefs", "hit\nblocks",
 # the same columns with headers of at most 6 characters a line, for narrow consoles
 _COMPACT = dict(zip(_COLUMNS, ("policy", "tier\nblocks", "reqs", "block\nrefs", "hit\nblocks",
                                "block\nhit %", "token\nhit %", "store\nfails", "evic-\ntions",
-                               "time\nms", "ns/\nref")))
+                               "time\nms", "ns/\nref"), strict=True))
 _UNIFORM = {"requests", "block\nrefs"}  # the same in every row: dropped only as a last resort
 
 
@@ -363,7 +363,7 @@ def _results_table(results: list[ReplayResult], title: str, console: Console) ->
                 f"{r.hit_blocks:,}", f"{r.block_hit_ratio * 100:.2f}",
                 f"{r.token_hit_ratio * 100:.2f}", f"{r.store_failures:,}", f"{r.evictions:,}",
                 f"{r.bookkeeping_s * 1e3:,.1f}", f"{r.ns_per_block_ref:,.0f}",
-            )))
+            ), strict=True))
             table.add_row(*(cells[c] for c in columns))
         natural = Measurement.get(console, console.options.update_width(10_000), table)
         if natural.maximum <= console.width:
@@ -737,7 +737,7 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
             lengths = input_lengths(meta, cmd.replay.block_tokens)
             stamps = [r.timestamp for r in meta]
             costs = [evaluate(cost_model, lengths, hits, stamps, r.stored_blocks)
-                     for r, hits in zip(results, per_request_hits)]
+                     for r, hits in zip(results, per_request_hits, strict=True)]
 
     opts = cmd.replay
     out = _out_console(cmd.output.json)
@@ -753,7 +753,7 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
     if costs is not None:
         out.print(_cost_table(results, costs, out))
         out.print(cost_model.describe(), highlight=False, markup=False, soft_wrap=True)
-        for row, cost in zip(payload["results"], costs):
+        for row, cost in zip(payload["results"], costs, strict=True):
             row["cost"] = cost
         payload["cost_model"] = cost_model.to_dict()
     if interrupted:
@@ -793,7 +793,7 @@ def _cost_table(results: list[ReplayResult], costs: list[dict], console: Console
     write_f = fmt_for([c["write_bytes"] / 1e9 for c in costs])
     saved_f = fmt_for([c["prefill_s_saved"] for c in costs])
     rows = []
-    for r, c in zip(results, costs):
+    for r, c in zip(results, costs, strict=True):
         base = c["prefill_s_no_tier"]
         t0, t1 = c["ttft_no_tier_s"], c["ttft_with_tier_s"]
         rows.append((
