@@ -209,14 +209,16 @@ def test_replay_cost_and_belady_errors():
 def test_replay_cost_errors_name_the_option_typed(option, value):
     """Found by a newcomer session: ``kvtier replay --prefill-tps inf`` (typer's min=0.001
     lets inf through) failed with 'prefill_tokens_per_s must be a positive number', naming
-    CostModel's argument, not the option the user typed."""
+    CostModel's argument, not the option the user typed. Since session 14 the option's
+    parser refuses it (exit 2), still naming the option."""
     from typer.testing import CliRunner
 
     from kvtier.cli import app
 
     res = CliRunner().invoke(app, ["replay", "-p", "lru", "-c", "10", option, value])
-    assert res.exit_code == 1
-    assert f"{option} must be a positive number, got inf" in res.output
+    assert res.exit_code == 2
+    assert f"Invalid value for '{option}'" in res.output
+    assert "must be a finite number >= 0.001" in " ".join(res.output.split())
     assert "_per_s" not in res.output
 
 
@@ -326,3 +328,16 @@ def test_a_burst_at_one_timestamp_says_why_the_automatic_count_is_one_instance()
                                    "--cost", "--no-progress"])
     assert res.exit_code == 0, res.output
     assert "warning: cost model: all 10 requests arrive at the same time (0 ms)" in res.stderr
+
+
+def test_the_fifo_queue_refuses_arrivals_and_service_times_of_other_lengths():
+    """ruff B905 pass (session 14): _ttft zipped arrivals with service times and dropped the
+    extra ones of the longer list in silence; evaluate() checks its lists' lengths first,
+    so only a direct call could get there, and now fails loudly."""
+    from kvtier.costmodel import _ttft
+
+    assert _ttft([1.0, 2.0], [0.0, 0.0], 2)[0] == [1.0, 2.0]
+    with pytest.raises(ValueError, match="zip"):
+        _ttft([1.0, 2.0, 3.0], [0.0, 0.0], 2)
+    with pytest.raises(ValueError, match="zip"):
+        _ttft([1.0], [0.0, 0.0], 2)

@@ -26,7 +26,7 @@ def mooncake_lines(n: int, block_tokens: int = 512, seed: int = 0) -> list[bytes
     for i in range(n):
         length = rng.randrange(1, 6 * block_tokens)
         blocks = -(-length // block_tokens)
-        ids = [rng.randrange(50) for _ in range(blocks)]
+        ids = rng.sample(range(50), blocks)  # distinct: a prefix hash cannot repeat
         out.append(json.dumps({"timestamp": i, "input_length": length, "output_length": 1,
                                "hash_ids": ids}).encode() + b"\n")
     return out
@@ -116,6 +116,50 @@ def test_a_16_token_block_trace_at_512_names_block_size_16(tmp_path):
         warnings.simplefilter("error", TraceWarning)  # the right block size: silent
         reader = read_trace(path, block_tokens=16)
         assert sum(1 for _ in reader) == 300 and reader.length_mismatches == 0
+
+
+def test_a_request_naming_a_block_hash_twice_is_counted_and_warned_once(tmp_path):
+    """Found by a newcomer pass: ``"hash_ids": [1, 1, 1]`` replayed without a word, though a
+    block hash names its whole prefix and cannot repeat within one request. Such requests
+    are counted, warned about once per pass (a skipped bad line not counted), and replayed
+    as given; strict=True makes the first one an error."""
+    import warnings
+
+    path = tmp_path / "r.jsonl"
+    path.write_text(
+        '{"hash_ids": [1, 2], "input_length": 1000}\n'                    # fine
+        '{"hash_ids": [5, 5], "input_length": 1000, "timestamp": "x"}\n'  # bad line
+        '{"hash_ids": [1, 1, 1], "input_length": 1500}\n'                 # repeats
+        '{"hash_ids": [3, 4, 3], "input_length": 1500}\n'                 # repeats
+        '{"hash_ids": [], "input_length": 0}\n'                           # fine
+    )
+    with pytest.warns(TraceWarning) as record:
+        reader = read_trace(path, skip_bad_lines=True)
+        got = [list(r.keys) for r in reader]
+    assert got == [[1, 2], [1, 1, 1], [3, 4, 3], []]  # replayed as given
+    assert reader.repeated_hash_requests == 2 and reader.bad_lines == 1
+    messages = [str(w.message) for w in record if "twice" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert ("2 of 4 requests name a block hash twice in their hash_ids (first at line 3), "
+            "replayed as given") in messages[0]
+    assert reader.length_mismatches == 0
+    with pytest.warns(TraceWarning, match="1 of 2 requests names a block hash twice in its hash_ids"):
+        reader = read_trace(path, skip_bad_lines=True)
+        for _ in zip(range(2), reader, strict=False):  # a pass stopped early (--limit)
+            pass
+        reader.report_lengths()
+    assert reader.repeated_hash_requests == 1
+    good = tmp_path / "g.jsonl"  # without the bad line 2
+    good.write_text("".join(line + "\n" for i, line in
+                            enumerate(path.read_text().splitlines()) if i != 1))
+    with pytest.raises(TraceFormatError, match=r"line 2: 'hash_ids' names block hash 1 twice"):
+        list(read_trace(good, strict=True))
+    strict = read_trace(path, strict=True, skip_bad_lines=True)  # strict: bad lines, skipped
+    assert [list(r.keys) for r in strict] == [[1, 2], []] and strict.bad_lines == 3
+    with warnings.catch_warnings():  # distinct hashes: silent
+        warnings.simplefilter("error", TraceWarning)
+        reader = read_trace(path, skip_bad_lines=True)
+        assert next(reader).keys == [1, 2] and reader.repeated_hash_requests == 0
 
 
 def test_the_real_trace_sample_has_no_length_mismatch():

@@ -127,6 +127,8 @@ class TinyLFUAdmission:
     def estimate(self, key: Hashable) -> int:
         """The key's estimated lookups in the current sample (doorkeeper included), 0-16."""
         rows = self._rows
+        # one cell per row by construction; zip left without strict= (ruff B905): this is
+        # the per-key path of every lookup
         est = min(row[i] for row, i in zip(rows, self._cells(key)))
         return est + 1 if key in self._door else est
 

@@ -496,7 +496,7 @@ def _hist_axes(ax, sorted_values, xlabel: str, title: str, first_bar: str = "zer
         return
     # bucket [0, 1) is drawn at [0.5, 1) so a log axis can show it
     lefts = [h["lo"] if h["lo"] > 0 else 0.5 for h in hist]
-    widths = [h["hi"] - left for h, left in zip(hist, lefts)]
+    widths = [h["hi"] - left for h, left in zip(hist, lefts, strict=True)]
     counts = [h["count"] for h in hist]
     ax.bar(lefts, counts, width=widths, align="edge", edgecolor="black", linewidth=0.4)
     if hist[-1]["hi"] / lefts[0] >= 100:

@@ -22,6 +22,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import stat
@@ -111,6 +112,35 @@ def _count_option(minimum: int, unit: str):
                 f"optionally grouped by _ (1000, 16_000), got {value!r}")
         if number < minimum:
             raise typer.BadParameter(f"must be >= {minimum} ({unit}), got {value!r}")
+        return number
+
+    return parse
+
+
+# a decimal number: ASCII digits, an optional fraction and exponent; no sign, no "_" grouping
+# (the rule of --capacity's percentages, kvtier.replay's _PERCENT_RE, without the "%")
+_DECIMAL_RE = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*$", re.ASCII)
+
+
+def _number_option(minimum: float, unit: str):
+    """The ``parser`` of a float option: the text must be a decimal number in ASCII digits
+    with an optional fraction and exponent (``25``, ``2.5``, ``1e4``, ``.5``), finite, and at
+    least ``minimum``. typer's float took ``"1_0"`` as 10 and, depending on its version,
+    ``"nan"``, ``"inf"`` or ``"\u0663"`` (Arabic-Indic 3); ``min=`` is not applied to an
+    option with a parser, so it is checked here."""
+    def parse(value):
+        if not isinstance(value, str):  # a default, passed through by click-based typer
+            return value
+        m = _DECIMAL_RE.match(value)
+        if m is None and value.strip()[:1] == "-" and _DECIMAL_RE.match(value.strip()[1:]):
+            raise typer.BadParameter(f"must be >= {minimum:g} ({unit}), got {value!r}")
+        number = float(m.group(1)) if m else None
+        if number is None or not math.isfinite(number):
+            raise typer.BadParameter(
+                f"must be a finite number >= {minimum:g} ({unit}) in ASCII digits, with an "
+                f"optional fraction and exponent (25, 2.5, 1e4), got {value!r}")
+        if number < minimum:
+            raise typer.BadParameter(f"must be >= {minimum:g} ({unit}), got {value!r}")
         return number
 
     return parse
@@ -306,7 +336,7 @@ _COLUMNS = ("policy", "tier\nblocks", "requests", "block\nrefs", "hit\nblocks",
 # the same columns with headers of at most 6 characters a line, for narrow consoles
 _COMPACT = dict(zip(_COLUMNS, ("policy", "tier\nblocks", "reqs", "block\nrefs", "hit\nblocks",
                                "block\nhit %", "token\nhit %", "store\nfails", "evic-\ntions",
-                               "time\nms", "ns/\nref")))
+                               "time\nms", "ns/\nref"), strict=True))
 _UNIFORM = {"requests", "block\nrefs"}  # the same in every row: dropped only as a last resort
 
 
@@ -335,7 +365,7 @@ def _results_table(results: list[ReplayResult], title: str, console: Console) ->
                 f"{r.hit_blocks:,}", f"{r.block_hit_ratio * 100:.2f}",
                 f"{r.token_hit_ratio * 100:.2f}", f"{r.store_failures:,}", f"{r.evictions:,}",
                 f"{r.bookkeeping_s * 1e3:,.1f}", f"{r.ns_per_block_ref:,.0f}",
-            )))
+            ), strict=True))
             table.add_row(*(cells[c] for c in columns))
         natural = Measurement.get(console, console.options.update_width(10_000), table)
         if natural.maximum <= console.width:
@@ -592,11 +622,13 @@ def replay_cmd(
         "--kv-bytes-per-token", min=1, parser=_count_option(1, "bytes"),
         help="Cost model: KV bytes per token (instead of --model).")] = None,
     prefill_tps: Annotated[Optional[float], typer.Option(
-        "--prefill-tps", min=0.001, help="Cost model: prefill tokens/s of one instance.  "
-                                         "\\[default: 10,000, an assumption]")] = None,
+        "--prefill-tps", min=0.001, parser=_number_option(0.001, "tokens/s"),
+        help="Cost model: prefill tokens/s of one instance.  "
+             "\\[default: 10,000, an assumption]")] = None,
     read_gbps: Annotated[Optional[float], typer.Option(
-        "--read-gbps", min=0.001, help="Cost model: tier read bandwidth, GB/s.  "
-                                       "\\[default: 25, an assumption]")] = None,
+        "--read-gbps", min=0.001, parser=_number_option(0.001, "GB/s"),
+        help="Cost model: tier read bandwidth, GB/s.  "
+             "\\[default: 25, an assumption]")] = None,
     instances: Annotated[Optional[int], typer.Option(
         "--instances", min=1, parser=_count_option(1, "prefill instances"),
         help="Cost model: prefill instances serving the arrivals.  \\[default: auto, fewest "
@@ -707,7 +739,7 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
             lengths = input_lengths(meta, cmd.replay.block_tokens)
             stamps = [r.timestamp for r in meta]
             costs = [evaluate(cost_model, lengths, hits, stamps, r.stored_blocks)
-                     for r, hits in zip(results, per_request_hits)]
+                     for r, hits in zip(results, per_request_hits, strict=True)]
 
     opts = cmd.replay
     out = _out_console(cmd.output.json)
@@ -723,7 +755,7 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
     if costs is not None:
         out.print(_cost_table(results, costs, out))
         out.print(cost_model.describe(), highlight=False, markup=False, soft_wrap=True)
-        for row, cost in zip(payload["results"], costs):
+        for row, cost in zip(payload["results"], costs, strict=True):
             row["cost"] = cost
         payload["cost_model"] = cost_model.to_dict()
     if interrupted:
@@ -763,7 +795,7 @@ def _cost_table(results: list[ReplayResult], costs: list[dict], console: Console
     write_f = fmt_for([c["write_bytes"] / 1e9 for c in costs])
     saved_f = fmt_for([c["prefill_s_saved"] for c in costs])
     rows = []
-    for r, c in zip(results, costs):
+    for r, c in zip(results, costs, strict=True):
         base = c["prefill_s_no_tier"]
         t0, t1 = c["ttft_no_tier_s"], c["ttft_with_tier_s"]
         rows.append((
@@ -803,8 +835,9 @@ def analyze_cmd(
                                                  parser=_count_option(1, "requests"),
                                                  help="Analyze only the first N requests.")] = None,
     window_s: Annotated[Optional[float], typer.Option(
-        "--window-s", min=0.001, help="Working-set window, seconds (traces with timestamps).  "
-                                      "\\[default: 60]")] = None,
+        "--window-s", min=0.001, parser=_number_option(0.001, "seconds"),
+        help="Working-set window, seconds (traces with timestamps).  "
+             "\\[default: 60]")] = None,
     window_requests: Annotated[Optional[int], typer.Option(
         "--window-requests", min=1, parser=_count_option(1, "requests"),
         help="Working-set window, requests (traces without timestamps).  "
@@ -901,8 +934,6 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
     given_s, given_requests = window_s is not None, window_requests is not None
     window_s = 60.0 if window_s is None else window_s
     window_requests = 1000 if window_requests is None else window_requests
-    if not math.isfinite(window_s):  # typer's min=0.001 lets inf through
-        raise _CliError(f"--window-s must be a finite number > 0 (seconds), got {window_s}")
     _check_writable(json_out, "--json", path)
     _check_distinct_outputs(json_out, plot)
     if plot is not None:

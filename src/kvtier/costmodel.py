@@ -298,7 +298,7 @@ def _ttft(service: Sequence[float], arrivals: Sequence[float] | None, instances:
     out = []
     first = arrivals[0] if arrivals else 0.0
     last_finish = first
-    for a, s in zip(arrivals, service):
+    for a, s in zip(arrivals, service, strict=True):
         start = free[0] if free[0] > a else a
         finish = start + s
         heapq.heapreplace(free, finish)
@@ -378,7 +378,7 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
     t0: list[float] = []
     t1: list[float] = []
     hit_tokens = input_tokens = 0
-    for length, hits in zip(input_lengths, hit_blocks):
+    for length, hits in zip(input_lengths, hit_blocks, strict=True):  # checked above
         if length is None:
             raise ValueError("input_lengths has None: pass blocks * block_tokens for requests "
                              "without a length")

@@ -281,7 +281,8 @@ def _histogram(fam: HistogramMetricFamily, tier: str, hist: LatencyHistogram) ->
     """Add ``hist`` (per-bucket counts) as cumulative Prometheus buckets."""
     buckets = []
     acc = 0
-    for bound, count in zip(hist.bounds, hist.counts):
+    # counts has one more entry than bounds (its last is the +Inf bucket, from hist.total)
+    for bound, count in zip(hist.bounds, hist.counts, strict=False):
         acc += count
         buckets.append((_le(bound), acc))
     buckets.append(("+Inf", hist.total))

@@ -147,7 +147,7 @@ class SimTier(BlockTier):
     def read(self, keys: Sequence[Key]) -> list[bytes | None]:
         m = self.manager
         out = [self._zero if m.ref_count(k) == 0 else None for k in keys]
-        hits = [k for k, b in zip(keys, out) if b is not None]
+        hits = [k for k, b in zip(keys, out, strict=True) if b is not None]
         if hits:
             m.touch(hits)
         st = self._stats
@@ -324,7 +324,7 @@ def _clean_up(tier: BlockTier) -> None:
     try:
         tier.flush(10.0)
         purge()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any tier's failure (redis's are no OSError)
         warnings.warn(f"{tier.name} tier: this run's keys were not deleted ({exc}); they "
                       "expire with their TTL", RuntimeWarning, stacklevel=3)
 
@@ -372,7 +372,7 @@ def replay_tiers(
     host = OffloadingManager(caps[0], policy, store_threshold=store_threshold)
     lower: list[BlockTier] = []
     try:
-        for t, cap in zip(tiers[1:], caps[1:]):
+        for t, cap in zip(tiers[1:], caps[1:], strict=True):
             if t.kind == "disk":
                 lower.append(SimTier("disk", cap, policy))
             else:
@@ -431,7 +431,7 @@ def replay_tiers(
             input_tokens=in_tok, hit_tokens=hit_tok, store_failures=fails,
             demoted=stack.demoted, seconds=seconds,
         )
-        for t, name, cap in zip(tiers, stack.names, caps):
+        for t, name, cap in zip(tiers, stack.names, caps, strict=True):
             result.tiers.append(TierResult(
                 name=name, kind=t.kind, capacity=cap, hit_blocks=served[name],
                 promoted=stack.promoted.get(name, 0), stats=stats[name],

@@ -41,6 +41,11 @@ counted (:attr:`TraceReader.length_mismatches`) and, once per pass over the file
 ratios are then not meaningful at this B, block hit ratios still are (some traces have blocks
 of varying token counts). With ``strict=True`` the first such line is an error.
 
+A block hash names its whole prefix, so one request cannot name the same hash twice
+(``"hash_ids": [1, 1, 1]``). Such requests are replayed as given, counted
+(:attr:`TraceReader.repeated_hash_requests`) and, once per pass, a :class:`TraceWarning` says
+how many there are; with ``strict=True`` the first such line is an error.
+
 The path ``"-"`` reads standard input (as does ``/dev/stdin``), compressed or not; it can be
 read once.
 """
@@ -383,7 +388,9 @@ class TraceReader:
         fitting_block_tokens: after a pass with mismatches, ``(B, lines)``: the block size
             (a power of two up to 65,536) that fits the most of the lines that disagree, and
             how many of them it fits; else ``None``.
-        strict: mismatches are errors instead of a warning.
+        repeated_hash_requests: requests whose ``hash_ids`` name one hash more than once
+            (replayed as given; see the module docstring).
+        strict: mismatches and repeated hashes are errors instead of a warning.
 
     Thread safety: none; a reader is one pass at a time on one thread (two threads
     iterating one reader interleave its lines). Open one reader per thread, or per process as
@@ -417,6 +424,9 @@ class TraceReader:
         self.lines = 0
         self.length_mismatches = 0
         self.fitting_block_tokens: tuple[int, int] | None = None
+        self.repeated_hash_requests = 0
+        self._first_repeat: int | None = None  # line of the first such request this pass
+        self._repeat_warned = False
         self._gen: Iterator[Request] | None = None
         self._mismatched: dict[tuple[int, int], int] | None = None
         self._reported = False
@@ -449,6 +459,9 @@ class TraceReader:
         self.requests = self.block_refs = self.bad_lines = self.lines = 0
         self.length_mismatches = 0
         self.fitting_block_tokens = None
+        self.repeated_hash_requests = 0
+        self._first_repeat = None
+        self._repeat_warned = False
         self._mismatched = None
         self._reported = False  # this pass's length warning was given
         self._longest_tokens = -1
@@ -571,6 +584,19 @@ class TraceReader:
     def _report_lengths(self, shown: object) -> None:
         """Count, and warn once per pass about, Mooncake lines whose length disagrees with
         block_tokens; and warn when the token_ids lines gave no block at all."""
+        repeats = self.repeated_hash_requests
+        if repeats and not self._repeat_warned:
+            self._repeat_warned = True
+            warnings.warn(
+                f"{shown}: {repeats:,} of {counted(self.requests, 'request')} "
+                + ("names a block hash twice in its hash_ids" if repeats == 1 else
+                   "name a block hash twice in their hash_ids")
+                + f" (first at line {self._first_repeat}), replayed as given; a hash names "
+                "its whole prefix, so it cannot repeat within one request (a trace written "
+                "with per-block instead of prefix hashes?). strict=True / --strict makes this "
+                "an error.",
+                TraceWarning, stacklevel=4,
+            )
         longest = self._longest_tokens
         if 0 <= longest < self.block_tokens and not self.block_refs and self.requests:
             # a token_ids trace of short prompts at the default 512-token blocks: every
@@ -728,6 +754,19 @@ class TraceReader:
                 type(ts) not in (int, float) or not 0 <= ts < _INF  # NaN, inf (1e400)
             ):
                 raise _LineError(f"'timestamp' must be a finite number >= 0 (ms), got {ts!r}")
+            # after every check of the line, so a line skipped as bad is not counted;
+            # O(len(hash_ids)), when reading only
+            if ids is not None and len(ids) > 1 and len(set(ids)) != len(ids):
+                if strict:
+                    seen: set[int] = set()
+                    twice = next(h for h in ids if h in seen or seen.add(h))
+                    raise _LineError(
+                        f"'hash_ids' names block hash {twice} twice: a hash names its whole "
+                        "prefix, so it cannot repeat within one request"
+                    )
+                reader.repeated_hash_requests += 1
+                if reader._first_repeat is None:
+                    reader._first_repeat = reader.lines
             return Request(keys, input_length, output_length, ts)
 
         def parse_text(line: str) -> Request | None:

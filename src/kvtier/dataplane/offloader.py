@@ -189,7 +189,7 @@ class KVOffloader:
         if not out.keys_to_store:
             return None
         block_of: dict[Hashable, int] = {}
-        for key, b in zip(keys, ids):
+        for key, b in zip(keys, ids, strict=True):  # same length: _check_pairs
             block_of.setdefault(key, b)
         src = [block_of[key] for key in out.keys_to_store]
         job_id = next(self._ids)

@@ -158,7 +158,7 @@ def _as_wide_pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch
 
 def _is_range(ids: list[int]) -> bool:
     """True when ids are ``a, a+1, ..., a+n-1`` (n >= 1)."""
-    return bool(ids) and all(b == a + 1 for a, b in zip(ids, ids[1:]))
+    return bool(ids) and all(b == a + 1 for a, b in zip(ids, ids[1:], strict=False))  # pairs
 
 
 class _Completions:
@@ -285,7 +285,7 @@ class _CpuBackend(_CopyBackend):
                 # as well as normal ones, and keeps autograd out of the way.
                 with torch.inference_mode():
                     self._run(job)
-            except Exception as e:  # reported as ok=False, never raised into the caller
+            except Exception as e:  # noqa: BLE001 - reported as ok=False, never raised
                 self.completions.finish(job, False, e)
             else:
                 self.completions.finish(job, True, None)
@@ -306,7 +306,7 @@ class _CpuBackend(_CopyBackend):
         dev_range = _is_range(job.dev_ids)
         p0, d0 = job.pool_ids[0], job.dev_ids[0]
         hook = self.before_copy
-        for t, (dev, pv) in enumerate(zip(self.kv_caches, self.pool_views)):
+        for t, (dev, pv) in enumerate(zip(self.kv_caches, self.pool_views, strict=True)):
             if hook is not None:
                 hook(job.job_id, job.kind, t)
             if job.kind == STORE:
@@ -356,7 +356,7 @@ class _CudaBackend(_CopyBackend):
         try:
             with torch.inference_mode():
                 self._enqueue(job, stream)
-        except Exception as e:  # reported as ok=False, never raised into the caller
+        except Exception as e:  # noqa: BLE001 - any failure: reported as ok=False, not raised
             job.error = e
         if job.event is None:
             # Copies queued before the failure may still be running: report the job only
@@ -364,7 +364,7 @@ class _CudaBackend(_CopyBackend):
             try:
                 job.event = torch.cuda.Event()
                 job.event.record(stream)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - any failure finishes the job with ok=False
                 job.keep.clear()
                 self.completions.finish(job, False, job.error or e)
                 return
@@ -420,7 +420,7 @@ class _CudaBackend(_CopyBackend):
             job = self.jobs.popleft()
             try:
                 done = job.event.query()
-            except Exception as e:  # an asynchronous CUDA error surfaces here
+            except Exception as e:  # noqa: BLE001 - an asynchronous CUDA error surfaces here
                 job.keep.clear()
                 self.completions.finish(job, False, e)
                 continue

@@ -144,7 +144,7 @@ class ARCPolicy(CachePolicy):
         no_ghosts, self._no_ghosts = self._no_ghosts, None
         try:
             same = no_ghosts is not None and (keys is no_ghosts or keys == no_ghosts)
-        except Exception:  # a key's == answered an array (np.float64(2.0) == (1, 2)) or
+        except Exception:  # noqa: BLE001 - a key's == answered an array (np.float64(2.0) == (1, 2)) or
             same = False  # raised (np.True_ == 2**70): other keys
         if same:
             # request mode: the store's new keys were just touched (ghost learning) and are in

@@ -225,7 +225,7 @@ class PrefixAwarePolicy(CachePolicy):
         try:
             if child == parent:  # a key named twice in a row
                 return
-        except Exception:  # == answered an array (see _NO_CHILDREN) or raised
+        except Exception:  # noqa: BLE001 - == answered an array (see _NO_CHILDREN) or raised
             pass  # (np.True_ == 2**70: OverflowError): not equal as dict keys either
         old = self._parent.get(child, _NO_PARENT)
         if old is not _NO_PARENT:

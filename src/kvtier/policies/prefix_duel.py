@@ -181,9 +181,9 @@ class EvictionDuel:
         hits; plus ``allowed`` per rule."""
         names = ["inner"] + [f"rule{r}" for r in range(1, len(self._evicted))]
         return {
-            "evicted": dict(zip(names, self._evicted)),
-            "hits": dict(zip(names, self._hits)),
-            "allowed": dict(zip(names[1:], self.allowed[1:])),
+            "evicted": dict(zip(names, self._evicted, strict=True)),
+            "hits": dict(zip(names, self._hits, strict=True)),
+            "allowed": dict(zip(names[1:], self.allowed[1:], strict=True)),
         }
 
     def snapshot(self) -> dict:

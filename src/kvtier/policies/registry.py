@@ -94,7 +94,7 @@ def _load_entry_points() -> None:
     _entry_points_loaded = True
     try:
         found = list(entry_points(group=ENTRY_POINT_GROUP))
-    except Exception as exc:  # unreadable metadata of some installed distribution
+    except Exception as exc:  # noqa: BLE001 - unreadable metadata of some distribution
         warnings.warn(f"kvtier: cannot list the {ENTRY_POINT_GROUP!r} entry points "
                       f"({type(exc).__name__}: {exc}); only built-in policies are available",
                       PolicyPluginWarning, stacklevel=3)
@@ -105,7 +105,7 @@ def _load_entry_points() -> None:
         try:
             cls = ep.load()
             register_policy(ep.name, cls)
-        except Exception as exc:  # one broken plugin must not take the others down
+        except Exception as exc:  # noqa: BLE001 - one broken plugin must not stop the others
             dist = getattr(getattr(ep, "dist", None), "name", None)
             error = PolicyPluginError(ep.name, ep.value, dist, exc)
             _BROKEN[ep.name] = error
