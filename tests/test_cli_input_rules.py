@@ -105,7 +105,7 @@ FLOAT_OPTIONS = [
 
 @pytest.mark.parametrize(("command", "option", "minimum", "unit"), FLOAT_OPTIONS)
 @pytest.mark.parametrize("text", ["1_0", "nan", "inf", "-inf", "Infinity", "1e400", "\u0663",
-                                  "\u0661.5", "\uff15", "+3", "0x10", "1e", "1.2.3", ""])
+                                  "\u0661.5", "\uff15", "+3", "0x10", "1e", "1.2.3", "", "- 5"])
 def test_float_options_take_only_finite_ascii_decimals(command, option, minimum, unit, text):
     """Found by a newcomer pass: the float options went through typer's float, which took
     "1_0" as 10 (Python's float() grouping) and, depending on typer's version, "nan",

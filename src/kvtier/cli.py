@@ -106,15 +106,25 @@ def _count_option(minimum: int, unit: str):
         if (number is None and value.strip()[:1] == "-" and digits[:1].strip()
                 and parse_count(digits)):
             number = -1  # a negative count: said as below the minimum, as --capacity -5 is
-        if number is None:
-            raise typer.BadParameter(
-                f"must be a whole number >= {minimum} ({unit}) in ASCII digits, "
-                f"optionally grouped by _ (1000, 16_000), got {value!r}")
-        if number < minimum:
-            raise typer.BadParameter(f"must be >= {minimum} ({unit}), got {value!r}")
-        return number
+        return _at_least(number, minimum, unit, value, "a whole number", _COUNT_FORMS)
 
     return parse
+
+
+_COUNT_FORMS = "in ASCII digits, optionally grouped by _ (1000, 16_000)"
+_DECIMAL_FORMS = "in ASCII digits, with an optional fraction and exponent (25, 2.5, 1e4)"
+
+
+def _at_least(number, minimum, unit: str, value: str, kind: str, forms: str):
+    """The two option parsers' common end: ``number`` (None when ``value`` is not of the
+    option's ``kind``) must be at least ``minimum``; raises typer.BadParameter naming the
+    rule, else returns ``number``."""
+    least = f"{minimum:g}" if isinstance(minimum, float) else str(minimum)
+    if number is None:
+        raise typer.BadParameter(f"must be {kind} >= {least} ({unit}) {forms}, got {value!r}")
+    if number < minimum:
+        raise typer.BadParameter(f"must be >= {least} ({unit}), got {value!r}")
+    return number
 
 
 # a decimal number: ASCII digits, an optional fraction and exponent; no sign, no "_" grouping
@@ -132,16 +142,14 @@ def _number_option(minimum: float, unit: str):
         if not isinstance(value, str):  # a default, passed through by click-based typer
             return value
         m = _DECIMAL_RE.match(value)
-        if m is None and value.strip()[:1] == "-" and _DECIMAL_RE.match(value.strip()[1:]):
-            raise typer.BadParameter(f"must be >= {minimum:g} ({unit}), got {value!r}")
         number = float(m.group(1)) if m else None
-        if number is None or not math.isfinite(number):
-            raise typer.BadParameter(
-                f"must be a finite number >= {minimum:g} ({unit}) in ASCII digits, with an "
-                f"optional fraction and exponent (25, 2.5, 1e4), got {value!r}")
-        if number < minimum:
-            raise typer.BadParameter(f"must be >= {minimum:g} ({unit}), got {value!r}")
-        return number
+        if number is not None and not math.isfinite(number):
+            number = None
+        digits = value.strip()[1:]  # after a sign: a digit next ("- 5" is no number)
+        if (m is None and value.strip()[:1] == "-" and digits[:1].strip()
+                and _DECIMAL_RE.match(digits)):
+            number = -math.inf  # a negative number: said as below the minimum
+        return _at_least(number, minimum, unit, value, "a finite number", _DECIMAL_FORMS)
 
     return parse
 
