@@ -321,6 +321,22 @@ def test_request_finished_promotes_reused_and_refreshes_inserted(covered):
 
 
 # -- held state shared with the manager (CachePolicy.share_held_state) ------------------------
+def _touch_or_request(m: OffloadingManager, rng, op: float, touch_below: float,
+                      next_key: int, next_req: int, requests: list[int]) -> int:
+    """The random drivers' last draws (op above their loads): a touch of known and unknown
+    keys below ``touch_below``, else a new request below 0.93, else a request finished.
+    Returns the next request id."""
+    if op < touch_below:
+        m.touch([rng.randrange(max(next_key, 1)) for _ in range(rng.randrange(1, 10))])
+    elif op < 0.93:
+        m.on_new_request(next_req)
+        requests.append(next_req)
+        next_req += 1
+    elif requests:
+        m.on_request_finished(requests.pop(rng.randrange(len(requests))))
+    return next_req
+
+
 def _drive(m: OffloadingManager, rng, steps: int) -> list:
     """A random mix of explicit and request-mode calls, stores and loads left in flight (so
     walks set blocks aside and requeue them); returns every answer."""
@@ -352,14 +368,8 @@ def _drive(m: OffloadingManager, rng, steps: int) -> list:
                 pinned.append(ready)
         elif op < 0.78 and pinned:
             m.complete_load(pinned.pop(rng.randrange(len(pinned))))
-        elif op < 0.86:
-            m.touch([rng.randrange(max(next_key, 1)) for _ in range(rng.randrange(1, 10))])
-        elif op < 0.93:
-            m.on_new_request(next_req)
-            requests.append(next_req)
-            next_req += 1
-        elif requests:
-            m.on_request_finished(requests.pop(rng.randrange(len(requests))))
+        else:
+            next_req = _touch_or_request(m, rng, op, 0.86, next_key, next_req, requests)
         answers.append(m.lookup(rng.randrange(max(next_key, 1))))
     return answers
 
@@ -489,14 +499,8 @@ def _drive_held(m: OffloadingManager, rng, steps: int) -> None:
                 pinned.append(ready)
         elif op < 0.77 and pinned:  # pins released late: many pinned
             m.complete_load(pinned.pop(rng.randrange(len(pinned))))
-        elif op < 0.85:
-            m.touch([rng.randrange(max(next_key, 1)) for _ in range(rng.randrange(1, 10))])
-        elif op < 0.93:
-            m.on_new_request(next_req)
-            requests.append(next_req)
-            next_req += 1
-        elif requests:
-            m.on_request_finished(requests.pop(rng.randrange(len(requests))))
+        else:
+            next_req = _touch_or_request(m, rng, op, 0.85, next_key, next_req, requests)
         if op > 0.999:  # rarely: everything dropped, the held state shared anew
             m.reset_cache()
             pending.clear()
