@@ -51,6 +51,7 @@ from rich.progress import (
 from rich.table import Table
 
 from kvtier.admission_adaptive import ADMISSION_MODES
+from kvtier.checks import counted
 from kvtier.costmodel import PROFILES, CostModel, evaluate, input_lengths
 from kvtier.policies import PolicyPluginError, available_policies, get_policy
 from kvtier.replay import (
@@ -282,8 +283,8 @@ def _capacities(specs, unique_blocks: int) -> list[int]:
         except ValueError as exc:
             raise _CliError(str(exc)) from None
         if cap > unique_blocks:
-            _warn(f"capacity {spec} = {_count(cap, 'block')} exceeds the trace's "
-                  f"{_count(unique_blocks, 'distinct block')}: every block fits, nothing is "
+            _warn(f"capacity {spec} = {counted(cap, 'block')} exceeds the trace's "
+                  f"{counted(unique_blocks, 'distinct block')}: every block fits, nothing is "
                   "ever evicted")
         elif cap == 1 and isinstance(spec, str) and spec.strip().endswith("%"):
             # parse_capacity's "at least 1 block": say what the percentage itself gives
@@ -424,19 +425,14 @@ def _trace_info(path: Path, reader, n_req: int, n_refs: int, unique: int, parse_
     }
 
 
-def _count(n: int, noun: str) -> str:
-    """``1 request``, ``2 requests``."""
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
-
-
 def _interrupted_note(done: int, total: int, noun: str) -> str:
     """What Ctrl-C left: ``done`` of ``total`` runs (or grid points) finished, their rows
     printed and written; with none finished, says so ("0 ... finished; their rows are
     above" pointed at an empty table)."""
     if not done:
-        return (f"interrupted (Ctrl-C): none of the {_count(total, noun)} finished; no row "
+        return (f"interrupted (Ctrl-C): none of the {counted(total, noun)} finished; no row "
                 "to show")
-    return (f"interrupted (Ctrl-C): {done:,} of {_count(total, noun)} finished; "
+    return (f"interrupted (Ctrl-C): {done:,} of {counted(total, noun)} finished; "
             f"{'its row is' if done == 1 else 'their rows are'} above")
 
 
@@ -445,13 +441,13 @@ def _trace_caption(info: dict) -> str:
     name = info["path"]
     if name == str(embedded_sample_path()):
         name = f"embedded sample {Path(name).name}"
-    text = (f"{name} ({info['format']}): {_count(info['requests'], 'request')}, "
-            f"{_count(info['block_refs'], 'block ref')}, "
-            f"{_count(info['unique_blocks'], 'distinct block')}; "
+    text = (f"{name} ({info['format']}): {counted(info['requests'], 'request')}, "
+            f"{counted(info['block_refs'], 'block ref')}, "
+            f"{counted(info['unique_blocks'], 'distinct block')}; "
             f"parsed in {info['parse_s'] * 1e3:,.0f} ms"
             + (f" ({rate / 1e6:.2f} M refs/s)" if rate else ""))
     if info["bad_lines"]:
-        text += f"; {_count(info['bad_lines'], 'bad line')} skipped"
+        text += f"; {counted(info['bad_lines'], 'bad line')} skipped"
     return text
 
 
@@ -891,7 +887,7 @@ def _analysis_table(d: dict) -> Table:
          f"re-refs {d['reuse_refs']:,} = {d['reuse_refs'] / max(1, d['block_refs']):.1%} of "
          "refs (unbounded tier, get)"),
         ("one-hit wonders", f"{d['one_hit_share']:.1%}",
-         f"{_count(d['one_hit_blocks'], 'distinct block')} referenced once"),
+         f"{counted(d['one_hit_blocks'], 'distinct block')} referenced once"),
     ]
     rd = d["reuse_distance_blocks"]
     rows.append(("reuse distance (blocks)",
@@ -901,13 +897,13 @@ def _analysis_table(d: dict) -> Table:
     for row in rd["lru_get_protocol"]:
         rows.append((f"  LRU hit ratio at {row['capacity_pct']:g}%",
                      f"{row['hit_ratio']:.2%}",
-                     f"{_count(row['capacity_blocks'], 'block')}, get protocol"))
+                     f"{counted(row['capacity_blocks'], 'block')}, get protocol"))
     sd = d["sharing_depth_blocks"]
     rows.append(("prefix-sharing depth (blocks)", f"p50 {_fmt(sd['p50'])}",
                  f"p90 {_fmt(sd['p90'])}, p99 {_fmt(sd['p99'])}, max {_fmt(sd['max'])}; "
                  f"{sd['requests_sharing_share']:.1%} of requests > 0"))
     rows.append(("  shared prefix blocks", f"{sd['shared_block_share']:.2%}",
-                 f"{_count(sd['shared_blocks'], 'ref')} (unbounded tier, prefix)"))
+                 f"{counted(sd['shared_blocks'], 'ref')} (unbounded tier, prefix)"))
     rt = d["reuse_time_s"]
     if rt is None:
         rows.append(("time between reuses", "-", "no timestamps in this trace"))
@@ -922,8 +918,8 @@ def _analysis_table(d: dict) -> Table:
     empty = ws.get("empty_windows", 0)
     rows.append((f"working set per {ws['window']:g}{unit}", f"p50 {_fmt(dw['p50'])}",
                  f"min {_fmt(dw['min'])}, max {_fmt(dw['max'])} distinct blocks, "
-                 f"{_count(ws['windows'], 'window')}"
-                 + (f"; {_count(empty, 'empty window')} (no request arrived) skipped, not "
+                 f"{counted(ws['windows'], 'window')}"
+                 + (f"; {counted(empty, 'empty window')} (no request arrived) skipped, not "
                     "in these figures" if empty else "")))
     for row in rows:
         table.add_row(*row)
@@ -981,7 +977,7 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
         name = f"embedded sample {Path(name).name}"
     caption = (f"{name} ({reader.fmt}): analyzed in {elapsed:,.2f} s (parsing included)")
     if reader.bad_lines:
-        caption += f"; {_count(reader.bad_lines, 'bad line')} skipped"
+        caption += f"; {counted(reader.bad_lines, 'bad line')} skipped"
     out.print(caption, highlight=False, markup=False, soft_wrap=True)
     _write_json(json_out, {"trace": {"path": shown, "format": reader.fmt,
                                      "bad_lines": reader.bad_lines,
@@ -991,8 +987,8 @@ def _analyze(trace, fmt, block_tokens, skip_bad_lines, limit, window_s, window_r
     if plot is not None:
         try:
             plot_analysis(result, plot, title=f"{Path(shown).name}: "
-                          f"{_count(d['requests'], 'request')}, "
-                          f"{_count(d['block_refs'], 'block ref')}, "
+                          f"{counted(d['requests'], 'request')}, "
+                          f"{counted(d['block_refs'], 'block ref')}, "
                           f"{d['distinct_blocks']:,} distinct")
         except OSError as exc:
             raise _CliError(f"cannot write plot to {plot}: {exc}") from None
@@ -1108,12 +1104,12 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
                 lo = _capacities([cap_min], unique)[0]
             hi = _capacities([cap_max], unique)[0]
             if hi < lo:
-                raise _CliError(f"--min {cap_min} ({_count(lo, 'block')}) is above --max "
-                                f"{cap_max} ({_count(hi, 'block')})")
+                raise _CliError(f"--min {cap_min} ({counted(lo, 'block')}) is above --max "
+                                f"{cap_max} ({counted(hi, 'block')})")
             capacities = log_grid(lo, hi, points)
             if len(capacities) < points:  # log_grid returns distinct sizes only
                 _warn(f"--points {points}: {lo}..{hi} blocks hold only "
-                      f"{_count(len(capacities), 'distinct size')}; sweeping those")
+                      f"{counted(len(capacities), 'distinct size')}; sweeping those")
         n_workers = cmd.workers or os.cpu_count() or 1
         n_points = len(cmd.policies) * len(capacities)
         finished: list[ReplayResult] = []
@@ -1161,8 +1157,8 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
                   highlight=False)
         return results
     shown = "<stdin>" if str(path) == "-" else Path(path).name
-    title = (f"{shown}: {_count(n_req, 'request')}, {_count(n_refs, 'block ref')}, "
-             f"{_count(unique, 'distinct block')}\nprotocol {opts.protocol}, "
+    title = (f"{shown}: {counted(n_req, 'request')}, {counted(n_refs, 'block ref')}, "
+             f"{counted(unique, 'distinct block')}\nprotocol {opts.protocol}, "
              f"in-flight window {opts.inflight}"
              + (f", admission {opts.admission}" if opts.admission != "all" else ""))
     try:

@@ -29,7 +29,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from kvtier.checks import _as_int, check_positive_int
+from kvtier.checks import _as_int, check_positive_int, counted
 
 __all__ = ["AUTO_UTILIZATION", "DEFAULTS", "PROFILES", "CostModel", "ModelProfile", "evaluate", "input_lengths"]
 
@@ -214,7 +214,7 @@ class CostModel:
         if self.instances is None:
             return (f"instances auto (fewest keeping no-tier utilization <= "
                     f"{AUTO_UTILIZATION:g})")
-        return f"{self.instances} instance{'s' if self.instances != 1 else ''}"
+        return counted(self.instances, "instance")
 
     def describe(self) -> str:
         """One line naming every parameter, for the terminal."""
