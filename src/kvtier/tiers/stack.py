@@ -405,16 +405,9 @@ class TierStack:
             victims, through = [], []
         done = 0
         if victims:  # write-back: every tier gets every victim
-            keys = [k for k, _ in victims]
-            blocks = [b for _, b in victims]
-            for tier in self.lower:
-                try:
-                    tier.write(keys, blocks)
-                except Exception as exc:  # noqa: BLE001 (any tier error: reported)
-                    first = first or exc
-                    problems.append(self._refused(tier, len(keys), exc))
-                else:
-                    done = len(keys)
+            taken, problems, first = self._write_every(victims)
+            if taken:
+                done = len(victims)
         written = [False] * len(through)
         for tier in self.lower if through else ():
             # write-through: the tiers that lack a promoted block (not the one it came from)
@@ -456,9 +449,12 @@ class TierStack:
         return (f"{n} block{'s were' if n != 1 else ' was'} not demoted to {tier.name!r} "
                 f"({type(exc).__name__}: {exc})")
 
-    def _write_down(self, pairs: list[tuple[Hashable, Any]]) -> None:
-        """Write ``pairs`` (key, bytes) to every lower tier, each tier's error caught (see
-        :meth:`stored`); counted in :attr:`demoted` when at least one tier took them."""
+    def _write_every(
+        self, pairs: list[tuple[Hashable, Any]]
+    ) -> tuple[bool, list[str], BaseException | None]:
+        """Write ``pairs`` (key, bytes) to every lower tier, each tier's error caught; returns
+        (whether at least one tier took them, what each refusing tier said, the first
+        error)."""
         keys = [k for k, _ in pairs]
         blocks = [b for _, b in pairs]
         problems: list[str] = []
@@ -472,6 +468,12 @@ class TierStack:
                 problems.append(self._refused(tier, len(keys), exc))
             else:
                 taken = True
+        return taken, problems, first
+
+    def _write_down(self, pairs: list[tuple[Hashable, Any]]) -> None:
+        """Write ``pairs`` (key, bytes) to every lower tier (see :meth:`stored`); counted in
+        :attr:`demoted` when at least one tier took them."""
+        taken, problems, first = self._write_every(pairs)
         if taken:
             self.demoted += len(pairs)
         if problems:
