@@ -55,9 +55,11 @@ from kvtier.checks import counted
 from kvtier.costmodel import PROFILES, CostModel, evaluate, input_lengths
 from kvtier.policies import PolicyPluginError, available_policies, get_policy
 from kvtier.replay import (
+    DECIMAL_PATTERN,
     PROTOCOLS,
     ReplayOptions,
     ReplayResult,
+    negated,
     parse_capacity,
     parse_count,
     replay,
@@ -103,9 +105,8 @@ def _count_option(minimum: int, unit: str):
         if not isinstance(value, str):  # a default, passed through by click-based typer
             return value
         number = parse_count(value)
-        digits = value.strip()[1:]  # after a sign: a digit next ("- 5" is no number)
-        if (number is None and value.strip()[:1] == "-" and digits[:1].strip()
-                and parse_count(digits)):
+        rest = negated(value)  # "- 5" is no number
+        if number is None and rest is not None and parse_count(rest):
             number = -1  # a negative count: said as below the minimum, as --capacity -5 is
         return _at_least(number, minimum, unit, value, "a whole number", _COUNT_FORMS)
 
@@ -128,9 +129,8 @@ def _at_least(number, minimum, unit: str, value: str, kind: str, forms: str):
     return number
 
 
-# a decimal number: ASCII digits, an optional fraction and exponent; no sign, no "_" grouping
-# (the rule of --capacity's percentages, kvtier.replay's _PERCENT_RE, without the "%")
-_DECIMAL_RE = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*$", re.ASCII)
+# a float option's number: the rule of --capacity's percentages, without the "%"
+_DECIMAL_RE = re.compile(rf"^\s*{DECIMAL_PATTERN}\s*$", re.ASCII)
 
 
 def _number_option(minimum: float, unit: str):
@@ -146,9 +146,8 @@ def _number_option(minimum: float, unit: str):
         number = float(m.group(1)) if m else None
         if number is not None and not math.isfinite(number):
             number = None
-        digits = value.strip()[1:]  # after a sign: a digit next ("- 5" is no number)
-        if (m is None and value.strip()[:1] == "-" and digits[:1].strip()
-                and _DECIMAL_RE.match(digits)):
+        rest = negated(value)  # "- 5" is no number
+        if m is None and rest is not None and _DECIMAL_RE.match(rest):
             number = -math.inf  # a negative number: said as below the minimum
         return _at_least(number, minimum, unit, value, "a finite number", _DECIMAL_FORMS)
 

@@ -74,9 +74,13 @@ _PROGRESS_EVERY = 1024  # requests between progress callbacks
 # a Python literal ("16_000"); re.ASCII: \d took any Unicode digit ("\u0663", Arabic-Indic 3,
 # was a count) and [\d_]* took "1__0" and "1_"
 _CAPACITY_RE = re.compile(r"^\s*(\d+(?:_\d+)*)\s*$", re.ASCII)
+DECIMAL_PATTERN = r"((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)"
+"""A decimal number in ASCII digits, an optional fraction and exponent, no sign, no ``_``
+grouping (``25``, ``2.5``, ``.5``, ``1e4``): a percentage's number here, the float options'
+on the command line (use with ``re.ASCII``)."""
 # a percentage is a decimal number, exponent allowed ("1e-3%"; "1e-9%" was refused as
 # neither a count nor a percentage)
-_PERCENT_RE = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*%\s*$", re.ASCII)
+_PERCENT_RE = re.compile(rf"^\s*{DECIMAL_PATTERN}\s*%\s*$", re.ASCII)
 _CAPACITY_FORMS = ("a block count (ASCII digits, optionally grouped by _: 4000, 16_000) or a "
                    "percentage of the trace's distinct blocks (10%, 2.5%, 1e-3%)")
 
@@ -89,6 +93,14 @@ def parse_count(text: str) -> int | None:
     option)."""
     m = _CAPACITY_RE.match(text)
     return int(m.group(1).replace("_", "")) if m else None
+
+
+def negated(text: str) -> str | None:
+    """What follows a leading ``-`` in ``text`` (spaces around it ignored) when a digit or a
+    point comes right after the sign, else ``None``: how the command line tells a negative
+    number (said to be below the minimum) from text that is no number at all (``"- 5"``)."""
+    text = text.strip()
+    return text[1:] if text[:1] == "-" and text[1:2].strip() else None
 
 
 def check_capacity(value: object, name: str = "capacity") -> int:
@@ -277,12 +289,10 @@ def parse_capacity(spec: str | int, unique_blocks: int | None = None) -> int:
         else:
             p = _PERCENT_RE.match(spec)
             if not p:
-                neg = spec.strip()
-                # a sign with a digit or point next ("- 5" is no number)
-                signed = neg[:1] == "-" and neg[1:2].strip()
-                if signed and _CAPACITY_RE.match(neg[1:]):
+                rest = negated(spec)  # "- 5" is no number
+                if rest is not None and _CAPACITY_RE.match(rest):
                     raise ValueError(f"capacity must be >= 1 block, got {spec!r}")
-                if signed and _PERCENT_RE.match(neg[1:]):
+                if rest is not None and _PERCENT_RE.match(rest):
                     raise ValueError(f"capacity {spec!r} must be > 0%")
                 raise ValueError(f"capacity {spec!r} is neither a block count nor a percentage: "
                                  f"a capacity is {_CAPACITY_FORMS}")
