@@ -324,6 +324,33 @@ def test_analyze_of_requests_without_timestamps_has_no_empty_windows(tmp_path):
     assert result.empty_windows == 0 and len(result.windows) == 3
 
 
+def test_analyze_prints_times_near_the_float_limit_readably(tmp_path):
+    """Session 15: timestamps near 1e308 ms printed the reuse times and the empty-window
+    count with 300 digits (most of them float noise), pushing the figures' names out of
+    the table. Past 2**53 the table prints 6 significant digits; the JSON keeps the
+    numbers."""
+    import re
+
+    trace = tmp_path / "far.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 5, "hash_ids": [1]}\n'
+                     '{"timestamp": 1e307, "input_length": 5, "hash_ids": [1]}\n'
+                     '{"timestamp": 1.7e308, "input_length": 5, "hash_ids": [1]}\n')
+    out = tmp_path / "a.json"
+    res = run("analyze", trace, "--json", out)
+    assert res.exit_code == 0, res.output
+    assert not re.search(r"[0-9,]{25}", res.stdout), res.stdout
+    text = " ".join(res.stdout.split())
+    assert "time between reuses (s) p50 1e+304 p90 1.6e+305, p99 1.6e+305, max 1.6e+305" \
+        in text
+    assert "2.83333e+303 empty windows (no request arrived) skipped" in text
+    d = json.loads(out.read_text())["analysis"]
+    assert d["reuse_time_s"]["max"] == 1.6e305
+    assert d["working_set"]["empty_windows"] > 2 ** 1000  # the int itself
+    # below 2**53 the figures keep every digit, grouped
+    assert kvtier.cli._fmt(2 ** 53 - 1) == "9,007,199,254,740,991"
+    assert kvtier.cli._fmt(2.0 ** 53) == "9.0072e+15"
+
+
 # -- Ctrl-C before any run finished --------------------------------------------------------------
 @pytest.mark.parametrize("tiers", [False, True])
 def test_ctrl_c_before_the_first_run_says_no_run_finished(tmp_path, monkeypatch, tiers):

@@ -869,8 +869,17 @@ def analyze_cmd(
         raise typer.Exit(128 + signal.SIGINT) from None
 
 
+# Past 2**53 a float's integer digits are not all significant: timestamps near 1e308 ms gave
+# reuse times and empty-window counts of 300 digits, mostly float noise, in the table
+_EXACT_LIMIT = 2**53
+
+
 def _fmt(value, spec: str = ",.0f", unit: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{unit}"
+    """``value`` for the analyze table: ``spec`` below 2**53 in magnitude, 6 significant
+    digits (``.6g``) from there; ``"-"`` for ``None``."""
+    if value is None:
+        return "-"
+    return f"{value:{spec if abs(value) < _EXACT_LIMIT else '.6g'}}{unit}"
 
 
 def _analysis_table(d: dict) -> Table:
@@ -918,8 +927,8 @@ def _analysis_table(d: dict) -> Table:
     rows.append((f"working set per {ws['window']:g}{unit}", f"p50 {_fmt(dw['p50'])}",
                  f"min {_fmt(dw['min'])}, max {_fmt(dw['max'])} distinct blocks, "
                  f"{counted(ws['windows'], 'window')}"
-                 + (f"; {counted(empty, 'empty window')} (no request arrived) skipped, not "
-                    "in these figures" if empty else "")))
+                 + (f"; {_fmt(empty, ',')} empty window{'' if empty == 1 else 's'} (no "
+                    "request arrived) skipped, not in these figures" if empty else "")))
     for row in rows:
         table.add_row(*row)
     return table
