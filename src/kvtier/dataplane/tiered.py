@@ -20,7 +20,7 @@ Not thread-safe: one engine thread, like the offloader.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from kvtier.dataplane.offloader import KVOffloader, OffloadResult
 from kvtier.dataplane.transfer import block_id_sequence
 from kvtier.tiers.base import BlockTier, TierStats
 from kvtier.tiers.stack import TieredLookup, TierEvent, TierStack
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+; kvtier supports 3.10
+    from typing_extensions import Self
 
 __all__ = ["TieredOffloader"]
 
@@ -235,7 +238,7 @@ class TieredOffloader:
                 raise
         return results
 
-    def __enter__(self) -> TieredOffloader:
+    def __enter__(self) -> Self:  # a subclass's returns the subclass
         return self
 
     def __exit__(self, *exc: object) -> None:
