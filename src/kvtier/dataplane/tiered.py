@@ -205,7 +205,9 @@ class TieredOffloader:
             the host's finished jobs, as :meth:`wait`, and, when that wait timed out, the
             jobs that finished during the offloader's close (its own wait, as long again;
             write-through applied too, before the lower tiers close). A job still running
-            when the copy thread's stop times out is returned by a later :meth:`poll`.
+            when the copy thread's stop times out is returned by a later :meth:`poll`
+            (under write-through that poll raises first, the lower tiers being closed, and
+            the next returns it, as :meth:`poll` says).
 
         Raises:
             what :meth:`wait` raises (its results are kept, as :meth:`poll` says), what
