@@ -4,6 +4,7 @@ without blocks, tier stacks upside down and the working set's empty windows."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -104,13 +105,16 @@ FLOAT_OPTIONS = [
 
 
 @pytest.mark.parametrize(("command", "option", "minimum", "unit"), FLOAT_OPTIONS)
-@pytest.mark.parametrize("text", ["1_0", "nan", "inf", "-inf", "Infinity", "1e400", "\u0663",
-                                  "\u0661.5", "\uff15", "+3", "0x10", "1e", "1.2.3", "", "- 5"])
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "Infinity", "1e400", "\u0663",
+                                  "\u0661.5", "\uff15", "+3", "0x10", "1e", "1.2.3", "", "- 5",
+                                  "1__0", "_1", "1_", "1._5", "1_.5", "_.5", "1e_5", "1e5_",
+                                  "1_e5", ".5_"])
 def test_float_options_take_only_finite_ascii_decimals(command, option, minimum, unit, text):
-    """Found by a newcomer pass: the float options went through typer's float, which took
-    "1_0" as 10 (Python's float() grouping) and, depending on typer's version, "nan",
-    "inf" or "\u0663". Each float option now takes ASCII digits with an optional fraction
-    and exponent, finite; the error names the option and the rule, with no traceback."""
+    """Found by a newcomer pass: the float options went through typer's float, which took,
+    depending on typer's version, "nan", "inf" or "\u0663". Each float option now takes
+    ASCII digits with an optional fraction and exponent, finite, "_" grouping as in a
+    Python literal (a single "_" between digits; session 15: "1_0" was refused though the
+    count options take it); the error names the option and the rule, with no traceback."""
     res = run(command, option, text)
     assert res.exit_code == 2, res.output
     err = one_line(res.stderr)
@@ -130,6 +134,58 @@ def test_float_options_below_their_minimum_name_it(command, option, minimum, uni
     err = one_line(res.stderr)
     assert f"must be >= {minimum} ({unit}), got {text!r}" in err, err
     assert "ASCII" not in err
+
+
+def test_float_options_take_grouped_digits_as_the_count_options_do(tmp_path):
+    """Session 15: "--limit 1_0" was ten but "--prefill-tps 1_0" was refused: one rule of
+    digits now, a single "_" between digits, in the mantissa, fraction and exponent."""
+    out = tmp_path / "o.json"
+    res = run("replay", "-p", "lru", "-c", "1_0%", "--limit", "1_0", "--prefill-tps",
+              " 1_000.2_5e0_0 ", "--read-gbps", "2_5", "--json", out)
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    cost = data["cost_model"]
+    assert cost["prefill_tokens_per_s"] == 1000.25 and cost["read_gb_per_s"] == 25.0
+    res = run("analyze", "--window-s", "1_2.5", "--json", out)
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["analysis"]["working_set"]["window"] == 12.5
+
+
+def test_the_number_patterns_are_pythons_literal_rules():
+    """The count and decimal patterns take exactly what Python's int() / float() take of
+    the strings of these characters (no sign, no spaces): "_" only between digits."""
+    import itertools
+
+    from kvtier.replay import DECIMAL_PATTERN, parse_count
+
+    decimal = re.compile(rf"{DECIMAL_PATTERN}\Z", re.ASCII)
+
+    def takes(convert, text):
+        try:
+            convert(text)
+        except ValueError:
+            return False
+        return True
+
+    for n in range(1, 7):
+        for chars in itertools.product("10_.e-", repeat=n):
+            text = "".join(chars)
+            if text[0] == "-":  # a sign: not a number of these patterns
+                continue
+            assert bool(decimal.match(text)) == takes(float, text), text
+            assert (parse_count(text) is not None) == takes(int, text), text
+
+
+def test_a_grouped_percentage_is_a_capacity_and_a_grouped_zero_is_not():
+    from kvtier.replay import parse_capacity
+
+    assert parse_capacity("1_0%", 1000) == parse_capacity("10%", 1000) == 100
+    assert parse_capacity("0.0_5e2%", 1000) == 50
+    for text in ("0_0%", "0_0.0_0e5%"):
+        with pytest.raises(ValueError, match=re.escape(f"capacity {text!r} must be > 0%")):
+            parse_capacity(text, 1000)
+    with pytest.raises(ValueError, match="neither a block count nor a percentage"):
+        parse_capacity("1__0%", 1000)
 
 
 def test_float_options_take_fractions_and_exponents(tmp_path):
@@ -322,6 +378,33 @@ def test_analyze_of_requests_without_timestamps_has_no_empty_windows(tmp_path):
         an.add(keys)
     result = an.result()
     assert result.empty_windows == 0 and len(result.windows) == 3
+
+
+def test_analyze_prints_times_near_the_float_limit_readably(tmp_path):
+    """Session 15: timestamps near 1e308 ms printed the reuse times and the empty-window
+    count with 300 digits (most of them float noise), pushing the figures' names out of
+    the table. Past 2**53 the table prints 6 significant digits; the JSON keeps the
+    numbers."""
+    import re
+
+    trace = tmp_path / "far.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 5, "hash_ids": [1]}\n'
+                     '{"timestamp": 1e307, "input_length": 5, "hash_ids": [1]}\n'
+                     '{"timestamp": 1.7e308, "input_length": 5, "hash_ids": [1]}\n')
+    out = tmp_path / "a.json"
+    res = run("analyze", trace, "--json", out)
+    assert res.exit_code == 0, res.output
+    assert not re.search(r"[0-9,]{25}", res.stdout), res.stdout
+    text = " ".join(res.stdout.split())
+    assert "time between reuses (s) p50 1e+304 p90 1.6e+305, p99 1.6e+305, max 1.6e+305" \
+        in text
+    assert "2.83333e+303 empty windows (no request arrived) skipped" in text
+    d = json.loads(out.read_text())["analysis"]
+    assert d["reuse_time_s"]["max"] == 1.6e305
+    assert d["working_set"]["empty_windows"] > 2 ** 1000  # the int itself
+    # below 2**53 the figures keep every digit, grouped
+    assert kvtier.cli._fmt(2 ** 53 - 1) == "9,007,199,254,740,991"
+    assert kvtier.cli._fmt(2.0 ** 53) == "9.0072e+15"
 
 
 # -- Ctrl-C before any run finished --------------------------------------------------------------

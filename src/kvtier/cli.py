@@ -114,7 +114,8 @@ def _count_option(minimum: int, unit: str):
 
 
 _COUNT_FORMS = "in ASCII digits, optionally grouped by _ (1000, 16_000)"
-_DECIMAL_FORMS = "in ASCII digits, with an optional fraction and exponent (25, 2.5, 1e4)"
+_DECIMAL_FORMS = ("in ASCII digits, optionally grouped by _, with an optional fraction and "
+                  "exponent (25, 2.5, 1e4, 1_000.5)")
 
 
 def _at_least(number, minimum, unit: str, value: str, kind: str, forms: str):
@@ -129,16 +130,18 @@ def _at_least(number, minimum, unit: str, value: str, kind: str, forms: str):
     return number
 
 
-# a float option's number: the rule of --capacity's percentages, without the "%"
+# a float option's number: the rule of --capacity's percentages, without the "%" (its digits
+# by the count options' rule, replay.DIGITS_PATTERN)
 _DECIMAL_RE = re.compile(rf"^\s*{DECIMAL_PATTERN}\s*$", re.ASCII)
 
 
 def _number_option(minimum: float, unit: str):
-    """The ``parser`` of a float option: the text must be a decimal number in ASCII digits
-    with an optional fraction and exponent (``25``, ``2.5``, ``1e4``, ``.5``), finite, and at
-    least ``minimum``. typer's float took ``"1_0"`` as 10 and, depending on its version,
-    ``"nan"``, ``"inf"`` or ``"\u0663"`` (Arabic-Indic 3); ``min=`` is not applied to an
-    option with a parser, so it is checked here."""
+    """The ``parser`` of a float option: the text must be a decimal number in ASCII digits,
+    grouped by ``_`` as the counts are (:data:`kvtier.replay.DECIMAL_PATTERN`), with an
+    optional fraction and exponent (``25``, ``2.5``, ``1e4``, ``.5``, ``1_000.5``), finite,
+    and at least ``minimum``. typer's float took, depending on its version, ``"nan"``,
+    ``"inf"`` or ``"\u0663"`` (Arabic-Indic 3); ``min=`` is not applied to an option with a
+    parser, so it is checked here."""
     def parse(value):
         if not isinstance(value, str):  # a default, passed through by click-based typer
             return value
@@ -869,8 +872,17 @@ def analyze_cmd(
         raise typer.Exit(128 + signal.SIGINT) from None
 
 
+# Past 2**53 a float's integer digits are not all significant: timestamps near 1e308 ms gave
+# reuse times and empty-window counts of 300 digits, mostly float noise, in the table
+_EXACT_LIMIT = 2**53
+
+
 def _fmt(value, spec: str = ",.0f", unit: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{unit}"
+    """``value`` for the analyze table: ``spec`` below 2**53 in magnitude, 6 significant
+    digits (``.6g``) from there; ``"-"`` for ``None``."""
+    if value is None:
+        return "-"
+    return f"{value:{spec if abs(value) < _EXACT_LIMIT else '.6g'}}{unit}"
 
 
 def _analysis_table(d: dict) -> Table:
@@ -918,8 +930,8 @@ def _analysis_table(d: dict) -> Table:
     rows.append((f"working set per {ws['window']:g}{unit}", f"p50 {_fmt(dw['p50'])}",
                  f"min {_fmt(dw['min'])}, max {_fmt(dw['max'])} distinct blocks, "
                  f"{counted(ws['windows'], 'window')}"
-                 + (f"; {counted(empty, 'empty window')} (no request arrived) skipped, not "
-                    "in these figures" if empty else "")))
+                 + (f"; {_fmt(empty, ',')} empty window{'' if empty == 1 else 's'} (no "
+                    "request arrived) skipped, not in these figures" if empty else "")))
     for row in rows:
         table.add_row(*row)
     return table

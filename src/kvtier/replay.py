@@ -70,14 +70,19 @@ PROTOCOLS = ("prefix", "request", "get")
 """Accepted values of ``protocol``."""
 
 _PROGRESS_EVERY = 1024  # requests between progress callbacks
-# a block count: ASCII digits, optionally grouped by single underscores between digits as in
-# a Python literal ("16_000"); re.ASCII: \d took any Unicode digit ("\u0663", Arabic-Indic 3,
-# was a count) and [\d_]* took "1__0" and "1_"
-_CAPACITY_RE = re.compile(r"^\s*(\d+(?:_\d+)*)\s*$", re.ASCII)
-DECIMAL_PATTERN = r"((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)"
-"""A decimal number in ASCII digits, an optional fraction and exponent, no sign, no ``_``
-grouping (``25``, ``2.5``, ``.5``, ``1e4``): a percentage's number here, the float options'
-on the command line (use with ``re.ASCII``)."""
+DIGITS_PATTERN = r"\d+(?:_\d+)*"
+r"""A run of ASCII digits, optionally grouped by single underscores between digits as in a
+Python literal (``16_000``; not ``1__0``, ``_1`` or ``1_``): the one rule of digits of the
+command line's numbers, counts and decimals (use with ``re.ASCII``: ``\d`` takes any
+Unicode digit, ``"\u0663"``, Arabic-Indic 3, was a count; ``[\d_]*`` took ``"1__0"``)."""
+# a block count: digits alone
+_CAPACITY_RE = re.compile(rf"^\s*({DIGITS_PATTERN})\s*$", re.ASCII)
+DECIMAL_PATTERN = (rf"((?:{DIGITS_PATTERN}(?:\.(?:{DIGITS_PATTERN})?)?|\.{DIGITS_PATTERN})"
+                   rf"(?:[eE][+-]?{DIGITS_PATTERN})?)")
+"""A decimal number: :data:`DIGITS_PATTERN` digits, an optional fraction and exponent, no
+sign (``25``, ``2.5``, ``.5``, ``1e4``, ``1_000.5``; not ``1._5`` or ``1e_5``): what
+Python's ``float()`` takes of such text. A percentage's number here, the float options' on
+the command line (use with ``re.ASCII``). Before session 15 it took no ``_`` at all."""
 # a percentage is a decimal number, exponent allowed ("1e-3%"; "1e-9%" was refused as
 # neither a count nor a percentage)
 _PERCENT_RE = re.compile(rf"^\s*{DECIMAL_PATTERN}\s*%\s*$", re.ASCII)
@@ -271,7 +276,8 @@ def parse_capacity(spec: str | int, unique_blocks: int | None = None) -> int:
     A count in text is ASCII digits, optionally grouped by single underscores between digits
     as in a Python literal; a sign (``"+5"``), an exponent (``"1e3"``) or other Unicode
     digits (``"\u0663"``) are not a count. A percentage's number is ASCII too (a decimal,
-    exponent allowed). Spaces around either are ignored.
+    exponent allowed, grouped by ``_`` by the same rule: ``"1_0.5%"``). Spaces around either
+    are ignored.
 
     Raises:
         ValueError: not a positive count or percentage, a percentage without
@@ -304,7 +310,7 @@ def parse_capacity(spec: str | int, unique_blocks: int | None = None) -> int:
             # zero from the text, not the float: "1e-400%" is positive though its float is
             # 0.0 (it was refused as "must be > 0%" while "1e-9%" ran at 1 block); the
             # numeral has no sign, so it is zero exactly when its mantissa has no digit 1-9
-            if not p.group(1).lower().partition("e")[0].strip("0."):
+            if not p.group(1).lower().partition("e")[0].strip("0._"):
                 raise ValueError(f"capacity {spec!r} must be > 0%")
             pct = float(p.group(1))
             blocks = unique_blocks * pct / 100.0  # inf for a percentage of 400 digits

@@ -1215,3 +1215,29 @@ def test_docs_example_runs_as_written(shared_redis_server):
           "request_hashes": keys[:3] + [b"doc-absent"]}
     exec(compile(block, "docs/redis.md", "exec"), ns)  # noqa: S102 - the doc's own code
     assert ns["n"] == 3 and ns["blocks"] == ns["block_bytes_list"][:3]
+
+
+def test_a_client_that_fails_to_close_is_logged_and_the_others_closed(shared_redis_server,
+                                                                       caplog):
+    """Session 15 (ruff S110): close() dropped a client's close error without a word. It
+    still closes the other clients and returns, and says which client failed at DEBUG (the
+    password scrubbed)."""
+    tier = make_tier(shared_redis_server.url)
+    closed = []
+    clients = tier._client_map
+    for kind, client in clients.items():
+        real = client.close
+
+        def close(kind=kind, real=real):
+            closed.append(kind)
+            real()
+            if kind == "read":
+                raise ConnectionError("socket gone")
+
+        client.close = close
+    caplog.set_level(logging.DEBUG, logger="kvtier.tiers.redis")
+    tier.close()
+    assert sorted(closed) == sorted(clients)
+    logged = [r for r in caplog.records if "socket gone" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].levelno == logging.DEBUG
+    assert "read client" in logged[0].getMessage()

@@ -4,6 +4,7 @@ events and stats, on the real data plane (KVOffloader + DiskTier) and in the sim
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -1015,3 +1016,50 @@ def test_close_keeps_the_results_when_a_lower_tier_fails_to_close(tmp_path):
     assert tiered.offloader.engine.closed
     assert [(r.job_id, r.kind, r.ok) for r in tiered.poll()] == [(job, "store", True)]
     assert tiered.poll() == []
+
+
+def test_close_keeps_the_results_of_jobs_that_end_after_wait_timed_out(tmp_path):
+    """Session 15: when close's wait(timeout) timed out, a job that finished during the
+    offloader's close (its own wait) was applied to the host and its result dropped: close
+    returned [], no poll returned it, and under write-through its blocks never went down.
+    close returns it with wait's (write-through applied), as it returns wait's."""
+    tiered, kv, _disk = make(tmp_path, demotion="write-through")
+    job = _job_ending_in_the_offloaders_close(tiered)
+    results = tiered.close(0.05)
+    assert [(r.job_id, r.kind, r.ok) for r in results] == [(job, "store", True)]
+    assert tiered.offloader.engine.closed
+    assert tiered.poll() == []
+    assert tiered.stack.demoted == 2  # written through before the disk closed
+    reopened = DiskTier(tmp_path / "disk", 16, tiered.offloader.pool.block_nbytes)
+    assert reopened.read(["b"]) == [as_bytes(block(kv, 1))]
+    reopened.close()
+
+
+def test_close_keeps_a_late_job_whose_write_through_fails(tmp_path):
+    """As above, with the disk closed by its owner: the late job's write-through raises;
+    the error carries the job's result and the next poll returns it, as for wait's."""
+    tiered, _kv, disk = make(tmp_path, demotion="write-through")
+    job = _job_ending_in_the_offloaders_close(tiered)
+    disk.close()
+    with pytest.raises(RuntimeError, match=r"not demoted to 'disk'") as err:
+        tiered.close(0.05)
+    assert [(r.job_id, r.kind, r.ok) for r in err.value.results] == [(job, "store", True)]
+    assert tiered.offloader.engine.closed
+    assert [(r.job_id, r.kind, r.ok) for r in tiered.poll()] == [(job, "store", True)]
+    assert tiered.poll() == []
+
+
+def _job_ending_in_the_offloaders_close(tiered):
+    """A store job held in flight until ``tiered.offloader.close`` is called (after the
+    tiered close's wait timed out); returns its job id."""
+    gate = threading.Event()
+    tiered.offloader.engine._before_copy = lambda *a: gate.wait(10)
+    job = tiered.offload(["a", "b"], [0, 1])
+    real_close = tiered.offloader.close
+
+    def close_after_the_copy(timeout=None):
+        gate.set()
+        return real_close(timeout)
+
+    tiered.offloader.close = close_after_the_copy
+    return job

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Hashable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -35,6 +35,9 @@ from kvtier.dataplane.transfer import (
     block_id_sequence,
 )
 from kvtier.manager import OffloadingManager
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+; kvtier supports 3.10
+    from typing_extensions import Self
 
 __all__ = ["KVOffloader", "OffloadResult"]
 
@@ -331,7 +334,7 @@ class KVOffloader:
         self.engine.close(timeout)
         return results
 
-    def __enter__(self) -> KVOffloader:
+    def __enter__(self) -> Self:  # a subclass's returns the subclass
         return self
 
     def __exit__(self, *exc: object) -> None:

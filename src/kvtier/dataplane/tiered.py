@@ -20,7 +20,7 @@ Not thread-safe: one engine thread, like the offloader.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from kvtier.dataplane.offloader import KVOffloader, OffloadResult
 from kvtier.dataplane.transfer import block_id_sequence
 from kvtier.tiers.base import BlockTier, TierStats
 from kvtier.tiers.stack import TieredLookup, TierEvent, TierStack
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+; kvtier supports 3.10
+    from typing_extensions import Self
 
 __all__ = ["TieredOffloader"]
 
@@ -199,14 +202,21 @@ class TieredOffloader:
         close the lower tiers, each step also when an earlier one raised.
 
         Returns:
-            the host's finished jobs, as :meth:`wait`.
+            the host's finished jobs, as :meth:`wait`, and, when that wait timed out, the
+            jobs that finished during the offloader's close (its own wait, as long again;
+            write-through applied too, before the lower tiers close). A job still running
+            when the copy thread's stop times out is returned by a later :meth:`poll`
+            (under write-through that poll raises first, the lower tiers being closed, and
+            the next returns it, as :meth:`poll` says).
 
         Raises:
             what :meth:`wait` raises (its results are kept, as :meth:`poll` says), what
             ``KVOffloader.close`` raises, or the ``RuntimeError`` of
             :meth:`TierStack.close` (a tier that could not be closed or took no pending
-            block). When only closing raised, :meth:`wait`'s results are not lost: the
-            error carries them as ``results`` and the next :meth:`poll` returns them too.
+            block). When only closing (or the write-through of the jobs that finished
+            during the offloader's close) raised, no result taken from the host is lost:
+            the error carries them as ``results`` and the next :meth:`poll` returns them
+            too.
         """
         results: list[OffloadResult] | None = None
         try:
@@ -214,17 +224,23 @@ class TieredOffloader:
         finally:
             try:
                 try:
-                    self.offloader.close(timeout)
+                    # jobs that finished after wait timed out: the offloader's close waits
+                    # for them and returns them
+                    late = self.offloader.close(timeout)
+                    if results is None:  # wait raised: its results wait for the next poll
+                        self._undelivered = self._deliver(late)
+                    else:
+                        results = results + self._deliver(late)
                 finally:
                     self.stack.close()
             except BaseException as exc:
                 if results is not None:  # taken from the host already: keep them
-                    exc.results = results  # type: ignore[attr-defined]
                     self._undelivered = results + self._undelivered
+                    exc.results = list(self._undelivered)  # type: ignore[attr-defined]
                 raise
         return results
 
-    def __enter__(self) -> TieredOffloader:
+    def __enter__(self) -> Self:  # a subclass's returns the subclass
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -49,12 +49,15 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from kvtier.checks import check_timeout
 from kvtier.dataplane.pool import HostBlockPool
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+; kvtier supports 3.10
+    from typing_extensions import Self
 
 __all__ = ["TransferEngine", "TransferResult"]
 
@@ -670,7 +673,7 @@ class TransferEngine:
         if self._finalizer is not None:
             self._finalizer.detach()
 
-    def __enter__(self) -> TransferEngine:
+    def __enter__(self) -> Self:  # a subclass's returns the subclass
         return self
 
     def __exit__(self, *exc: object) -> None:

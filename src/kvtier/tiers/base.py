@@ -27,9 +27,12 @@ from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtier.checks import type_phrase
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+; kvtier supports 3.10
+    from typing_extensions import Self
 
 Key = Hashable
 
@@ -254,7 +257,7 @@ class BlockTier(ABC):
     def close(self) -> None:
         """Finish or drop in-flight writes and release files/connections. Idempotent."""
 
-    def __enter__(self) -> BlockTier:
+    def __enter__(self) -> Self:  # a subclass's returns the subclass
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1069,7 +1069,8 @@ class RedisTier(BlockTier):
 
     def close(self, timeout: float | None = 5.0) -> None:
         """Finish queued writes (up to ``timeout`` seconds; the rest are dropped and counted
-        as failed), stop the writer and close the connections. Idempotent. ``timeout``:
+        as failed), stop the writer and close the connections (a client whose ``close``
+        raises is dropped, its error logged at DEBUG). Idempotent. ``timeout``:
         seconds, ``None`` or ``inf`` to wait as long as it takes.
 
         Raises:
@@ -1084,12 +1085,14 @@ class RedisTier(BlockTier):
         self._writer.join(timeout)
         if self._writer.is_alive():
             logger.warning("%s: writer did not finish within %s s", self._url_redacted, timeout)
-        for client in (self._client_map or {}).values():
+        for kind, client in (self._client_map or {}).items():
             if client is not None:
                 try:
                     client.close()
-                except Exception:  # noqa: BLE001 (best effort: the client is dropped anyway)
-                    pass
+                except Exception as exc:  # noqa: BLE001 (best effort: the client is dropped)
+                    logger.debug("%s: closing the %s client failed (%s); dropped",
+                                 self._url_redacted, kind,
+                                 _scrub(f"{type(exc).__name__}: {exc}", self._url))
 
     def _check_open(self) -> None:
         if self._closed:
