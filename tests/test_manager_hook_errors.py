@@ -6,10 +6,14 @@ whose ``mark_non_evictable`` raised, and the oldest open request when the
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from kvtier import OffloadingManager, PolicyError, RequestStateError
+from kvtier.policies.arc import ARCPolicy
 from kvtier.policies.lru import LRUPolicy
+from kvtier.types import OffloadingEvent
 
 
 def without_policy(m: OffloadingManager) -> dict:
@@ -243,3 +247,182 @@ def test_a_key_whose_eq_raises_propagates_its_error_and_changes_nothing(op, poli
         _OPS[op](m, ctx)
     assert m.stats() == stats
     assert (without_policy(m) if partial_touch else m.snapshot()) == before
+
+
+# -- any exception out of a policy hook during prepare_store (session 15) -----------------
+# Before: only a PolicyError took the admission's answer back; a raising _evict, insert,
+# on_store, count_eligible or request mode's ghost-learning touch / on_store_miss left the
+# admission's answer counted, and a raising insert / on_store left the new blocks pending
+# with their slots taken (a caller that got the exception never completes them).
+
+
+class _Raises:
+    """A policy whose hook named by ``fail`` raises RuntimeError at its entry (before it
+    changes anything of its own); ``victims``: what its last ``_evict`` returned; ``raised``:
+    whether the hook named by ``fail`` was called."""
+
+    fail = None
+    raised = False
+    victims = ()
+
+    def _check(self, hook):
+        if self.fail == hook:
+            self.raised = True
+            raise RuntimeError(f"{hook} failed")
+
+    def _evict(self, n, protected):
+        self._check("_evict")
+        self.victims = super()._evict(n, protected)
+        return self.victims
+
+    def count_eligible(self, protected=()):
+        self._check("count_eligible")
+        return super().count_eligible(protected)
+
+    def insert(self, keys):
+        self._check("insert")
+        super().insert(keys)
+
+    def on_store(self, keys):
+        self._check("on_store")
+        super().on_store(keys)
+
+    def touch(self, keys):
+        self._check("touch")
+        super().touch(keys)
+
+
+class _MissRaises:
+    """A ghost-learning hook of its own (the manager calls it instead of touch)."""
+
+    def on_store_miss(self, keys):
+        self._check("on_store_miss")
+        super().on_store_miss(keys)
+
+
+class HookRaises(_Raises, LRUPolicy):
+    name = "hook-raises"
+
+
+class MissHookRaises(_MissRaises, _Raises, LRUPolicy):
+    name = "miss-hook-raises"
+
+
+class ArcHookRaises(_MissRaises, _Raises, ARCPolicy):
+    """ARC: its own on_store_miss, and it shares the manager's held state."""
+
+    name = "arc-hook-raises"
+
+
+def _filled(cls, admission: str, num_blocks: int, req: bool) -> OffloadingManager:
+    """Blocks 1-4 stored and ready, 5-7 looked up often enough for any admission; request
+    mode: "r" open, with a load of 1 recorded."""
+    m = OffloadingManager(num_blocks, cls, admission=admission, enable_events=True)
+    keys = [1, 2, 3, 4]
+    while len(m) < 4:  # looked up until the admission lets them all in
+        for key in keys:
+            m.lookup(key)
+        out = m.prepare_store(m.missing(keys))
+        m.complete_store(out.keys_to_store)
+    for _ in range(3):
+        for key in (5, 6, 7):
+            m.lookup(key)
+    if req:
+        m.on_new_request("r")
+        m.prepare_load([1], "r")
+        m.complete_load([1], "r")
+    m.take_events()
+    return m
+
+
+_BEFORE_THE_STORE = ["_evict", "count_eligible", "touch", "on_store_miss"]
+_AFTER_THE_STORE = ["insert", "on_store"]
+_OFFERS = {
+    "one key": [5],                # explicit mode, no TinyLFU: the one-key path
+    "two keys": [5, 6],
+    "a stored key first": [2, 5],  # 2 protected: count_eligible is asked
+}
+
+
+def _cases():
+    for hook in _BEFORE_THE_STORE + _AFTER_THE_STORE:
+        for offer in _OFFERS:
+            for req in (False, True):
+                if hook in ("touch", "on_store_miss") and not req:
+                    continue  # ghost learning: request mode only
+                for num_blocks in (4, 6):  # a full tier (the offer evicts) or room for it
+                    if hook in ("_evict", "count_eligible") and num_blocks == 6:
+                        continue  # not asked
+                    yield hook, offer, req, num_blocks
+
+
+@pytest.mark.parametrize(("hook", "offer", "req", "num_blocks"), list(_cases()))
+@pytest.mark.parametrize("admission", ["all", "adaptive", "tinylfu"])
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_a_raising_hook_leaves_prepare_store_without_effect(
+        policy, hook, offer, req, num_blocks, admission):
+    cls = {"lru": MissHookRaises if hook == "on_store_miss" else HookRaises,
+           "arc": ArcHookRaises}[policy]
+    m = _filled(cls, admission, num_blocks, req)
+    ctx = "r" if req else None
+    before = m.snapshot()
+    admission_before = copy.deepcopy(m.admission)
+    m.policy.fail = hook
+    try:
+        out = m.prepare_store(_OFFERS[offer], ctx)
+    except RuntimeError as error:
+        assert str(error) == f"{hook} failed"  # propagated unchanged
+    else:  # a hook the call does not reach (count_eligible: only for a protected key in
+        # request mode, or through CachePolicy.evict; touch: not for ARC's ghost learning)
+        assert not m.policy.raised, out
+        return
+    victims = list(m.policy.victims) if hook in _AFTER_THE_STORE else []
+    expected = {k: v for k, v in before.items() if k != "policy"}
+    if victims:  # evicted before the hook raised: they stay evicted, reported as such
+        expected["free"] = before["free"] + [before["slot_of"][k] for k in victims]
+        expected["slot_of"] = {k: s for k, s in before["slot_of"].items() if k not in victims}
+        evictable, pending, pinned = before["counts"]
+        expected["counts"] = (evictable - len(victims), pending, pinned)
+        counters = list(before["counters"])
+        counters[7] += len(victims)  # evictions
+        expected["counters"] = tuple(counters)
+        expected["events"] = before["events"] + [OffloadingEvent(tuple(victims), True)]
+        if admission == "tinylfu":  # learns the victims' frequency
+            admission_before.evicted(victims)
+    if admission_before is not None:  # its answer taken back
+        expected["admission"] = admission_before.snapshot()
+    assert without_policy(m) == expected
+    # nothing left pending, no slot taken: a retry stores the blocks (the hooks raised at
+    # their entry, so the policy agrees with the manager)
+    m.policy.fail = None
+    out = m.prepare_store(_OFFERS[offer], ctx)
+    assert out is not None and out.keys_to_store
+    m.complete_store(out.keys_to_store)
+    s = m.stats()
+    assert s.pending == 0 and s.used + s.free == num_blocks
+    # the policy's evictable blocks are the manager's
+    ready = {key for key in m.snapshot()["slot_of"] if m.ref_count(key) == 0}
+    assert set(m.policy.evict(len(ready))) == ready
+
+
+@pytest.mark.parametrize(("admission", "offer"), [
+    (admission, offer)
+    for admission in ("all", "adaptive", "tinylfu")
+    for offer in ([1], [1, 2], [8], [8, 9], [1, 8])
+    if admission != "all" or 8 not in offer  # (admitted: the test above)
+])
+@pytest.mark.parametrize("req", [False, True])
+def test_a_raising_on_store_of_a_call_that_stores_nothing_changes_nothing(
+        admission, offer, req):
+    # every key stored already, or every new key refused by the admission (8 and 9 never
+    # looked up: TinyLFU's estimate and second sight refuse them); the skipped count and
+    # TinyLFU's count of refused blocks were kept
+    m = _filled(HookRaises, admission, 4, req)
+    if admission == "adaptive":
+        m.admission.selective = True  # second sight (its own duel would take long to)
+    ctx = "r" if req else None
+    before = m.snapshot()
+    m.policy.fail = "on_store"
+    with pytest.raises(RuntimeError, match="on_store failed"):
+        m.prepare_store(offer, ctx)
+    assert without_policy(m) == {k: v for k, v in before.items() if k != "policy"}

@@ -927,12 +927,15 @@ class DuelingAdmission:
             total -= flight.popleft()[1]
         self._flight_blocks = total
 
-    def undo_admit(self) -> None:
-        """The store that the last :meth:`admit` (answering > 0) admitted blocks for got no
-        slots (``prepare_store`` returned ``None``): forget it, as if never asked. That call
-        is the one held in ``_adm`` (see :meth:`admit`); the call it displaced into the FIFO
-        has the same call number there, so the state reads the same (:meth:`snapshot`)."""
-        self._adm = None
+    def undo_admit(self, answer: int = 1) -> None:
+        """The store that the last :meth:`admit` answered ``answer`` for stored nothing
+        (``prepare_store`` returned ``None``, or the policy raised): forget it, as if never
+        asked. An answer > 0 is the call held in ``_adm`` (see :meth:`admit`); the call it
+        displaced into the FIFO has the same call number there, so the state reads the same
+        (:meth:`snapshot`). An answer of 0 changed nothing to take back (``_adm`` is still
+        the call before)."""
+        if answer:
+            self._adm = None
 
     def _admit_selective(self, new_keys: Sequence[Hashable], n: int) -> int:
         if self._log:

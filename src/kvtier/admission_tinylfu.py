@@ -195,9 +195,11 @@ class TinyLFUAdmission:
         self.refused += n - count
         return count
 
-    def undo_admit(self) -> None:
-        """The store that the last :meth:`admit` answered got no slots (``prepare_store``
-        returned ``None``): take its counts back, as if never asked."""
+    def undo_admit(self, answer: int = 1) -> None:
+        """The store that the last :meth:`admit` answered stored nothing (``prepare_store``
+        returned ``None``, or the policy raised): take its counts back, as if never asked.
+        ``answer`` (what admit answered) is accepted for the manager's call and unused: the
+        counts of the last answer, 0 included, are kept for this."""
         n, count, held = self._last_admit
         self._last_admit = (0, 0, 0)
         self._admitted -= held

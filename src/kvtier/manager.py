@@ -74,6 +74,14 @@ _new_record = object.__new__
 # the small private helpers are spelled out where they would be one Python frame each
 # (docs/performance.md, "Request mode, round 4")
 
+# _HOOK_ERRORS: prepare_store catches any exception out of the policy (a hook or evict
+# raising, or the PolicyError of a bad answer) in one handler per path, which takes back the
+# call's changes and re-raises it unchanged: the admission's answer, and the new blocks when
+# insert or on_store raised after they were stored (their evictions stand: the victims are
+# gone from the policy already). The manager's other changes come after the last hook (the
+# skipped count, request mode's record of the offer). A try costs one NOP per call when
+# nothing raises (docs/manager.md, "The rules").
+
 # _CELLS: the hot methods use no comprehension or generator expression over their locals,
 # even on their error paths: on Python 3.11 a local that a nested scope reads becomes a cell,
 # allocated and freed at every call of the method (one-key ARC store + complete 22,785 ->
@@ -417,10 +425,9 @@ class OffloadingManager:
     def _policy_error(self, rule: str) -> PolicyError:
         """The PolicyError for an answer of the policy's ``evict`` that breaks ``rule``. Every
         one comes from prepare_store's check of the victims, after the admission answered
-        for the call: the admission takes its answer back here (:meth:`_no_room`), so the
-        error leaves the manager as it was, with no try on the store's path (a try costs a
-        NOP and a jump per store)."""
-        self._no_room()
+        for the call: prepare_store's handler for any exception out of the policy takes
+        the admission's answer back (_HOOK_ERRORS), so the error leaves the manager as it
+        was."""
         return PolicyError(
             self._policy_name,
             f"{type(self.policy).__name__}.{rule}; the manager is unchanged, the policy's "
@@ -749,6 +756,13 @@ class OffloadingManager:
             TypeError: a key is not hashable (nothing changed).
             PolicyError: the policy's ``evict`` broke its contract (wrong count, a repeated,
                 unknown, pending, pinned or protected key); nothing in the manager changed.
+            whatever the policy raises (``evict``, ``count_eligible``, request mode's
+                ``touch`` / ``on_store_miss``, ``insert``, ``on_store``), unchanged: the
+                manager is as before the call, except that blocks evicted before a raising
+                ``insert`` / ``on_store`` stay evicted (counted, and reported by an event);
+                the new blocks are not stored and the admission takes back its answer. The
+                policy's own state is as the raising hook left it (docs/manager.md, "The
+                rules").
         """
         if type(keys) is not list and type(keys) is not tuple:
             keys = key_list(keys, "prepare_store")
@@ -776,47 +790,60 @@ class OffloadingManager:
             if admission is not None and not admission.admit(
                 keys, self._num_blocks - len(slot_of) + self._evictable
             ):  # (adaptive admission; one-key stores take this path: docs/performance.md)
+                if self._on_store is not None:  # first: if it raises, nothing changed (a
+                    self._on_store(keys)        # refusal changes nothing in DuelingAdmission)
                 self._skipped_stores += 1
+                return _output(([], [], []))
+            # whatever the policy raises from here on (evict, insert, on_store, or the
+            # PolicyError of a bad answer) is caught once, below, to take back this call's
+            # changes (_HOOK_ERRORS)
+            try:
+                evicted_keys: list[Hashable]
+                if len(slot_of) < self._num_blocks:
+                    first_fresh = self._slots.next_fresh  # (for _unstore)
+                    slot = self._slots.take_one()
+                    evicted_keys = []
+                else:
+                    if not self._evictable:
+                        return self._no_room()  # fast fail: the policy is not asked
+                    # the manager's evictable count is exact and nothing is protected, so
+                    # the policy's recount (CachePolicy.evict) is skipped
+                    # (docs/performance.md)
+                    victims = self.policy._evict(1, ())
+                    # the check of what the policy returned, in its cheap form for one
+                    # victim (try costs nothing when nothing is raised; docs/performance.md)
+                    try:
+                        if victims.__class__ is not list:
+                            raise TypeError
+                        (victim,) = victims
+                        slot = slot_of.pop(victim)
+                    except (TypeError, ValueError, KeyError):
+                        slot = self._victim_slots(victims, 1, ())[0]  # raises PolicyError
+                    if victim in self._pending_keys or victim in self._pins:
+                        slot_of[victim] = slot  # (checked for every policy, trusted or not)
+                        raise self._policy_error(
+                            f"evict(1) chose block {victim!r}, "
+                            + ("whose store is pending" if victim in self._pending_keys
+                               else "which is pinned"))
+                    evicted_keys = victims
+                    self._evictable -= 1
+                    self._evictions += 1
+                    if self._enable_events:
+                        self._events.append(OffloadingEvent(tuple(victims), True))
+                slot_of[key] = slot
+                self._pending_keys.add(key)
+                if self._insert is not None:
+                    self._insert(keys)
                 if self._on_store is not None:
                     self._on_store(keys)
-                return _output(([], [], []))
-            evicted_keys: list[Hashable]
-            if len(slot_of) < self._num_blocks:
-                slot = self._slots.take_one()
-                evicted_keys = []
-            else:
-                if not self._evictable:
-                    return self._no_room()  # fast fail: the policy is not asked
-                # the manager's evictable count is exact and nothing is protected, so the
-                # policy's recount (CachePolicy.evict) is skipped (docs/performance.md)
-                victims = self.policy._evict(1, ())
-                # the check of what the policy returned, in its cheap form for one victim
-                # (try costs nothing when nothing is raised; docs/performance.md)
-                try:
-                    if victims.__class__ is not list:
-                        raise TypeError
-                    (victim,) = victims
-                    slot = slot_of.pop(victim)
-                except (TypeError, ValueError, KeyError):
-                    slot = self._victim_slots(victims, 1, ())[0]  # raises PolicyError
-                if victim in self._pending_keys or victim in self._pins:
-                    slot_of[victim] = slot  # (checked for every policy, trusted or not)
-                    raise self._policy_error(
-                        f"evict(1) chose block {victim!r}, "
-                        + ("whose store is pending" if victim in self._pending_keys
-                           else "which is pinned"))
-                evicted_keys = victims
-                self._evictable -= 1
-                self._evictions += 1
-                if self._enable_events:
-                    self._events.append(OffloadingEvent(tuple(victims), True))
-            slot_of[key] = slot
-            self._pending_keys.add(key)
-            if self._insert is not None:
-                self._insert(keys)
-            if self._on_store is not None:
-                self._on_store(keys)
-            return _output(([key], [slot], evicted_keys))
+                return _output(([key], [slot], evicted_keys))
+            except BaseException:
+                if key in slot_of:  # stored, then insert or on_store raised: the victim's
+                    # slot (its eviction stands) or the slot taken goes back
+                    self._unstore(keys, [slot], self._slots.next_fresh if evicted_keys
+                                  else first_fresh)
+                self._no_room()
+                raise
         # request mode: the open request's record, else None (explicit mode; a context that
         # is not hashable is ignored); a dict lookup here, not a helper's frame (_FRAMES)
         rec = None
@@ -865,10 +892,11 @@ class OffloadingManager:
         all_recorded = lazy = False
         if rec is not None:
             # vLLM's order: the call's admitted new keys and ready keys are recorded before
-            # any early return (a failed store still records them); inserted only below. An
-            # offer that evicts is recorded once its eviction is done (a PolicyError leaves
-            # the record as it was): the usual one (lazy) at its insert, any other by
-            # _record_offer.
+            # any early return (a failed store still records them); inserted only below.
+            # Any other offer is recorded once the policy's hooks are done (an exception
+            # from one leaves the record as it was, _HOOK_ERRORS): the usual one (lazy) and
+            # the others at their insert below, or by _record_offer / _record_unstored when
+            # the store fails.
             # The usual offer (nothing stored yet, every new key fits under the cap) is
             # _record_store + _add_keys spelled out (_FRAMES)
             rkeys, inserted = rec.keys, rec.inserted
@@ -882,63 +910,115 @@ class OffloadingManager:
                     # _Request; isdisjoint walks the smaller side; vLLM spec replay -206 per
                     # block reference, docs/performance.md, "Request mode, round 7")
                     lazy = True
-                elif len(new_keys) > self._num_blocks - len(slot_of):
-                    pass  # it evicts: recorded once the eviction is done (_record_offer)
-                else:
-                    rec.merge()
-                    if rec.keys:
-                        rec.keys.update(dict.fromkeys(new_keys))
-                    else:  # the request's first keys
-                        rec.keys = dict.fromkeys(new_keys)
                 all_recorded = True
-            elif len(new_keys) <= self._num_blocks - len(slot_of):  # else as just above
-                rec.merge()  # its new keys recorded in keys, then inserted
-                all_recorded = self._record_store(rec, keys, new_keys, num_resident)
-        if not new_keys:
-            self._skipped_stores += skipped
-            if self._on_store is not None:
-                self._on_store(keys)
-            return _output(([], [], []))
+        # whatever the policy raises from here on (count_eligible, the ghost-learning touch /
+        # on_store_miss, evict, insert, on_store, or the PolicyError of a bad answer) is
+        # caught once, below, to take back this call's changes (_HOOK_ERRORS)
+        try:
+            if not new_keys:
+                if self._on_store is not None:  # first: if it raises, nothing changed
+                    self._on_store(keys)
+                if rec is not None and num_resident:  # its ready keys
+                    rec.merge()
+                    self._record_store(rec, keys, new_keys, num_resident)
+                self._skipped_stores += skipped
+                return _output(([], [], []))
 
-        num_new = len(new_keys)
-        shortfall = num_new - (self._num_blocks - len(slot_of))
-        evicted_keys = []
-        if shortfall > 0:
-            if shortfall > self._evictable:
-                if lazy:  # a failed store records its new keys, not inserted
-                    self._record_unstored(rec, new_keys)
-                elif rec is not None:
-                    self._record_offer(rec, keys, new_keys, num_resident)
-                return self._no_room()  # fast fail: the policy is not asked
-            # only the call's keys that are already stored can be victims, so only they are
-            # passed as protected; usually there are none
-            # (a set, not a list: membership by hash, never `==` between keys of different
-            # types, e.g. numpy's int == a tuple returns an array whose truth value raises)
-            if num_resident == 0:
-                protected: Collection[Hashable] = ()
-            else:
-                protected = set(filter(slot_of.__contains__, keys))  # see _CELLS
-            if rec is not None:
-                # request mode: ghost learning (a touch of the new keys) must come before the
-                # eviction, as vLLM's on_store_miss, and only when the store will succeed
-                if protected:
-                    protected = protected_set(protected)
-                    if self.policy.count_eligible(protected) < shortfall:
-                        if lazy:
-                            self._record_unstored(rec, new_keys)
-                        else:
-                            self._record_offer(rec, keys, new_keys, num_resident)
-                        return self._no_room()
+            num_new = len(new_keys)
+            shortfall = num_new - (self._num_blocks - len(slot_of))
+            evicted_keys = []
+            if shortfall > 0:
+                if shortfall > self._evictable:
+                    if lazy:  # a failed store records its new keys, not inserted
+                        self._record_unstored(rec, new_keys)
+                    elif rec is not None:
+                        self._record_offer(rec, keys, new_keys, num_resident)
+                    return self._no_room()  # fast fail: the policy is not asked
+                # only the call's keys that are already stored can be victims, so only they
+                # are passed as protected; usually there are none
+                # (a set, not a list: membership by hash, never `==` between keys of
+                # different types, e.g. numpy's int == a tuple returns an array whose truth
+                # value raises)
+                if num_resident == 0:
+                    protected: Collection[Hashable] = ()
+                else:
+                    protected = set(filter(slot_of.__contains__, keys))  # see _CELLS
+                if rec is not None:
+                    # request mode: ghost learning (a touch of the new keys) must come before
+                    # the eviction, as vLLM's on_store_miss, and only when the store will
+                    # succeed
+                    if protected:
+                        protected = protected_set(protected)
+                        if self.policy.count_eligible(protected) < shortfall:
+                            if lazy:
+                                self._record_unstored(rec, new_keys)
+                            else:
+                                self._record_offer(rec, keys, new_keys, num_resident)
+                            return self._no_room()
+                    if rec.inserted:
+                        self._learn_misses(rec, new_keys)
+                    else:  # nothing used for ghost learning yet: all of them (_FRAMES)
+                        self._req_log.store_miss(new_keys)
+                    victims = self.policy._evict(shortfall, protected)
+                    # SlotAllocator.release spelled out (_FRAMES)
+                    self._slots.free.extend(self._victim_slots(victims, shortfall, protected))
+                else:
+                    if protected:
+                        victims = self.policy.evict(shortfall, protected)
+                        if victims is None:
+                            return self._no_room()
+                    else:  # the manager's count is exact: no recount (see the one-key path)
+                        victims = self.policy._evict(shortfall, ())
+                    self._slots.free.extend(self._victim_slots(victims, shortfall, protected))
+                evicted_keys = victims
+                if self._on_evict is not None:  # TinyLFU admission learns the victims'
+                    self._on_evict(victims)     # frequency
+                self._evictable -= shortfall
+                self._evictions += shortfall
+                if self._enable_events:
+                    self._events.append(OffloadingEvent(tuple(victims), True))
+            elif rec is not None:
                 if rec.inserted:
                     self._learn_misses(rec, new_keys)
-                else:  # nothing used for ghost learning yet: all of them (_FRAMES)
+                else:
                     self._req_log.store_miss(new_keys)
-                victims = self.policy._evict(shortfall, protected)
-                # SlotAllocator.release spelled out (_FRAMES)
-                self._slots.free.extend(self._victim_slots(victims, shortfall, protected))
-                if not lazy:  # the offer is recorded now that no PolicyError can come:
-                    # _record_offer spelled out, its usual case (every new key fits, none
-                    # stored) without _record_store's frames (_FRAMES)
+
+            slots = self._slots
+            # (first_fresh: for _unstore)
+            if (first_fresh := slots.next_fresh) == self._num_blocks:  # every slot used once:
+                free = slots.free  # SlotAllocator.take spelled out for this case (_FRAMES)
+                block_ids = free[-num_new:]
+                block_ids.reverse()
+                del free[-num_new:]
+            else:
+                block_ids = slots.take(num_new)
+            if num_new == 1:
+                slot_of[new_keys[0]] = block_ids[0]
+                self._pending_keys.add(new_keys[0])
+            else:
+                # equal lengths (block_ids taken for new_keys); no strict=True: a keyword
+                # argument makes zip parse its keywords at every store
+                slot_of.update(zip(new_keys, block_ids))
+                self._pending_keys.update(new_keys)
+            if self._insert is not None:
+                self._insert(new_keys)
+            if self._on_store is not None:
+                self._on_store(keys)
+            if rec is not None:
+                # every new key was recorded (the usual case): no membership pass
+                # (request-mode records, docs/performance.md, "Request mode, round 3"); else
+                # C-level filter
+                if lazy:  # the new keys' set is the record of them, their order a copy of
+                    if rec.inserted:  # the list (new_keys is the caller's: see _Request)
+                        rec.inserted.update(fresh)
+                        rec.order += new_keys
+                    else:
+                        rec.inserted = fresh
+                        rec.order = new_keys[:]
+                else:
+                    # the offer, recorded now that no hook can raise: _record_offer spelled
+                    # out, its usual case (every new key fits, none stored) without
+                    # _record_store's frames (_FRAMES)
                     rec.merge()
                     if (not num_resident
                             and len(new_keys) <= self._num_blocks - len(rec.keys)):
@@ -949,66 +1029,22 @@ class OffloadingManager:
                     else:
                         all_recorded = self._record_store(rec, keys, new_keys,
                                                           num_resident)
-            else:
-                if protected:
-                    victims = self.policy.evict(shortfall, protected)
-                    if victims is None:
-                        return self._no_room()
-                else:  # the manager's count is exact: no recount (see the one-key path)
-                    victims = self.policy._evict(shortfall, ())
-                self._slots.free.extend(self._victim_slots(victims, shortfall, protected))
-            evicted_keys = victims
-            if self._on_evict is not None:  # TinyLFU admission learns the victims' frequency
-                self._on_evict(victims)
-            self._evictable -= shortfall
-            self._evictions += shortfall
-            if self._enable_events:
-                self._events.append(OffloadingEvent(tuple(victims), True))
-        elif rec is not None:
-            if rec.inserted:
-                self._learn_misses(rec, new_keys)
-            else:
-                self._req_log.store_miss(new_keys)
-
-        slots = self._slots
-        if slots.next_fresh == self._num_blocks:  # every slot used once: SlotAllocator.take
-            free = slots.free                     # spelled out for this case (_FRAMES)
-            block_ids = free[-num_new:]
-            block_ids.reverse()
-            del free[-num_new:]
-        else:
-            block_ids = slots.take(num_new)
-        if num_new == 1:
-            slot_of[new_keys[0]] = block_ids[0]
-            self._pending_keys.add(new_keys[0])
-        else:
-            # equal lengths (block_ids taken for new_keys); no strict=True: a keyword
-            # argument makes zip parse its keywords at every store
-            slot_of.update(zip(new_keys, block_ids))
-            self._pending_keys.update(new_keys)
-        if self._insert is not None:
-            self._insert(new_keys)
-        if rec is not None:
-            # every new key was recorded (the usual case): no membership pass (request-mode
-            # records, docs/performance.md, "Request mode, round 3"); else C-level filter
-            if lazy:  # the new keys' set is the record of them, their order a copy of the
-                if rec.inserted:  # list (new_keys is the caller's: see _Request)
-                    rec.inserted.update(fresh)
-                    rec.order += new_keys
-                else:
-                    rec.inserted = fresh
-                    rec.order = new_keys[:]
-            elif all_recorded:
-                # from the new keys' set when there is one (the same keys): an update from a
-                # set is sized once and reuses its hashes (spec replay, docs/performance.md,
-                # "Request mode, round 6")
-                rec.inserted.update(new_keys if fresh is None else fresh)
-            else:
-                rec.inserted.update(filter(rec.keys.__contains__, new_keys))
-        self._skipped_stores += skipped
-        if self._on_store is not None:
-            self._on_store(keys)
-        return _output((new_keys, block_ids, evicted_keys))
+                    if all_recorded:
+                        # from the new keys' set when there is one (the same keys): an
+                        # update from a set is sized once and reuses its hashes (spec
+                        # replay, docs/performance.md, "Request mode, round 6")
+                        rec.inserted.update(new_keys if fresh is None else fresh)
+                    else:
+                        rec.inserted.update(filter(rec.keys.__contains__, new_keys))
+            self._skipped_stores += skipped
+            return _output((new_keys, block_ids, evicted_keys))
+        except BaseException:
+            if new_keys and new_keys[0] in slot_of:  # stored, then insert or on_store
+                # raised: the new blocks go (the evictions stand)
+                self._unstore(new_keys, block_ids, first_fresh)
+            if self.admission is not None and (new_keys or skipped):  # it answered
+                self.admission.undo_admit(len(new_keys))
+            raise
 
     def _record_offer(
         self, rec: _Request, keys: Sequence[Hashable], new_keys: Sequence[Hashable],
@@ -1032,10 +1068,30 @@ class OffloadingManager:
         rec.keys.update(dict.fromkeys(new_keys))
 
     def _no_room(self) -> None:
-        """:meth:`prepare_store`'s ``None`` (not enough evictable blocks): the admission
-        takes back its answer for the call, so that the failed store changes nothing."""
+        """:meth:`prepare_store`'s ``None`` (not enough evictable blocks), or an exception
+        out of the policy in its one-key path: the admission takes back its answer for the
+        call, so that the failed store changes nothing."""
         if self.admission is not None:  # (asked whenever it is set and the call got here)
             self.admission.undo_admit()
+
+    def _unstore(self, new_keys: Sequence[Hashable], block_ids: list[int],
+                 first_fresh: int) -> None:
+        """:meth:`prepare_store`'s new blocks ``new_keys``, stored in slots ``block_ids``,
+        leave again (a policy hook raised after they were stored: _HOOK_ERRORS): not stored,
+        not pending, and the slots free as before they were taken: the fresh ones (the
+        first ``next_fresh - first_fresh`` of ``block_ids``, ``first_fresh`` being
+        ``next_fresh`` before the take) fresh again, the others back on the free list in
+        the order they were taken from its end (a victim's slot is among these)."""
+        slot_of = self._slot_of
+        for key in new_keys:
+            del slot_of[key]
+        self._pending_keys.difference_update(new_keys)
+        slots = self._slots
+        fresh = slots.next_fresh - first_fresh
+        slots.next_fresh = first_fresh
+        reused = block_ids[fresh:]
+        reused.reverse()
+        slots.free.extend(reused)
 
     def complete_store(
         self, keys: Sequence[Hashable], req_context: Any = None, success: bool = True
