@@ -9,6 +9,8 @@ Usage::
     python benchmarks/bench_admission.py mrc [--policies lru,arc] [--points 8] [--plot PNG]
     python benchmarks/bench_admission.py cost [--policies lru,arc] [--capacities 1000,4000,16000]
         [--repeats 5]
+    python benchmarks/bench_admission.py recheck [--markdown docs/policies.md] \\
+        [--tags grid,seeds,...] [--only CELLS] [--max-blocks N] [--workers 2]
 
 ``hits`` replays each trace with ``kvtier.replay.replay`` per (policy, capacity, in-flight
 window): admit-all, ``store_threshold=2`` and each learned mode of ``--modes``
@@ -28,6 +30,17 @@ made so.
 ``mrc`` draws miss-ratio curves of the conversation trace with and without adaptive admission
 (``--plot docs/admission_mrc.png``; log-spaced grid from 0.5 % to 100 % of distinct blocks).
 
+``recheck`` replays ``admission="adaptive"`` alone in the cells of the admission tables
+already written in ``--markdown`` (every ``admission-table`` marker pair, or ``--tags``) and
+compares it with the figures recorded there, against the tables' static figures as printed
+(two decimals): about a third of ``hits``' work for the same cells, so a change to the
+adaptive admission can be checked on every recorded cell (572 in docs/policies.md, about 25
+minutes with two workers on a 2-core host) before its tables are rewritten with ``hits``.
+``--only FILE`` runs the cells named in FILE, one ``tag|trace|policy|blocks|W`` per line (as
+``recheck`` prints them); ``--max-blocks`` skips larger tiers. It prints each cell (``MOVED``:
+the figure changed; ``BELOW``: more than 0.2 points below the better static rule now,
+``NEW`` when it was not before; ``FIXED``: below before, not now) and a summary line.
+
 ``cost`` times :func:`~kvtier.replay.replay` on the conversation trace with and without
 adaptive admission, alternating the two in each repeat (the machine is shared; the best of
 repeats is the figure, the ratio is adaptive / all). Replay's ``ns per ref`` is the manager's
@@ -40,6 +53,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -219,6 +233,87 @@ def _write_markdown(args: argparse.Namespace, rows: list[dict]) -> None:
     print(f"written {path}" + (f" (between the {args.tag} markers)" if begin in old else ""))
 
 
+def table_cells(path: Path, tags: list[str] | None = None) -> list[dict]:
+    """The cells of the admission tables in ``path`` (markdown between
+    ``<!-- admission-table:TAG:begin -->`` and ``...:end -->``; every tag, or ``tags``):
+    ``tag``, ``trace``, ``policy``, ``blocks``, ``inflight`` and the block hit % recorded for
+    admit-all (``all``), ``--store-threshold 2`` (``threshold-2``) and adaptive
+    (``recorded``), and its margin to the better static figure (``recorded_margin``, points,
+    from the printed figures: it may differ by 0.01 from the table's, which the unrounded
+    figures made).
+
+    Raises:
+        ValueError: a tag in ``tags`` has no table in ``path``.
+    """
+    text = path.read_text()
+    found = re.findall(r"<!-- admission-table:([\w-]+):begin -->(.*?)"
+                       r"<!-- admission-table:\1:end -->", text, re.DOTALL)
+    known = [tag for tag, _ in found]
+    missing = [t for t in tags or () if t not in known]
+    if missing:
+        raise ValueError(f"no admission table tagged {missing} in {path} (tags: {known})")
+    cells = []
+    for tag, body in found:
+        if tags and tag not in tags:
+            continue
+        for line in body.splitlines():
+            f = [x.strip().replace("*", "").replace("✗", "").strip()
+                 for x in line.strip().strip("|").split("|")]
+            if len(f) < 8 or not f[2].replace(",", "").isdigit():
+                continue  # the header, its rule, the command and summary lines
+            cells.append({"tag": tag, "trace": f[0], "policy": f[1],
+                          "blocks": int(f[2].replace(",", "")), "inflight": int(f[3]),
+                          "all": float(f[4]), "threshold-2": float(f[5]),
+                          "recorded": float(f[6]),
+                          "recorded_margin": float(f[6]) - max(float(f[4]), float(f[5]))})
+    return cells
+
+
+def cell_name(cell: dict) -> str:
+    """``tag|trace|policy|blocks|W``: how ``recheck`` names a cell (and ``--only`` lists)."""
+    return (f"{cell['tag']}|{cell['trace']}|{cell['policy']}|{cell['blocks']}|"
+            f"{cell['inflight']}")
+
+
+def _recheck_cell(cell: dict) -> dict:
+    name = cell["trace"]
+    if name not in _traces:
+        _traces[name] = load(name)
+    res = replay(_traces[name], cell["policy"], cell["blocks"], inflight=cell["inflight"],
+                 admission="adaptive")
+    out = dict(cell)
+    out["adaptive"] = 100 * res.block_hit_ratio
+    out["margin"] = out["adaptive"] - max(cell["all"], cell["threshold-2"])
+    return out
+
+
+def run_recheck(args: argparse.Namespace) -> list[dict]:
+    tags = [t for t in args.tags.split(",") if t] if args.tags else None
+    cells = [c for c in table_cells(args.markdown, tags) if c["blocks"] <= args.max_blocks]
+    if args.only:
+        wanted = {ln.strip() for ln in args.only.read_text().splitlines() if ln.strip()}
+        unknown = wanted - {cell_name(c) for c in cells}
+        if unknown:
+            raise SystemExit(f"--only: no such cell in the tables: {sorted(unknown)[:3]}")
+        cells = [c for c in cells if cell_name(c) in wanted]
+    cells.sort(key=lambda c: (c["trace"], c["blocks"]))  # a worker reuses its loaded trace
+    rows = []
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        for r in pool.map(_recheck_cell, cells, chunksize=4):
+            rows.append(r)
+            was, now = r["recorded_margin"] < -0.2, r["margin"] < -0.2
+            flag = "  MOVED" if abs(r["adaptive"] - r["recorded"]) >= 0.005 else ""
+            flag += ("  BELOW" + ("" if was else " NEW")) if now else "  FIXED" if was else ""
+            print(f"{cell_name(r):50} recorded {r['recorded']:6.2f} ({r['recorded_margin']:+.2f})"
+                  f" now {r['adaptive']:6.2f} ({r['margin']:+.2f}){flag}", flush=True)
+    print(f"# {len(rows)} cells: below -0.2 recorded "
+          f"{sum(r['recorded_margin'] < -0.2 for r in rows)}, now "
+          f"{sum(r['margin'] < -0.2 for r in rows)}; sum of margins "
+          f"{sum(r['recorded_margin'] for r in rows):+.2f} -> {sum(r['margin'] for r in rows):+.2f};"
+          f" moved {sum(abs(r['adaptive'] - r['recorded']) >= 0.005 for r in rows)}")
+    return rows
+
+
 def run_cost(args: argparse.Namespace) -> list[dict]:
     trace = conversation()
     rows = []
@@ -312,13 +407,20 @@ def main() -> None:
     c.add_argument("--capacities", default="1000,4000,16000")
     c.add_argument("--repeats", type=int, default=5)
     c.add_argument("--json", type=Path)
+    r = sub.add_parser("recheck", help="adaptive alone in the recorded tables' cells")
+    r.add_argument("--markdown", type=Path, default=REPO / "docs" / "policies.md")
+    r.add_argument("--tags", help="table tags (default: every admission table)")
+    r.add_argument("--only", type=Path, help="a file of cells to run, one per line")
+    r.add_argument("--max-blocks", type=int, default=10**12)
+    r.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    r.add_argument("--json", type=Path)
     m = sub.add_parser("mrc", help="miss-ratio curves with and without adaptive admission")
     m.add_argument("--policies", default="lru,arc")
     m.add_argument("--points", type=int, default=8)
     m.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     m.add_argument("--plot", type=Path, default=Path("admission_mrc.png"))
     m.add_argument("--json", type=Path)
-    for p in (h, c, m):
+    for p in (h, c, m, r):
         p.add_argument("--trace", type=Path, help="conversation trace (default: "
                        "../shared/traces/mooncake_conversation.jsonl, else the embedded sample)")
     args = ap.parse_args()
@@ -326,7 +428,8 @@ def main() -> None:
         global CONVERSATION
         CONVERSATION = args.trace
     t0 = time.perf_counter()
-    rows = {"hits": run_hits, "cost": run_cost, "mrc": run_mrc}[args.cmd](args)
+    rows = {"hits": run_hits, "cost": run_cost, "mrc": run_mrc,
+            "recheck": run_recheck}[args.cmd](args)
     print(f"# {time.perf_counter() - t0:.0f} s, python {sys.version.split()[0]}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

@@ -1,0 +1,52 @@
+"""benchmarks/bench_admission.py's ``recheck``: the admission tables of docs/policies.md are
+read back whole, and the adaptive figures recorded there are what the code replays now."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "policies.md"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location(
+        "bench_admission", REPO / "benchmarks" / "bench_admission.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_recorded_cell_is_read(bench):
+    cells = bench.table_cells(DOC)
+    text = DOC.read_text()
+    tags = {c["tag"] for c in cells}
+    assert {"grid", "seeds", "policies", "otherpolicies", "synthpolicies"} <= tags
+    for tag in tags:
+        body = text.split(f"<!-- admission-table:{tag}:begin -->")[1].split(
+            f"<!-- admission-table:{tag}:end -->")[0]
+        # the table's own summary line: "`adaptive`: N of M cells more than ..."
+        summary = next(ln for ln in body.splitlines() if ln.startswith("`adaptive`:"))
+        total = int(summary.split(" of ")[1].split()[0])
+        assert sum(c["tag"] == tag for c in cells) == total, tag
+    one = next(c for c in cells if bench.cell_name(c) == "seeds|reuse-heavy@3|arc|383|32")
+    assert (one["all"], one["threshold-2"], one["recorded"]) == (27.93, 29.50, 29.22)
+    assert one["recorded_margin"] == pytest.approx(29.22 - 29.50)
+
+
+def test_an_unknown_tag_is_refused(bench):
+    with pytest.raises(ValueError, match="no admission table tagged"):
+        bench.table_cells(DOC, ["nosuchtable"])
+
+
+@pytest.mark.parametrize("name", ["synthpolicies|multi-turn|lru|478|0",
+                                  "seeds|reuse-heavy@3|arc|383|32"])
+def test_recorded_adaptive_figures_are_replayed(bench, name):
+    """Two small synthetic cells (one with 32 requests in flight, where the duel switches
+    about ten times): a change to the adaptive admission that moves them must rewrite the
+    tables (``bench_admission.py hits ... --markdown docs/policies.md``)."""
+    cell = next(c for c in bench.table_cells(DOC) if bench.cell_name(c) == name)
+    row = bench._recheck_cell(cell)
+    assert row["adaptive"] == pytest.approx(cell["recorded"], abs=0.005)
