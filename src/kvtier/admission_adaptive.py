@@ -31,9 +31,10 @@ about the steady state (a cold-start bias, as cache simulations drop their warm-
 tier starts with admit-all. *Settling:* after the fill the second-sight shadow still holds
 the fill's unfiltered contents (admit-all's), which handicaps it until its own stores have
 replaced them; when it has stored one shadow size of keys the duel restarts (PSEL and its
-variance from 0), unless the tier already follows second sight or PSEL shows one rule ahead
-beyond the switch test (:meth:`DuelingAdmission._settling`; docs/policies.md, "versions
-tried": `s3fifo` 1,828 blocks W=0 -0.70 -> +0.07). *No hits:* after the fill, while the admit-all shadow had less
+variance from 0), unless the tier already follows second sight, PSEL points to second sight
+(evidence gathered despite the handicap), or PSEL shows admit-all ahead beyond the switch
+test (:meth:`DuelingAdmission._settling`; docs/policies.md, "versions tried": `s3fifo` 1,828
+blocks W=0 -0.70 -> +0.07). *No hits:* after the fill, while the admit-all shadow had less
 than one hit in PSEL's horizon, second sight (storing would be only wasted writes, e.g.
 traffic that is never reused; at most one tier size of them is written, during the fill:
 before the fill came first, a trace whose first sampled reuse came late was refused from
@@ -806,13 +807,16 @@ class DuelingAdmission:
         ``_settle`` > 0). When it has stored one shadow size of keys since the fill: what
         PSEL gathered until then compared admit-all with a second-sight shadow that still
         held the fill's unfiltered contents (admit-all's), a bias against second sight (a
-        cold-start bias, as the fill's). Unless the tier already follows second sight, or
-        PSEL shows one rule ahead beyond the switch test's bar (a decided duel: admit-all
-        ahead even so, or second sight ahead while the tier has not switched yet), the duel
-        restarts: PSEL and its variance from 0 (the admit-all shadow's hit count, for the
-        "no hits" rule, is kept)."""
+        cold-start bias, as the fill's). So a lead for admit-all may be the bias's, and is
+        dropped unless it is beyond the switch test's bar (a decided duel: admit-all ahead
+        even so): the duel restarts, PSEL and its variance from 0 (the admit-all shadow's
+        hit count, for the "no hits" rule, is kept). Evidence for second sight (PSEL > 0),
+        gathered despite the bias, is kept whatever its size, as it is when the tier already
+        follows second sight (before session 15 an undecided one was dropped too: the
+        `one-hit-90` 1 % W=32 cells then waited for a new duel's evidence, docs/policies.md
+        "versions tried")."""
         self._settle = settle = self._settle - stored if stored < self._settle else 0
-        if settle or self.selective:
+        if settle or self.selective or self.psel > 0.0:
             return
         s2 = self._s2
         if s2:
