@@ -104,9 +104,13 @@ def _count_option(minimum: int, unit: str):
     def parse(value):
         if not isinstance(value, str):  # a default, passed through by click-based typer
             return value
-        number = parse_count(value)
-        rest = negated(value)  # "- 5" is no number
-        if number is None and rest is not None and parse_count(rest):
+        try:
+            number = parse_count(value)
+            rest = negated(value)  # "- 5" is no number
+            negative = number is None and rest is not None and parse_count(rest)
+        except ValueError as exc:  # more digits than Python converts (parse_count)
+            raise typer.BadParameter(str(exc)) from None
+        if negative:
             number = -1  # a negative count: said as below the minimum, as --capacity -5 is
         return _at_least(number, minimum, unit, value, "a whole number", _COUNT_FORMS)
 
