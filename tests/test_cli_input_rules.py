@@ -576,3 +576,17 @@ def test_a_capacity_of_thousands_of_digits_is_above_the_most_a_tier_holds(spec):
         assert "is above the most blocks a tier can hold" in err, err
         assert "set_int_max_str_digits" not in err and "Traceback" not in res.output
     assert parse_count("0" * 5000 + "7") == 7  # leading zeros are no size
+
+
+@pytest.mark.parametrize("space", ["\u00a0", "\u2003", "\u3000"])
+def test_replay_capacity_takes_only_ascii_spaces_as_every_count_does(space):
+    """Found by a review pass (session 15): replay's --capacity list was split and each item
+    stripped by str.strip, which strips Unicode spaces too, so --capacity "\\u00a05" ran at 5
+    blocks while sweep's --min, --limit and parse_capacity refuse it (their spaces are
+    ASCII, as the rule's digits are)."""
+    spec = space + "5"
+    res = run("replay", "--capacity", spec, "--limit", 3)
+    assert res.exit_code == 1, res.output
+    err = one_line(res.stderr)
+    assert f"capacity {spec!r} is neither a block count nor a percentage" in err, err
+    assert run("replay", "--capacity", " 5 ,\t6", "--limit", 3).exit_code == 0

@@ -198,10 +198,15 @@ ProgressOpt = Annotated[Optional[bool], typer.Option("--progress/--no-progress",
                                                      help="Progress bar (default: on long runs).")]
 
 
+# the spaces the number rules ignore around an item (re.ASCII's \s): str.strip() also
+# stripped Unicode spaces, so replay --capacity took "\u00a05", which parse_capacity refuses
+_SPACES = " \t\n\r\f\v"
+
+
 def _split(values: list[str] | None, default: list[str], option: str) -> list[str]:
     out: list[str] = []
     for value in values or default:
-        out.extend(v.strip() for v in value.split(",") if v.strip())
+        out.extend(v.strip(_SPACES) for v in value.split(",") if v.strip(_SPACES))
     if values and not out:
         raise _CliError(f"{option} was given but names nothing ({values!r})")
     twice = sorted({v for v in out if out.count(v) > 1})
