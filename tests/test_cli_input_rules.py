@@ -540,3 +540,53 @@ def test_plot_to_standard_output_is_refused_before_the_run(command, tmp_path, mo
     assert "--plot -: the image cannot go to standard output (only --json - does); give a " \
            "file name" in one_line(res.stderr)
     assert "written to" not in res.output and list(tmp_path.iterdir()) == []
+
+
+# a count of more digits than Python converts from text to an int (its default limit is
+# 4,300 digits; sys.get_int_max_str_digits)
+HUGE_COUNT = "9" * 5000
+
+
+@pytest.mark.parametrize(("command", "option", "minimum"), INT_OPTIONS)
+def test_an_int_option_of_thousands_of_digits_names_the_rule(command, option, minimum):
+    """Found by a review pass (session 15): a count of 5,000 digits made parse_count's int()
+    raise Python's own "Exceeds the limit (4300 digits) for integer string conversion ...
+    use sys.set_int_max_str_digits()", shown as the option's error. Now the error names the
+    option and the rule (at most so many digits)."""
+    res = run(command, option, HUGE_COUNT)
+    assert res.exit_code == 2, res.output
+    err = one_line(res.stderr)
+    assert f"Invalid value for '{option}'" in err
+    assert "has 5,000 digits" in err and "at most 4,300" in err
+    assert "set_int_max_str_digits" not in err and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("spec", [HUGE_COUNT, "1_" + HUGE_COUNT])
+def test_a_capacity_of_thousands_of_digits_is_above_the_most_a_tier_holds(spec):
+    """The same for --capacity (and sweep's --min / --max, by parse_capacity): a count of
+    5,000 digits is above the most blocks a tier can hold, as one of 20 digits is, not
+    Python's conversion limit."""
+    from kvtier.replay import parse_count
+
+    for args in (("replay", "--capacity", spec, "--limit", 3),
+                 ("sweep", "--min", spec, "--limit", 3, "--points", 2, "-p", "lru")):
+        res = run(*args)
+        assert res.exit_code == 1, res.output
+        err = one_line(res.stderr)
+        assert "is above the most blocks a tier can hold" in err, err
+        assert "set_int_max_str_digits" not in err and "Traceback" not in res.output
+    assert parse_count("0" * 5000 + "7") == 7  # leading zeros are no size
+
+
+@pytest.mark.parametrize("space", ["\u00a0", "\u2003", "\u3000"])
+def test_replay_capacity_takes_only_ascii_spaces_as_every_count_does(space):
+    """Found by a review pass (session 15): replay's --capacity list was split and each item
+    stripped by str.strip, which strips Unicode spaces too, so --capacity "\\u00a05" ran at 5
+    blocks while sweep's --min, --limit and parse_capacity refuse it (their spaces are
+    ASCII, as the rule's digits are)."""
+    spec = space + "5"
+    res = run("replay", "--capacity", spec, "--limit", 3)
+    assert res.exit_code == 1, res.output
+    err = one_line(res.stderr)
+    assert f"capacity {spec!r} is neither a block count nor a percentage" in err, err
+    assert run("replay", "--capacity", " 5 ,\t6", "--limit", 3).exit_code == 0

@@ -387,8 +387,9 @@ def test_a_raising_hook_leaves_prepare_store_without_effect(
         counters[7] += len(victims)  # evictions
         expected["counters"] = tuple(counters)
         expected["events"] = before["events"] + [OffloadingEvent(tuple(victims), True)]
-        if admission == "tinylfu":  # learns the victims' frequency
+        if admission == "tinylfu":  # learns the victims' frequency, their slots free
             admission_before.evicted(victims)
+            admission_before.released(victims)
     if admission_before is not None:  # its answer taken back
         expected["admission"] = admission_before.snapshot()
     assert without_policy(m) == expected
@@ -426,3 +427,36 @@ def test_a_raising_on_store_of_a_call_that_stores_nothing_changes_nothing(
     with pytest.raises(RuntimeError, match="on_store failed"):
         m.prepare_store(offer, ctx)
     assert without_policy(m) == {k: v for k, v in before.items() if k != "policy"}
+
+
+class InsertRaisingLRU(LRUPolicy):
+    """An LRU whose ``insert`` raises (before changing anything) while ``boom`` is set."""
+
+    name = "insert-raising-lru"
+    boom = False
+
+    def insert(self, keys):
+        if self.boom:
+            raise RuntimeError("insert")
+        super().insert(keys)
+
+
+def test_tinylfu_counts_the_slots_an_evicting_store_that_raised_left_free():
+    """Found by a review pass (session 15): when ``insert`` raised in a store that evicted,
+    the victims stay evicted and their slots free, but TinyLFU still counted them held
+    (``undo_admit`` takes back only what its answer added, nothing in a full tier): it
+    filtered the next new block by the victims' frequency as if the tier were full, and
+    refused it though a slot was free. The victims' slots are now counted free, as a
+    failed ``complete_store``'s are (``released``)."""
+    m = OffloadingManager(2, InsertRaisingLRU, admission="tinylfu")
+    m.complete_store(m.prepare_store([1, 2]).keys_to_store)
+    for _ in range(3):  # 3's estimate above the victims' mean: admitted into the full tier
+        m.lookup_prefix([3])
+    m.policy.boom = True
+    with pytest.raises(RuntimeError, match="insert"):
+        m.prepare_store([3])
+    m.policy.boom = False
+    assert m.stats().used == 1 and m.stats().evictions == 1  # the eviction stands
+    out = m.prepare_store([4])  # never looked up: admitted only into a free slot
+    assert out.keys_to_store == [4] and out.evicted_keys == []
+    assert m.stats().skipped_stores == 0

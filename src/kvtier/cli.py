@@ -104,9 +104,13 @@ def _count_option(minimum: int, unit: str):
     def parse(value):
         if not isinstance(value, str):  # a default, passed through by click-based typer
             return value
-        number = parse_count(value)
-        rest = negated(value)  # "- 5" is no number
-        if number is None and rest is not None and parse_count(rest):
+        try:
+            number = parse_count(value)
+            rest = negated(value)  # "- 5" is no number
+            negative = number is None and rest is not None and parse_count(rest)
+        except ValueError as exc:  # more digits than Python converts (parse_count)
+            raise typer.BadParameter(str(exc)) from None
+        if negative:
             number = -1  # a negative count: said as below the minimum, as --capacity -5 is
         return _at_least(number, minimum, unit, value, "a whole number", _COUNT_FORMS)
 
@@ -194,10 +198,15 @@ ProgressOpt = Annotated[Optional[bool], typer.Option("--progress/--no-progress",
                                                      help="Progress bar (default: on long runs).")]
 
 
+# the spaces the number rules ignore around an item (re.ASCII's \s): str.strip() also
+# stripped Unicode spaces, so replay --capacity took "\u00a05", which parse_capacity refuses
+_SPACES = " \t\n\r\f\v"
+
+
 def _split(values: list[str] | None, default: list[str], option: str) -> list[str]:
     out: list[str] = []
     for value in values or default:
-        out.extend(v.strip() for v in value.split(",") if v.strip())
+        out.extend(v.strip(_SPACES) for v in value.split(",") if v.strip(_SPACES))
     if values and not out:
         raise _CliError(f"{option} was given but names nothing ({values!r})")
     twice = sorted({v for v in out if out.count(v) > 1})

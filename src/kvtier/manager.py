@@ -1039,11 +1039,17 @@ class OffloadingManager:
             self._skipped_stores += skipped
             return _output((new_keys, block_ids, evicted_keys))
         except BaseException:
+            freed = None
             if new_keys and new_keys[0] in slot_of:  # stored, then insert or on_store
                 # raised: the new blocks go (the evictions stand)
                 self._unstore(new_keys, block_ids, first_fresh)
+                freed = evicted_keys
             if self.admission is not None and (new_keys or skipped):  # it answered
                 self.admission.undo_admit(len(new_keys))
+                if freed:  # the victims' slots are free now: TinyLFU counts them so, as
+                    released = getattr(self.admission, "released", None)  # complete_store's
+                    if released is not None:  # failed stores'
+                        released(freed)
             raise
 
     def _record_offer(

@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -95,9 +96,22 @@ def parse_count(text: str) -> int | None:
     digits, optionally grouped by single underscores between digits (``"16_000"``), spaces
     around ignored; ``None`` for anything else (``"\u0663"``, ``"+5"``, ``"1e3"``, ``"1.0"``,
     ``"1__0"``). The one checker of the command line's counts (``--capacity`` and every int
-    option)."""
+    option).
+
+    Raises:
+        ValueError: a count of more digits (leading zeros aside) than Python converts from
+            text to an int (``sys.get_int_max_str_digits()``, 4,300 by default); its
+            ``int()`` raised Python's own message naming ``sys.set_int_max_str_digits``.
+    """
     m = _CAPACITY_RE.match(text)
-    return int(m.group(1).replace("_", "")) if m else None
+    if m is None:
+        return None
+    digits = m.group(1).replace("_", "").lstrip("0") or "0"
+    limit = sys.get_int_max_str_digits()
+    if limit and len(digits) > limit:
+        raise ValueError(f"{text.strip()!r} has {len(digits):,} digits: a count has at most "
+                         f"{limit:,} (Python's limit for converting text to an int)")
+    return int(digits)
 
 
 def negated(text: str) -> str | None:
@@ -289,7 +303,11 @@ def parse_capacity(spec: str | int, unique_blocks: int | None = None) -> int:
         if value is None:
             raise ValueError(f"capacity must be {_CAPACITY_FORMS}, got {spec!r}")
     else:
-        count = parse_count(spec)
+        try:
+            count = parse_count(spec)
+        except ValueError:  # thousands of digits: as above as a count of 20 digits is
+            raise ValueError(f"capacity {spec!r} is above the most blocks a tier can hold "
+                             f"({MAX_BLOCKS:,})") from None
         if count is not None:
             value = count
         else:
