@@ -107,7 +107,8 @@ def parse_count(text: str) -> int | None:
     if m is None:
         return None
     digits = m.group(1).replace("_", "").lstrip("0") or "0"
-    limit = sys.get_int_max_str_digits()
+    # (the limit is in CPython 3.11 and 3.10.7+; earlier 3.10 releases convert any length)
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
     if limit and len(digits) > limit:
         raise ValueError(f"{text.strip()!r} has {len(digits):,} digits: a count has at most "
                          f"{limit:,} (Python's limit for converting text to an int)")
