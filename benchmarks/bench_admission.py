@@ -115,11 +115,17 @@ def load(name: str) -> list[Request]:
 _traces: dict[str, list[Request]] = {}
 
 
+def _trace(name: str) -> list[Request]:
+    """Trace ``name`` (see :func:`load`), loaded once per process (the worker processes
+    run many cells of one trace)."""
+    if name not in _traces:
+        _traces[name] = load(name)
+    return _traces[name]
+
+
 def _cell(args: tuple) -> dict:
     trace_name, policy, capacity, inflight = args
-    if trace_name not in _traces:
-        _traces[trace_name] = load(trace_name)
-    trace = _traces[trace_name]
+    trace = _trace(trace_name)
     out = {"trace": trace_name, "policy": policy, "capacity": capacity, "inflight": inflight}
     for mode, kwargs in MODES:
         if mode in LEARNED and mode not in _modes:
@@ -276,10 +282,7 @@ def cell_name(cell: dict) -> str:
 
 
 def _recheck_cell(cell: dict) -> dict:
-    name = cell["trace"]
-    if name not in _traces:
-        _traces[name] = load(name)
-    res = replay(_traces[name], cell["policy"], cell["blocks"], inflight=cell["inflight"],
+    res = replay(_trace(cell["trace"]), cell["policy"], cell["blocks"], inflight=cell["inflight"],
                  admission="adaptive")
     out = dict(cell)
     out["adaptive"] = 100 * res.block_hit_ratio
@@ -306,11 +309,12 @@ def run_recheck(args: argparse.Namespace) -> list[dict]:
             flag += ("  BELOW" + ("" if was else " NEW")) if now else "  FIXED" if was else ""
             print(f"{cell_name(r):50} recorded {r['recorded']:6.2f} ({r['recorded_margin']:+.2f})"
                   f" now {r['adaptive']:6.2f} ({r['margin']:+.2f}){flag}", flush=True)
-    print(f"# {len(rows)} cells: below -0.2 recorded "
-          f"{sum(r['recorded_margin'] < -0.2 for r in rows)}, now "
-          f"{sum(r['margin'] < -0.2 for r in rows)}; sum of margins "
-          f"{sum(r['recorded_margin'] for r in rows):+.2f} -> {sum(r['margin'] for r in rows):+.2f};"
-          f" moved {sum(abs(r['adaptive'] - r['recorded']) >= 0.005 for r in rows)}")
+    was = sum(r["recorded_margin"] < -0.2 for r in rows)
+    now = sum(r["margin"] < -0.2 for r in rows)
+    moved = sum(abs(r["adaptive"] - r["recorded"]) >= 0.005 for r in rows)
+    print(f"# {len(rows)} cells: below -0.2 recorded {was}, now {now}; sum of margins "
+          f"{sum(r['recorded_margin'] for r in rows):+.2f} -> "
+          f"{sum(r['margin'] for r in rows):+.2f}; moved {moved}")
     return rows
 
 
@@ -381,9 +385,7 @@ def run_mrc(args: argparse.Namespace) -> list[dict]:
 
 def _mrc_point(cell: tuple) -> float:
     policy, capacity, mode = cell
-    if "conversation" not in _traces:
-        _traces["conversation"] = conversation()
-    return replay(_traces["conversation"], policy, capacity, admission=mode).block_hit_ratio
+    return replay(_trace("conversation"), policy, capacity, admission=mode).block_hit_ratio
 
 
 def main() -> None:
