@@ -34,7 +34,7 @@ made so.
 already written in ``--markdown`` (every ``admission-table`` marker pair, or ``--tags``) and
 compares it with the figures recorded there, against the tables' static figures as printed
 (two decimals): about a third of ``hits``' work for the same cells, so a change to the
-adaptive admission can be checked on every recorded cell (572 in docs/policies.md, about 25
+adaptive admission can be checked on every recorded cell (572 in docs/policies.md, 17 to 25
 minutes with two workers on a 2-core host) before its tables are rewritten with ``hits``.
 ``--only FILE`` runs the cells named in FILE, one ``tag|trace|policy|blocks|W`` per line (as
 ``recheck`` prints them); ``--max-blocks`` skips larger tiers. It prints each cell (``MOVED``:

@@ -342,19 +342,26 @@ def test_a_lower_tier_smaller_than_the_one_above_is_noted(tmp_path, tiers, noted
 
 
 # -- analyze: windows of time in which no request arrived -------------------------------------
+def _analyze_arrivals(tmp_path, arrivals):
+    """``kvtier analyze --json`` of a trace of one-block requests ``(timestamp, hash)``
+    (a timestamp as written in the JSONL); returns (trace path, result, JSON path), the run
+    checked to succeed."""
+    trace = tmp_path / "arrivals.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {t}, "input_length": 5, "hash_ids": [{h}]}}\n'
+                             for t, h in arrivals))
+    out = tmp_path / "a.json"
+    res = run("analyze", trace, "--json", out)
+    assert res.exit_code == 0, res.output
+    return trace, res, out
+
+
 def test_analyze_says_how_many_empty_windows_it_skipped(tmp_path):
     """Found by a newcomer pass: a gap in arrivals longer than a window was jumped over in
     silence: 'working set per 60s ... min 1, 2 windows' for a trace spanning 4 windows, 2 of
     them with no request. The count is in the table, the JSON and TraceAnalysis."""
     from kvtier.analyze import analyze
 
-    trace = tmp_path / "gap.jsonl"
-    trace.write_text('{"timestamp": 0, "input_length": 5, "hash_ids": [1]}\n'
-                     '{"timestamp": 1000, "input_length": 5, "hash_ids": [2]}\n'
-                     '{"timestamp": 200000, "input_length": 5, "hash_ids": [1]}\n')
-    out = tmp_path / "a.json"
-    res = run("analyze", trace, "--json", out)
-    assert res.exit_code == 0, res.output
+    trace, res, out = _analyze_arrivals(tmp_path, [(0, 1), (1000, 2), (200000, 1)])
     text = " ".join(res.stdout.split())
     assert "2 windows; 2 empty windows (no request arrived) skipped, not in these figures" \
         in text
@@ -387,13 +394,7 @@ def test_analyze_prints_times_near_the_float_limit_readably(tmp_path):
     numbers."""
     import re
 
-    trace = tmp_path / "far.jsonl"
-    trace.write_text('{"timestamp": 0, "input_length": 5, "hash_ids": [1]}\n'
-                     '{"timestamp": 1e307, "input_length": 5, "hash_ids": [1]}\n'
-                     '{"timestamp": 1.7e308, "input_length": 5, "hash_ids": [1]}\n')
-    out = tmp_path / "a.json"
-    res = run("analyze", trace, "--json", out)
-    assert res.exit_code == 0, res.output
+    _trace, res, out = _analyze_arrivals(tmp_path, [(0, 1), ("1e307", 1), ("1.7e308", 1)])
     assert not re.search(r"[0-9,]{25}", res.stdout), res.stdout
     text = " ".join(res.stdout.split())
     assert "time between reuses (s) p50 1e+304 p90 1.6e+305, p99 1.6e+305, max 1.6e+305" \

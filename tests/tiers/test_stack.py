@@ -258,7 +258,7 @@ def test_write_through_into_a_closed_tier_loses_no_job_result(tmp_path):
     with pytest.raises(RuntimeError, match=r"not demoted to 'disk' \(ValueError: .*closed"):
         tiered.poll()
     results = tiered.poll()
-    assert [(r.job_id, r.kind, r.ok) for r in results] == [(job, "store", True)]
+    assert _outcomes(results) == [(job, "store", True)]
     assert tiered.poll() == []
     with pytest.raises(ValueError, match="closed"):  # offload refuses a closed tier up front
         tiered.offload(["c"], [2])
@@ -1012,9 +1012,9 @@ def test_close_keeps_the_results_when_a_lower_tier_fails_to_close(tmp_path):
     with pytest.raises(RuntimeError, match=r"'disk' failed to close \(OSError: disk "
                                            r"unmounted\)") as err:
         tiered.close(10)
-    assert [(r.job_id, r.kind, r.ok) for r in err.value.results] == [(job, "store", True)]
+    assert _outcomes(err.value.results) == [(job, "store", True)]
     assert tiered.offloader.engine.closed
-    assert [(r.job_id, r.kind, r.ok) for r in tiered.poll()] == [(job, "store", True)]
+    assert _outcomes(tiered.poll()) == [(job, "store", True)]
     assert tiered.poll() == []
 
 
@@ -1026,7 +1026,7 @@ def test_close_keeps_the_results_of_jobs_that_end_after_wait_timed_out(tmp_path)
     tiered, kv, _disk = make(tmp_path, demotion="write-through")
     job = _job_ending_in_the_offloaders_close(tiered)
     results = tiered.close(0.05)
-    assert [(r.job_id, r.kind, r.ok) for r in results] == [(job, "store", True)]
+    assert _outcomes(results) == [(job, "store", True)]
     assert tiered.offloader.engine.closed
     assert tiered.poll() == []
     assert tiered.stack.demoted == 2  # written through before the disk closed
@@ -1043,10 +1043,15 @@ def test_close_keeps_a_late_job_whose_write_through_fails(tmp_path):
     disk.close()
     with pytest.raises(RuntimeError, match=r"not demoted to 'disk'") as err:
         tiered.close(0.05)
-    assert [(r.job_id, r.kind, r.ok) for r in err.value.results] == [(job, "store", True)]
+    assert _outcomes(err.value.results) == [(job, "store", True)]
     assert tiered.offloader.engine.closed
-    assert [(r.job_id, r.kind, r.ok) for r in tiered.poll()] == [(job, "store", True)]
+    assert _outcomes(tiered.poll()) == [(job, "store", True)]
     assert tiered.poll() == []
+
+
+def _outcomes(results):
+    """``(job_id, kind, ok)`` of each of ``results`` (TieredOffloader job results)."""
+    return [(r.job_id, r.kind, r.ok) for r in results]
 
 
 def _job_ending_in_the_offloaders_close(tiered):
