@@ -11,6 +11,8 @@ Usage::
         [--repeats 5]
     python benchmarks/bench_admission.py recheck [--markdown docs/policies.md] \\
         [--tags grid,seeds,...] [--only CELLS] [--max-blocks N] [--workers 2]
+    python benchmarks/bench_admission.py hold CELL [CELL ...] \\
+        [--rules second-sight,second-sight-after-fill,admit-all] [--workers 2]
 
 ``hits`` replays each trace with ``kvtier.replay.replay`` per (policy, capacity, in-flight
 window): admit-all, ``store_threshold=2`` and each learned mode of ``--modes``
@@ -34,12 +36,21 @@ made so.
 already written in ``--markdown`` (every ``admission-table`` marker pair, or ``--tags``) and
 compares it with the figures recorded there, against the tables' static figures as printed
 (two decimals): about a third of ``hits``' work for the same cells, so a change to the
-adaptive admission can be checked on every recorded cell (572 in docs/policies.md, 17 to 25
-minutes with two workers on a 2-core host) before its tables are rewritten with ``hits``.
+adaptive admission can be checked on every recorded cell (572 in docs/policies.md; with two
+workers on a 2-core host 17 to 25 minutes in session 15, 5 minutes on session 16's quieter
+host) before its tables are rewritten with ``hits``.
 ``--only FILE`` runs the cells named in FILE, one ``tag|trace|policy|blocks|W`` per line (as
 ``recheck`` prints them); ``--max-blocks`` skips larger tiers. It prints each cell (``MOVED``:
 the figure changed; ``BELOW``: more than 0.2 points below the better static rule now,
 ``NEW`` when it was not before; ``FIXED``: below before, not now) and a summary line.
+
+``hold`` replays recorded cells (named as ``recheck`` prints them) with adaptive admission's
+rule *held* instead of dueled, to tell what the duel could reach there from what it chose:
+``second-sight`` from the first request (the tier skips the fill: what a static rule does),
+``second-sight-after-fill`` (admit-all until the shadows are full, then second sight: the
+duel's best case after its fill), ``admit-all`` throughout (which still falls back to second
+sight for a call that cannot fit). The shadows still run; only the tier's rule is fixed. It
+prints each cell's recorded figures and the held ones.
 
 ``cost`` times :func:`~kvtier.replay.replay` on the conversation trace with and without
 adaptive admission, alternating the two in each repeat (the machine is shared; the best of
@@ -142,6 +153,92 @@ def _cell(args: tuple) -> dict:
 
 
 _modes: tuple[str, ...] = LEARNED  # the learned modes to run (--modes; inherited by fork)
+
+HOLD_RULES = ("second-sight", "second-sight-after-fill", "admit-all")
+"""``hold``'s rules, see the module docstring."""
+
+
+def held_admission(rule: str) -> type:
+    """A :class:`~kvtier.admission_adaptive.DuelingAdmission` whose tier rule is held at
+    ``rule`` (one of :data:`HOLD_RULES`) instead of dueled: its two decision points
+    (``_decide`` and ``_test_switch``, the only places the rule changes) answer the held
+    rule, and so does the end of the fill.
+
+    Raises:
+        ValueError: an unknown rule.
+    """
+    from kvtier.admission_adaptive import DuelingAdmission  # noqa: PLC0415
+
+    if rule not in HOLD_RULES:
+        raise ValueError(f"unknown rule {rule!r}; expected one of {', '.join(HOLD_RULES)}")
+
+    class Held(DuelingAdmission):
+        def _held(self) -> None:
+            selective = (rule == "second-sight"
+                         or (rule == "second-sight-after-fill" and not self._filling))
+            if selective is not self.selective:
+                self.selective = selective
+                self.switches += 1
+
+        def clear(self) -> None:
+            super().clear()
+            self.selective = rule == "second-sight"  # (the start: not a switch)
+
+        def _decide(self) -> None:
+            self._held()
+
+        def _test_switch(self, psel: float, s2: float) -> None:
+            self._held()
+
+        def _end_fill(self) -> None:
+            super()._end_fill()
+            self._held()
+
+    Held.__name__ = Held.__qualname__ = f"Held[{rule}]"
+    return Held
+
+
+def _hold_cell(args: tuple) -> dict:
+    cell, rule = args
+    import kvtier.manager  # noqa: PLC0415
+
+    held = held_admission(rule)
+    made = []
+    real = kvtier.manager.make_admission
+
+    def make(mode, num_blocks, policy=None):  # the manager's factory, adaptive held
+        if mode != "adaptive":
+            return real(mode, num_blocks, policy)
+        made.append(held(num_blocks, shadow_policy=policy))
+        return made[-1]
+
+    kvtier.manager.make_admission = make
+    try:
+        res = replay(_trace(cell["trace"]), cell["policy"], cell["blocks"],
+                     inflight=cell["inflight"], admission="adaptive")
+    finally:
+        kvtier.manager.make_admission = real
+    return {**cell, "rule": rule, "held": 100 * res.block_hit_ratio,
+            "switches": made[0].switches}
+
+
+def run_hold(args: argparse.Namespace) -> list[dict]:
+    rules = [r for r in args.rules.split(",") if r]
+    for rule in rules:
+        held_admission(rule)  # (an unknown rule fails before any replay)
+    cells = {cell_name(c): c for c in table_cells(args.markdown)}
+    unknown = [c for c in args.cells if c not in cells]
+    if unknown:
+        raise SystemExit(f"no such cell in the tables: {unknown[:3]} (names as recheck prints)")
+    jobs = [(cells[name], rule) for name in args.cells for rule in rules]
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        rows = list(pool.map(_hold_cell, jobs))
+    for name in args.cells:
+        c = cells[name]
+        held = "  ".join(f"{r['rule']} {r['held']:6.2f}" for r in rows if cell_name(r) == name)
+        print(f"{name}: all {c['all']:.2f}, threshold-2 {c['threshold-2']:.2f}, adaptive "
+              f"{c['recorded']:.2f} (recorded); held: {held}", flush=True)
+    return rows
 
 
 def run_hits(args: argparse.Namespace) -> list[dict]:
@@ -416,13 +513,20 @@ def main() -> None:
     r.add_argument("--max-blocks", type=int, default=10**12)
     r.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     r.add_argument("--json", type=Path)
+    o = sub.add_parser("hold", help="recorded cells with adaptive's rule held, not dueled")
+    o.add_argument("cells", nargs="+", help="cells as recheck prints them: tag|trace|policy|"
+                   "blocks|W")
+    o.add_argument("--rules", default=",".join(HOLD_RULES))
+    o.add_argument("--markdown", type=Path, default=REPO / "docs" / "policies.md")
+    o.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    o.add_argument("--json", type=Path)
     m = sub.add_parser("mrc", help="miss-ratio curves with and without adaptive admission")
     m.add_argument("--policies", default="lru,arc")
     m.add_argument("--points", type=int, default=8)
     m.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     m.add_argument("--plot", type=Path, default=Path("admission_mrc.png"))
     m.add_argument("--json", type=Path)
-    for p in (h, c, m, r):
+    for p in (h, c, m, r, o):
         p.add_argument("--trace", type=Path, help="conversation trace (default: "
                        "../shared/traces/mooncake_conversation.jsonl, else the embedded sample)")
     args = ap.parse_args()
@@ -431,7 +535,7 @@ def main() -> None:
         CONVERSATION = args.trace
     t0 = time.perf_counter()
     rows = {"hits": run_hits, "cost": run_cost, "mrc": run_mrc,
-            "recheck": run_recheck}[args.cmd](args)
+            "recheck": run_recheck, "hold": run_hold}[args.cmd](args)
     print(f"# {time.perf_counter() - t0:.0f} s, python {sys.version.split()[0]}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

@@ -50,3 +50,24 @@ def test_recorded_adaptive_figures_are_replayed(bench, name):
     cell = next(c for c in bench.table_cells(DOC) if bench.cell_name(c) == name)
     row = bench._recheck_cell(cell)
     assert row["adaptive"] == pytest.approx(cell["recorded"], abs=0.005)
+
+
+def test_held_rules_replay_what_each_rule_reaches(bench):
+    """``hold``: adaptive with its tier rule held. In this cell (S3-FIFO, 10 % of the
+    distinct blocks, 32 requests in flight) second sight from the first request reads the
+    threshold's recorded 18.39 and admit-all held admit-all's 17.65 (the duel's fallback for
+    calls that cannot fit never fires here), while second sight after an admit-all fill
+    reads less than either: the fill's blocks stay in S3-FIFO's main queue
+    (docs/policies.md, "Where adaptive misses the bound")."""
+    name = "synthpolicies|one-hit-90|s3fifo|4362|32"
+    cell = next(c for c in bench.table_cells(DOC) if bench.cell_name(c) == name)
+    rows = {rule: bench._hold_cell((cell, rule)) for rule in bench.HOLD_RULES}
+    assert rows["second-sight"]["held"] == pytest.approx(cell["threshold-2"], abs=0.005)
+    assert rows["admit-all"]["held"] == pytest.approx(cell["all"], abs=0.005)
+    assert rows["second-sight-after-fill"]["held"] < cell["all"] - 0.1
+    assert [rows[r]["switches"] for r in bench.HOLD_RULES] == [0, 1, 0]
+
+
+def test_an_unknown_held_rule_is_refused(bench):
+    with pytest.raises(ValueError, match="unknown rule 'second'"):
+        bench.held_admission("second")
