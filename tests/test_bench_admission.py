@@ -2,6 +2,7 @@
 read back whole, and the adaptive figures recorded there are what the code replays now."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,18 @@ def test_held_rules_replay_what_each_rule_reaches(bench):
 def test_an_unknown_held_rule_is_refused(bench):
     with pytest.raises(ValueError, match="unknown rule 'second'"):
         bench.held_admission("second")
+
+
+def test_readme_states_the_recorded_cells_below_the_bound(bench):
+    """The README's count of recorded cells where adaptive is more than 0.2 points below the
+    better static rule, and its worst margin, are the tables' (rewriting a table with
+    ``hits`` must update the README too)."""
+    text = " ".join((REPO / "README.md").read_text().split())
+    found = re.search(r"In (\d+) of the (\d+) recorded cells .*? by ([\d.]+) to ([\d.]+) ",
+                      text)
+    assert found, "README: the adaptive admission paragraph's count is missing"
+    cells = bench.table_cells(DOC)
+    below = sorted(c["recorded_margin"] for c in cells if c["recorded_margin"] < -0.2)
+    assert (int(found[1]), int(found[2])) == (len(below), len(cells))
+    assert float(found[4]) == pytest.approx(-below[0], abs=0.005)
+    assert float(found[3]) == pytest.approx(-below[-1], abs=0.005)
