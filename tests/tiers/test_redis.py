@@ -1241,3 +1241,37 @@ def test_a_client_that_fails_to_close_is_logged_and_the_others_closed(shared_red
     logged = [r for r in caplog.records if "socket gone" in r.getMessage()]
     assert len(logged) == 1 and logged[0].levelno == logging.DEBUG
     assert "read client" in logged[0].getMessage()
+
+
+def test_close_that_times_out_drops_the_queued_writes_and_leaves_no_connection(redis_server):
+    """close(timeout) says the writes still queued when the timeout passes are dropped and
+    counted as failed. Before, the writer went on sending them after close had returned
+    (19 of 20 blocks written seconds later, a hung server resumed), on a connection it
+    opened after close had closed the clients: a socket nobody closed."""
+    import threading
+
+    name = f"r{uuid.uuid4().hex[:8]}"
+    tier = make_tier(redis_server.url, name=name, block_bytes=1024, write_timeout_s=1.0,
+                     write_batch_bytes=2048, breaker_failures=100)  # 2 blocks per batch
+    tier.write([0], [bytes(1024)])
+    assert tier.flush(5)
+    redis_server.pause()  # hung: the writer's batch waits for its reply
+    keys = list(range(1, 21))
+    assert tier.write(keys, [bytes(1024)] * 20) == 20
+    time.sleep(0.1)
+    tier.close(timeout=0.3)
+    redis_server.resume()
+    writer = [t for t in threading.enumerate() if t.name == f"kvtier-redis-writer-{name}"]
+    for t in writer:
+        t.join(5)
+    assert not any(t.is_alive() for t in writer)
+    s = tier.stats()
+    assert (s.writes, s.writes_completed, s.writes_failed) == (21, 1, 20)
+    assert s.queued_blocks == 0
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # only redis-cli's own connection is left
+        clients = [c for c in redis_server.cli("CLIENT", "LIST").splitlines() if c]
+        if len(clients) == 1:
+            break
+        time.sleep(0.05)
+    assert len(clients) == 1, clients

@@ -582,6 +582,8 @@ class RedisTier(BlockTier):
         self._queued_bytes = 0
         self._inflight = 0  # blocks taken by the writer, not yet finished
         self._closed = False
+        # set by a close() whose timeout passed: the writer drops what is still queued
+        self._abandoned = False
         self._writer = threading.Thread(
             target=self._write_loop, name=f"kvtier-redis-writer-{name}", daemon=True
         )
@@ -1084,7 +1086,11 @@ class RedisTier(BlockTier):
             self._queue.put(None)  # after every block a write enqueued (see write)
         self._writer.join(timeout)
         if self._writer.is_alive():
-            logger.warning("%s: writer did not finish within %s s", self._url_redacted, timeout)
+            # the rest is dropped: before, the writer went on sending it after close had
+            # returned, on a connection it opened after the clients below were closed
+            self._abandoned = True
+            logger.warning("%s: writer did not finish within %s s; the writes still queued "
+                           "are dropped", self._url_redacted, timeout)
         for kind, client in (self._client_map or {}).items():
             if client is not None:
                 try:
@@ -1101,9 +1107,13 @@ class RedisTier(BlockTier):
     # -- background writer -----------------------------------------------------------------
     def _write_loop(self) -> None:
         stop = False
+        dropped = 0
         while not stop:
             item = self._queue.get()
             if item is None:
+                break
+            if self._abandoned:  # close() timed out: nothing more is sent
+                dropped = 1
                 break
             batch = [item]
             size = HEADER_BYTES + self.block_bytes  # the queue's unit, as write() counted it
@@ -1134,7 +1144,6 @@ class RedisTier(BlockTier):
                     self._inflight -= len(batch)
                     self._done.notify_all()
         # closing: anything still queued was not sent
-        dropped = 0
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -1148,6 +1157,13 @@ class RedisTier(BlockTier):
             self._queued_blocks = 0
             self._queued_bytes = 0
             self._done.notify_all()
+        if self._abandoned:  # a batch sent after close() closed the clients reconnected
+            client = (self._client_map or {}).get("write")
+            if client is not None:
+                try:
+                    client.close()
+                except Exception:  # noqa: BLE001, S110 (close() logged this client already)
+                    pass
 
     def _seal(self, rkey: bytes, block: bytes) -> tuple[bytes, bytes]:
         """(header, payload) of one block: checksum, and zstd when that saves >= 10 %."""
