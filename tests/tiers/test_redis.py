@@ -306,6 +306,10 @@ def test_bad_input_raises_and_leaves_state(shared_redis_server):
         ({"lookup_mode": "scan"}, "lookup_mode"),
         ({"cluster": True, "lookup_mode": "script"}, "lookup_mode"),
         ({"max_queue_bytes": 0}, "max_queue_bytes"),
+        # a queue smaller than one value (block + 40-byte header) was taken, and then every
+        # write was dropped in silence (counted in writes_skipped only)
+        ({"max_queue_bytes": BLOCK + HEADER_BYTES - 1},
+         r"max_queue_bytes must hold at least one value \(40 \+ block_bytes = 4136 bytes\)"),
         ({"breaker_failures": 0}, "breaker_failures"),
         # found by a newcomer session: accepted, then every lookup failed silently (inf) or
         # the breaker never closed again (inf cooldown); a str cooldown raised a bare

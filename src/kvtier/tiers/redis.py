@@ -383,8 +383,9 @@ class RedisTier(BlockTier):
         lookup_mode: ``"script"`` (standalone default: one Lua script call that stops at the
             first missing key) or ``"pipeline"`` (one EXISTS per key in one pipeline; the only
             mode for a cluster).
-        max_queue_bytes: bound of the write queue in value bytes (default 256 MiB); blocks
-            that do not fit are dropped and counted in ``writes_skipped``.
+        max_queue_bytes: bound of the write queue in value bytes (default 256 MiB; at least
+            one value, ``block_bytes`` + 40); blocks that do not fit are dropped and counted
+            in ``writes_skipped``.
         write_batch_bytes: the writer sends up to this many value bytes per round trip
             (default 32 MiB).
         breaker_failures, breaker_cooldown_s: the :class:`CircuitBreaker`'s thresholds
@@ -475,6 +476,11 @@ class RedisTier(BlockTier):
                 raise ValueError(f"{opt} must be an int > 0, got {val!r}")
             sizes.append(size)
         max_queue_bytes, write_batch_bytes = sizes
+        if max_queue_bytes < HEADER_BYTES + block_bytes:
+            # a queue that holds no value accepted no write, in silence (all writes_skipped)
+            raise ValueError(
+                f"max_queue_bytes must hold at least one value ({HEADER_BYTES} + block_bytes "
+                f"= {HEADER_BYTES + block_bytes} bytes), got {max_queue_bytes}")
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, got {type(url).__name__}")
         self._url_redacted = redact_url(url)
