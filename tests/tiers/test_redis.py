@@ -1279,3 +1279,32 @@ def test_close_that_times_out_drops_the_queued_writes_and_leaves_no_connection(r
             break
         time.sleep(0.05)
     assert len(clients) == 1, clients
+
+
+def test_a_server_that_refuses_writes_keeps_serving_reads(redis_server, caplog):
+    """An error reply to a write comes from a server that is up, whatever the error: only
+    OOM was kept out of the breaker's count, so a server refusing writes otherwise
+    (NOREPLICAS here, as with min-replicas-to-write; MISCONF when it cannot save, READONLY
+    for a replica, NOPERM for an ACL user without writes) opened the breaker after 3 write
+    batches, and lookups and reads of the blocks it holds answered miss for each cooldown."""
+    keys = list(range(4))
+    data = blocks_for(keys)
+    tier = make_tier(redis_server.url, breaker_failures=3, breaker_cooldown_s=10)
+    try:
+        tier.write(keys, data)
+        assert tier.flush(10)
+        redis_server.cli("CONFIG", "SET", "min-replicas-to-write", "1")
+        caplog.set_level(logging.DEBUG, logger="kvtier.tiers.redis")
+        for i in range(6):  # twice the breaker's threshold, one batch each
+            tier.write([100 + i], blocks_for([100 + i]))
+            assert tier.flush(10)
+        s = tier.stats()
+        assert (s.writes_failed, s.backend_errors, s.breaker_opens) == (6, 6, 0)
+        assert s.breaker_state == "closed"
+        assert tier.lookup_prefix(keys) == 4
+        assert tier.read(keys) == data
+        refused = [r for r in caplog.records if "write refused by the server" in r.getMessage()]
+        assert [r.levelno for r in refused] == [logging.WARNING] + [logging.DEBUG] * 5
+        assert "NOREPLICAS" in refused[0].getMessage()
+    finally:
+        tier.close()

@@ -513,6 +513,7 @@ class RedisTier(BlockTier):
             )
         self._breaker = CircuitBreaker(breaker_failures, breaker_cooldown_s)
         self._warned_oom = False  # one warning per tier for writes refused by a full server
+        self._warned_refused = False  # and one for writes refused otherwise (error replies)
 
         self.name = name
         self.block_bytes = block_bytes
@@ -1197,19 +1198,29 @@ class RedisTier(BlockTier):
         try:
             sealed = [(k, *self._seal(k, v)) for k, v in batch]
             self._send(sealed)
-        except redis.exceptions.OutOfMemoryError as exc:
-            # The server answered: it is up, only full (maxmemory under noeviction). Not a
-            # breaker failure, so lookups and reads of what it holds go on (docs/redis.md).
+        except redis.exceptions.ResponseError as exc:
+            # The server answered: it is up, only refusing writes (OOM: full, maxmemory under
+            # noeviction; MISCONF, NOREPLICAS, READONLY, NOPERM, ...). Not a breaker failure,
+            # so lookups and reads of what it holds go on (docs/redis.md). Before, only OOM
+            # was: 3 batches refused otherwise opened the breaker, and lookups answered miss.
             self._breaker.success()
+            oom = isinstance(exc, redis.exceptions.OutOfMemoryError)
             with self._lock:
                 self._stats.writes_failed += len(batch)
                 self._stats.backend_errors += 1
-                first = not self._warned_oom
-                self._warned_oom = True
-            log = logger.warning if first else logger.debug
-            log("%s: write refused, the server is out of memory (%s); set maxmemory-policy "
-                "to allkeys-lru or volatile-lru (docs/redis.md)", self._url_redacted,
-                _scrub(str(exc), self._url))
+                warned = self._warned_oom if oom else self._warned_refused
+                if oom:
+                    self._warned_oom = True
+                else:
+                    self._warned_refused = True
+            log = logger.debug if warned else logger.warning
+            if oom:
+                log("%s: write refused, the server is out of memory (%s); set "
+                    "maxmemory-policy to allkeys-lru or volatile-lru (docs/redis.md)",
+                    self._url_redacted, _scrub(str(exc), self._url))
+            else:
+                log("%s: write refused by the server (%s); lookups and reads go on",
+                    self._url_redacted, _scrub(f"{type(exc).__name__}: {exc}", self._url))
             return
         except Exception as exc:  # noqa: BLE001 (any failure: counted, breaker told)
             opened = self._breaker.failure()
