@@ -936,6 +936,16 @@ def test_url_query_cannot_override_the_tier_timeouts():
         RedisTier("redis://127.0.0.1:1/0?socket_timeout=30", block_bytes=BLOCK, fingerprint=FP)
 
 
+@pytest.mark.parametrize("option", ["socket_timeout", "socket_connect_timeout"])
+def test_client_options_cannot_set_the_tier_timeouts(option):
+    """The tier sets these per kind of call (lookup, read, write): given in client_options
+    they were replaced by the tier's in silence (socket_timeout=7 left lookups at 0.05 s)."""
+    with pytest.raises(ValueError, match=rf"client_options sets \['{option}'\], which the "
+                                         "tier sets itself; use its timeout_s"):
+        RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP,
+                  client_options={option: 7})
+
+
 def test_url_query_mistakes_raise_at_construction():
     # tier options in the query need from_url (the constructor would hand them to redis-py)
     with pytest.raises(ValueError, match=r"from_url"):

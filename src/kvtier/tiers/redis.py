@@ -390,7 +390,8 @@ class RedisTier(BlockTier):
             (default 32 MiB).
         breaker_failures, breaker_cooldown_s: the :class:`CircuitBreaker`'s thresholds
             (defaults 3 consecutive failures, 1.0 s).
-        client_options: more keyword arguments for the redis-py client (e.g. ``ssl_ca_certs``).
+        client_options: more keyword arguments for the redis-py client (e.g. ``ssl_ca_certs``;
+            not ``socket_timeout`` / ``socket_connect_timeout``, which the tier sets).
 
     Raises:
         ValueError: a bad option (names it), a URL redis-py cannot parse (password
@@ -511,6 +512,13 @@ class RedisTier(BlockTier):
                 f"Redis URL query sets {overriding}; use the tier's timeout_s, read_timeout_s "
                 "and write_timeout_s (the tier never retries)"
             )
+        # the tier sets these per kind of call: a client option of that name was replaced
+        # in silence
+        replaced = sorted({"socket_timeout", "socket_connect_timeout"} & set(client_options or {}))
+        if replaced:
+            raise ValueError(
+                f"client_options sets {replaced}, which the tier sets itself; use its "
+                "timeout_s, read_timeout_s and write_timeout_s")
         self._breaker = CircuitBreaker(breaker_failures, breaker_cooldown_s)
         self._warned_oom = False  # one warning per tier for writes refused by a full server
         self._warned_refused = False  # and one for writes refused otherwise (error replies)
