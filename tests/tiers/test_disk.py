@@ -771,3 +771,18 @@ def test_num_blocks_is_read_only(tmp_path):
         assert t.num_blocks == 4 and type(t.num_blocks) is int
         assert t.stats().capacity_blocks == 4
         assert "num_blocks=4" in repr(t)
+
+
+def test_in_answers_readable_blocks_only(tmp_path, monkeypatch):
+    """``key in tier`` says the block is stored and readable. A block whose write was still
+    running answered True while lookup_prefix and read said it was not there; a tier stack
+    asks ``in`` to skip copying a host victim the tier holds, so a victim whose earlier disk
+    write was still pending (and then failed) was dropped from both tiers."""
+    gate = hold_writes(monkeypatch)
+    with DiskTier(tmp_path, 8, BB, workers=1) as t:
+        assert t.write([1], [blk(1)]) == 1
+        assert t.lookup_prefix([1]) == 0 and t.read([1]) == [None]
+        assert 1 not in t and len(t) == 1  # stored (a slot taken), not readable
+        gate.set()
+        assert t.flush(10)
+        assert 1 in t and t.read([1]) == [blk(1)]

@@ -306,6 +306,10 @@ def test_bad_input_raises_and_leaves_state(shared_redis_server):
         ({"lookup_mode": "scan"}, "lookup_mode"),
         ({"cluster": True, "lookup_mode": "script"}, "lookup_mode"),
         ({"max_queue_bytes": 0}, "max_queue_bytes"),
+        # a queue smaller than one value (block + 40-byte header) was taken, and then every
+        # write was dropped in silence (counted in writes_skipped only)
+        ({"max_queue_bytes": BLOCK + HEADER_BYTES - 1},
+         r"max_queue_bytes must hold at least one value \(40 \+ block_bytes = 4136 bytes\)"),
         ({"breaker_failures": 0}, "breaker_failures"),
         # found by a newcomer session: accepted, then every lookup failed silently (inf) or
         # the breaker never closed again (inf cooldown); a str cooldown raised a bare
@@ -932,6 +936,16 @@ def test_url_query_cannot_override_the_tier_timeouts():
         RedisTier("redis://127.0.0.1:1/0?socket_timeout=30", block_bytes=BLOCK, fingerprint=FP)
 
 
+@pytest.mark.parametrize("option", ["socket_timeout", "socket_connect_timeout"])
+def test_client_options_cannot_set_the_tier_timeouts(option):
+    """The tier sets these per kind of call (lookup, read, write): given in client_options
+    they were replaced by the tier's in silence (socket_timeout=7 left lookups at 0.05 s)."""
+    with pytest.raises(ValueError, match=rf"client_options sets \['{option}'\], which the "
+                                         "tier sets itself; use its timeout_s"):
+        RedisTier("redis://127.0.0.1:1/0", block_bytes=BLOCK, fingerprint=FP,
+                  client_options={option: 7})
+
+
 def test_url_query_mistakes_raise_at_construction():
     # tier options in the query need from_url (the constructor would hand them to redis-py)
     with pytest.raises(ValueError, match=r"from_url"):
@@ -1241,3 +1255,66 @@ def test_a_client_that_fails_to_close_is_logged_and_the_others_closed(shared_red
     logged = [r for r in caplog.records if "socket gone" in r.getMessage()]
     assert len(logged) == 1 and logged[0].levelno == logging.DEBUG
     assert "read client" in logged[0].getMessage()
+
+
+def test_close_that_times_out_drops_the_queued_writes_and_leaves_no_connection(redis_server):
+    """close(timeout) says the writes still queued when the timeout passes are dropped and
+    counted as failed. Before, the writer went on sending them after close had returned
+    (19 of 20 blocks written seconds later, a hung server resumed), on a connection it
+    opened after close had closed the clients: a socket nobody closed."""
+    import threading
+
+    name = f"r{uuid.uuid4().hex[:8]}"
+    tier = make_tier(redis_server.url, name=name, block_bytes=1024, write_timeout_s=1.0,
+                     write_batch_bytes=2048, breaker_failures=100)  # 2 blocks per batch
+    tier.write([0], [bytes(1024)])
+    assert tier.flush(5)
+    redis_server.pause()  # hung: the writer's batch waits for its reply
+    keys = list(range(1, 21))
+    assert tier.write(keys, [bytes(1024)] * 20) == 20
+    time.sleep(0.1)
+    tier.close(timeout=0.3)
+    redis_server.resume()
+    writer = [t for t in threading.enumerate() if t.name == f"kvtier-redis-writer-{name}"]
+    for t in writer:
+        t.join(5)
+    assert not any(t.is_alive() for t in writer)
+    s = tier.stats()
+    assert (s.writes, s.writes_completed, s.writes_failed) == (21, 1, 20)
+    assert s.queued_blocks == 0
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # only redis-cli's own connection is left
+        clients = [c for c in redis_server.cli("CLIENT", "LIST").splitlines() if c]
+        if len(clients) == 1:
+            break
+        time.sleep(0.05)
+    assert len(clients) == 1, clients
+
+
+def test_a_server_that_refuses_writes_keeps_serving_reads(redis_server, caplog):
+    """An error reply to a write comes from a server that is up, whatever the error: only
+    OOM was kept out of the breaker's count, so a server refusing writes otherwise
+    (NOREPLICAS here, as with min-replicas-to-write; MISCONF when it cannot save, READONLY
+    for a replica, NOPERM for an ACL user without writes) opened the breaker after 3 write
+    batches, and lookups and reads of the blocks it holds answered miss for each cooldown."""
+    keys = list(range(4))
+    data = blocks_for(keys)
+    tier = make_tier(redis_server.url, breaker_failures=3, breaker_cooldown_s=10)
+    try:
+        tier.write(keys, data)
+        assert tier.flush(10)
+        redis_server.cli("CONFIG", "SET", "min-replicas-to-write", "1")
+        caplog.set_level(logging.DEBUG, logger="kvtier.tiers.redis")
+        for i in range(6):  # twice the breaker's threshold, one batch each
+            tier.write([100 + i], blocks_for([100 + i]))
+            assert tier.flush(10)
+        s = tier.stats()
+        assert (s.writes_failed, s.backend_errors, s.breaker_opens) == (6, 6, 0)
+        assert s.breaker_state == "closed"
+        assert tier.lookup_prefix(keys) == 4
+        assert tier.read(keys) == data
+        refused = [r for r in caplog.records if "write refused by the server" in r.getMessage()]
+        assert [r.levelno for r in refused] == [logging.WARNING] + [logging.DEBUG] * 5
+        assert "NOREPLICAS" in refused[0].getMessage()
+    finally:
+        tier.close()

@@ -735,11 +735,18 @@ class DiskTier(BlockTier):
             raise ValueError(f"disk tier {self.path} is closed")
 
     def __contains__(self, key: Key) -> bool:
-        """``key`` is stored and readable. Raises ValueError when the tier is closed (as
-        :meth:`read` and :meth:`write` do)."""
+        """``key`` is stored and readable (a block still being written, or one that failed
+        verification, is not). Raises ValueError when the tier is closed (as :meth:`read`
+        and :meth:`write` do), TypeError for an unhashable key."""
         if self._closed:  # one attribute test: vllm_tiers asks this per chunk of a store job
             self._check_open()
-        return key in self.manager and key not in self._bad
+        # a block being written (ref count -1) is not readable yet: before, it answered
+        # True, and a tier stack skipped copying a host victim whose disk write then failed
+        try:
+            ref = self.manager.ref_count(key)
+        except TypeError:
+            raise unhashable_error((key,), "in (DiskTier.__contains__)") from None
+        return ref is not None and ref >= 0 and key not in self._bad
 
     def __len__(self) -> int:
         """Blocks stored (readable and being written). Raises ValueError when the tier is

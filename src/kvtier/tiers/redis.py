@@ -383,13 +383,15 @@ class RedisTier(BlockTier):
         lookup_mode: ``"script"`` (standalone default: one Lua script call that stops at the
             first missing key) or ``"pipeline"`` (one EXISTS per key in one pipeline; the only
             mode for a cluster).
-        max_queue_bytes: bound of the write queue in value bytes (default 256 MiB); blocks
-            that do not fit are dropped and counted in ``writes_skipped``.
+        max_queue_bytes: bound of the write queue in value bytes (default 256 MiB; at least
+            one value, ``block_bytes`` + 40); blocks that do not fit are dropped and counted
+            in ``writes_skipped``.
         write_batch_bytes: the writer sends up to this many value bytes per round trip
             (default 32 MiB).
         breaker_failures, breaker_cooldown_s: the :class:`CircuitBreaker`'s thresholds
             (defaults 3 consecutive failures, 1.0 s).
-        client_options: more keyword arguments for the redis-py client (e.g. ``ssl_ca_certs``).
+        client_options: more keyword arguments for the redis-py client (e.g. ``ssl_ca_certs``;
+            not ``socket_timeout`` / ``socket_connect_timeout``, which the tier sets).
 
     Raises:
         ValueError: a bad option (names it), a URL redis-py cannot parse (password
@@ -475,6 +477,11 @@ class RedisTier(BlockTier):
                 raise ValueError(f"{opt} must be an int > 0, got {val!r}")
             sizes.append(size)
         max_queue_bytes, write_batch_bytes = sizes
+        if max_queue_bytes < HEADER_BYTES + block_bytes:
+            # a queue that holds no value accepted no write, in silence (all writes_skipped)
+            raise ValueError(
+                f"max_queue_bytes must hold at least one value ({HEADER_BYTES} + block_bytes "
+                f"= {HEADER_BYTES + block_bytes} bytes), got {max_queue_bytes}")
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, got {type(url).__name__}")
         self._url_redacted = redact_url(url)
@@ -505,8 +512,16 @@ class RedisTier(BlockTier):
                 f"Redis URL query sets {overriding}; use the tier's timeout_s, read_timeout_s "
                 "and write_timeout_s (the tier never retries)"
             )
+        # the tier sets these per kind of call: a client option of that name was replaced
+        # in silence
+        replaced = sorted({"socket_timeout", "socket_connect_timeout"} & set(client_options or {}))
+        if replaced:
+            raise ValueError(
+                f"client_options sets {replaced}, which the tier sets itself; use its "
+                "timeout_s, read_timeout_s and write_timeout_s")
         self._breaker = CircuitBreaker(breaker_failures, breaker_cooldown_s)
         self._warned_oom = False  # one warning per tier for writes refused by a full server
+        self._warned_refused = False  # and one for writes refused otherwise (error replies)
 
         self.name = name
         self.block_bytes = block_bytes
@@ -582,6 +597,8 @@ class RedisTier(BlockTier):
         self._queued_bytes = 0
         self._inflight = 0  # blocks taken by the writer, not yet finished
         self._closed = False
+        # set by a close() whose timeout passed: the writer drops what is still queued
+        self._abandoned = False
         self._writer = threading.Thread(
             target=self._write_loop, name=f"kvtier-redis-writer-{name}", daemon=True
         )
@@ -1084,7 +1101,11 @@ class RedisTier(BlockTier):
             self._queue.put(None)  # after every block a write enqueued (see write)
         self._writer.join(timeout)
         if self._writer.is_alive():
-            logger.warning("%s: writer did not finish within %s s", self._url_redacted, timeout)
+            # the rest is dropped: before, the writer went on sending it after close had
+            # returned, on a connection it opened after the clients below were closed
+            self._abandoned = True
+            logger.warning("%s: writer did not finish within %s s; the writes still queued "
+                           "are dropped", self._url_redacted, timeout)
         for kind, client in (self._client_map or {}).items():
             if client is not None:
                 try:
@@ -1101,9 +1122,13 @@ class RedisTier(BlockTier):
     # -- background writer -----------------------------------------------------------------
     def _write_loop(self) -> None:
         stop = False
+        dropped = 0
         while not stop:
             item = self._queue.get()
             if item is None:
+                break
+            if self._abandoned:  # close() timed out: nothing more is sent
+                dropped = 1
                 break
             batch = [item]
             size = HEADER_BYTES + self.block_bytes  # the queue's unit, as write() counted it
@@ -1134,7 +1159,6 @@ class RedisTier(BlockTier):
                     self._inflight -= len(batch)
                     self._done.notify_all()
         # closing: anything still queued was not sent
-        dropped = 0
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -1148,6 +1172,13 @@ class RedisTier(BlockTier):
             self._queued_blocks = 0
             self._queued_bytes = 0
             self._done.notify_all()
+        if self._abandoned:  # a batch sent after close() closed the clients reconnected
+            client = (self._client_map or {}).get("write")
+            if client is not None:
+                try:
+                    client.close()
+                except Exception:  # noqa: BLE001, S110 (close() logged this client already)
+                    pass
 
     def _seal(self, rkey: bytes, block: bytes) -> tuple[bytes, bytes]:
         """(header, payload) of one block: checksum, and zstd when that saves >= 10 %."""
@@ -1175,19 +1206,29 @@ class RedisTier(BlockTier):
         try:
             sealed = [(k, *self._seal(k, v)) for k, v in batch]
             self._send(sealed)
-        except redis.exceptions.OutOfMemoryError as exc:
-            # The server answered: it is up, only full (maxmemory under noeviction). Not a
-            # breaker failure, so lookups and reads of what it holds go on (docs/redis.md).
+        except redis.exceptions.ResponseError as exc:
+            # The server answered: it is up, only refusing writes (OOM: full, maxmemory under
+            # noeviction; MISCONF, NOREPLICAS, READONLY, NOPERM, ...). Not a breaker failure,
+            # so lookups and reads of what it holds go on (docs/redis.md). Before, only OOM
+            # was: 3 batches refused otherwise opened the breaker, and lookups answered miss.
             self._breaker.success()
+            oom = isinstance(exc, redis.exceptions.OutOfMemoryError)
             with self._lock:
                 self._stats.writes_failed += len(batch)
                 self._stats.backend_errors += 1
-                first = not self._warned_oom
-                self._warned_oom = True
-            log = logger.warning if first else logger.debug
-            log("%s: write refused, the server is out of memory (%s); set maxmemory-policy "
-                "to allkeys-lru or volatile-lru (docs/redis.md)", self._url_redacted,
-                _scrub(str(exc), self._url))
+                warned = self._warned_oom if oom else self._warned_refused
+                if oom:
+                    self._warned_oom = True
+                else:
+                    self._warned_refused = True
+            log = logger.debug if warned else logger.warning
+            if oom:
+                log("%s: write refused, the server is out of memory (%s); set "
+                    "maxmemory-policy to allkeys-lru or volatile-lru (docs/redis.md)",
+                    self._url_redacted, _scrub(str(exc), self._url))
+            else:
+                log("%s: write refused by the server (%s); lookups and reads go on",
+                    self._url_redacted, _scrub(f"{type(exc).__name__}: {exc}", self._url))
             return
         except Exception as exc:  # noqa: BLE001 (any failure: counted, breaker told)
             opened = self._breaker.failure()
