@@ -157,7 +157,10 @@ class TierStack:
         #: blocks promoted into the host, per tier they came from
         self.promoted: dict[str, int] = {name: 0 for name in names[1:]}
         #: blocks written down from the host (evicted under write-back, stored under
-        #: write-through), counted once per block whatever the number of lower tiers
+        #: write-through), counted once per block whatever the number of lower tiers: handed
+        #: to at least one lower tier whose ``write`` did not raise. A tier may accept fewer
+        #: than it was handed (Redis: breaker open or queue full; disk: no evictable slot;
+        #: a block it holds already): each tier's ``writes_skipped`` counts those
         self.demoted = 0
         #: promotions refused because the host could not make room (pinned/pending blocks)
         self.promote_failures = 0
