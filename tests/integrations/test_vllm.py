@@ -353,6 +353,28 @@ def test_failed_store_removes_without_ghost_and_emits_metadata_only_event():
     assert events == [OffloadingEvent(keys(1, 2), Medium.CPU, removed=True, metadata_only=True)]
 
 
+@pytest.mark.parametrize("make", [lambda: spec_manager(), lambda: vllm_manager(4, "lru", enable_events=True),
+                                  lambda: CPUOffloadingManager(4, "lru", enable_events=True)],
+                         ids=["kvtier-spec", "vllm-manager+KVTierLRU", "vllm-manager"])
+def test_failed_store_event_leaves_out_keys_a_retry_stored_again(make):
+    # vLLM 0.33's manager drops from a failed store's metadata-only event the keys that are in
+    # the tier again when the events are taken (a retry re-allocated them): their metadata
+    # belongs to the retry now
+    m = make()
+    a, b = ReqContext("a"), ReqContext("b")
+    out = m.prepare_store(keys(1, 2, 3), a)
+    m.complete_store(out.keys_to_store, a, success=False)
+    assert m.prepare_store(keys(1), b).keys_to_store == keys(1)  # the retry, pending
+    events = [(e.keys, e.removed, e.metadata_only) for e in m.take_events()]
+    assert events == [(keys(2, 3), True, True)]
+    # all of them in the tier again: no event at all
+    out = m.prepare_store(keys(4, 5), a)
+    m.complete_store(out.keys_to_store, a, success=False)
+    m.complete_store(m.prepare_store(keys(4, 5), b).keys_to_store, b)
+    events = [(e.keys, e.removed, e.metadata_only) for e in m.take_events()]
+    assert events == [(keys(4, 5), False, False)]
+
+
 def test_adapter_refuses_a_key_inserted_twice():
     m = vllm_manager(4)
     ctx = ReqContext("r")

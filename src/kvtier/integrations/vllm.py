@@ -868,6 +868,19 @@ class KVTierOffloadingManager(OffloadingManager):
             return []
         self._drain_events()
         events, self._events = self._events, []
+        if any(ev.metadata_only for ev in events):
+            # as vLLM's manager: a failed store's keys that a retry put back into the tier
+            # before this call are the retry's now, so their metadata is not released
+            stored = self.manager.__contains__
+            kept = []
+            for ev in events:
+                if ev.metadata_only:
+                    keys = [k for k in ev.keys if not stored(k)]
+                    if not keys:
+                        continue
+                    ev.keys = keys
+                kept.append(ev)
+            events = kept
         return events
 
     def reset_cache(self) -> None:
