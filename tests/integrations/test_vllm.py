@@ -823,6 +823,35 @@ def test_spec_manager_request_end_uses_reused_keys_head_first():
     assert t2_order == keys(3, 2, 1)  # least recent first: the head is most recent
 
 
+@pytest.mark.parametrize("make", [lambda: spec_manager(8, "arc"),
+                                  lambda: vllm_manager(8, "arc", enable_events=True)],
+                         ids=["kvtier-spec", "vllm-manager+KVTierARC"])
+def test_a_request_queued_behind_thousands_keeps_its_use(make):
+    # vLLM opens a request when it is added to the scheduler (on_new_request from
+    # add_request), so an offline batch or a burst opens thousands before the first one runs;
+    # with kvtier's default cap of 4,096 open requests the adapter finished the queue's head
+    # early and its later loads were no use at all: ARC left the reused blocks in T1
+    m = make()
+    a = ReqContext("a")
+    m.on_new_request(a)
+    m.complete_store(m.prepare_store(keys(1, 2), a).keys_to_store, a)
+    m.on_request_finished(a)
+    queued = [ReqContext(f"q{i}") for i in range(5000)]
+    for q in queued:
+        m.on_new_request(q)
+    head = queued[0]
+    m.prepare_load(keys(1, 2), head)
+    m.complete_load(keys(1, 2), head)
+    m.on_request_finished(head)
+    policy = m.manager.policy if isinstance(m, kv.KVTierOffloadingManager) else m._policy.kvtier
+    assert (policy.t1_size, policy.t2_size) == (0, 2)  # reused once: promoted, as vLLM's ARC
+    for q in queued[1:]:
+        m.on_request_finished(q)
+    if isinstance(m, kv.KVTierOffloadingManager):
+        s = m.manager.stats()
+        assert (s.requests_open, s.requests_finished_early, s.late_finishes) == (0, 0, 0)
+
+
 def test_kvtier_complete_store_is_called_with_success_by_keyword():
     """kvtier's own complete_store is changing its positional order (issue: req_context
     second); the adapter names success=, so a vLLM-style call maps either way."""
