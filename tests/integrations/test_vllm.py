@@ -353,6 +353,28 @@ def test_failed_store_removes_without_ghost_and_emits_metadata_only_event():
     assert events == [OffloadingEvent(keys(1, 2), Medium.CPU, removed=True, metadata_only=True)]
 
 
+@pytest.mark.parametrize("make", [lambda: spec_manager(), lambda: vllm_manager(4, "lru", enable_events=True),
+                                  lambda: CPUOffloadingManager(4, "lru", enable_events=True)],
+                         ids=["kvtier-spec", "vllm-manager+KVTierLRU", "vllm-manager"])
+def test_failed_store_event_leaves_out_keys_a_retry_stored_again(make):
+    # vLLM 0.33's manager drops from a failed store's metadata-only event the keys that are in
+    # the tier again when the events are taken (a retry re-allocated them): their metadata
+    # belongs to the retry now
+    m = make()
+    a, b = ReqContext("a"), ReqContext("b")
+    out = m.prepare_store(keys(1, 2, 3), a)
+    m.complete_store(out.keys_to_store, a, success=False)
+    assert m.prepare_store(keys(1), b).keys_to_store == keys(1)  # the retry, pending
+    events = [(e.keys, e.removed, e.metadata_only) for e in m.take_events()]
+    assert events == [(keys(2, 3), True, True)]
+    # all of them in the tier again: no event at all
+    out = m.prepare_store(keys(4, 5), a)
+    m.complete_store(out.keys_to_store, a, success=False)
+    m.complete_store(m.prepare_store(keys(4, 5), b).keys_to_store, b)
+    events = [(e.keys, e.removed, e.metadata_only) for e in m.take_events()]
+    assert events == [(keys(4, 5), False, False)]
+
+
 def test_adapter_refuses_a_key_inserted_twice():
     m = vllm_manager(4)
     ctx = ReqContext("r")
@@ -799,6 +821,35 @@ def test_spec_manager_request_end_uses_reused_keys_head_first():
     m.on_request_finished(b)  # once only
     t2_order = [e[0] if isinstance(e, tuple) else e for e in m.manager.policy.snapshot()["t2"]]
     assert t2_order == keys(3, 2, 1)  # least recent first: the head is most recent
+
+
+@pytest.mark.parametrize("make", [lambda: spec_manager(8, "arc"),
+                                  lambda: vllm_manager(8, "arc", enable_events=True)],
+                         ids=["kvtier-spec", "vllm-manager+KVTierARC"])
+def test_a_request_queued_behind_thousands_keeps_its_use(make):
+    # vLLM opens a request when it is added to the scheduler (on_new_request from
+    # add_request), so an offline batch or a burst opens thousands before the first one runs;
+    # with kvtier's default cap of 4,096 open requests the adapter finished the queue's head
+    # early and its later loads were no use at all: ARC left the reused blocks in T1
+    m = make()
+    a = ReqContext("a")
+    m.on_new_request(a)
+    m.complete_store(m.prepare_store(keys(1, 2), a).keys_to_store, a)
+    m.on_request_finished(a)
+    queued = [ReqContext(f"q{i}") for i in range(5000)]
+    for q in queued:
+        m.on_new_request(q)
+    head = queued[0]
+    m.prepare_load(keys(1, 2), head)
+    m.complete_load(keys(1, 2), head)
+    m.on_request_finished(head)
+    policy = m.manager.policy if isinstance(m, kv.KVTierOffloadingManager) else m._policy.kvtier
+    assert (policy.t1_size, policy.t2_size) == (0, 2)  # reused once: promoted, as vLLM's ARC
+    for q in queued[1:]:
+        m.on_request_finished(q)
+    if isinstance(m, kv.KVTierOffloadingManager):
+        s = m.manager.stats()
+        assert (s.requests_open, s.requests_finished_early, s.late_finishes) == (0, 0, 0)
 
 
 def test_kvtier_complete_store_is_called_with_success_by_keyword():

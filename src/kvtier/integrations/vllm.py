@@ -477,6 +477,14 @@ _new_spec = object.__new__
 _new = object.__new__
 _CHUNK_LEVEL = OffloadPolicy.CHUNK_LEVEL
 
+# vLLM opens a request when it is added to the scheduler (waiting ones included: an offline
+# batch or a burst opens thousands before the first runs) and finishes every one of them, so
+# the adapter's manager must not finish the oldest early at kvtier's default cap of 4,096
+# open requests (that request's later loads and stores were then no use at all). An open
+# request that has not run holds an empty record (~320 bytes; vLLM's own is bigger):
+# this cap bounds memory only if vLLM ever leaked requests.
+MAX_OPEN_REQUESTS = 1 << 20
+
 
 def _spec_layout_known() -> bool:
     """Whether vLLM's ``CPULoadStoreSpec(ids)`` is exactly an object whose one attribute
@@ -590,8 +598,9 @@ class KVTierOffloadingManager(OffloadingManager):
         _check_int("store_threshold", store_threshold, 0)
         _check_int("max_tracker_size", max_tracker_size, 1)
         self.medium: Medium = Medium.CPU
-        self.manager: kvtier.OffloadingManager = _Manager(num_blocks, policy,
-                                                          enable_events=enable_events)
+        self.manager: kvtier.OffloadingManager = _Manager(
+            num_blocks, policy, enable_events=enable_events, max_open_requests=MAX_OPEN_REQUESTS
+        )
         self.policy_name = policy
         self.store_threshold = store_threshold
         self.max_tracker_size = max_tracker_size
@@ -868,6 +877,19 @@ class KVTierOffloadingManager(OffloadingManager):
             return []
         self._drain_events()
         events, self._events = self._events, []
+        if any(ev.metadata_only for ev in events):
+            # as vLLM's manager: a failed store's keys that a retry put back into the tier
+            # before this call are the retry's now, so their metadata is not released
+            stored = self.manager.__contains__
+            kept = []
+            for ev in events:
+                if ev.metadata_only:
+                    keys = [k for k in ev.keys if not stored(k)]
+                    if not keys:
+                        continue
+                    ev.keys = keys
+                kept.append(ev)
+            events = kept
         return events
 
     def reset_cache(self) -> None:
