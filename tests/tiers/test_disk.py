@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -88,6 +89,12 @@ def test_bad_input_raises_and_changes_nothing(tmp_path):
         DiskTier(tmp_path / "x", 4, BB, fsync="always")
     with pytest.raises(ValueError, match="num_blocks must be a positive int"):
         DiskTier(tmp_path / "y", 0, BB)
+    # the name is the tier's label in metrics, events and --tiers: empty, not a str, or only
+    # spaces (taken until session 16) is refused
+    for bad in ("", 5, " ", "\t"):
+        with pytest.raises(ValueError, match=re.escape(f"name must be a non-empty str, got {bad!r}")):
+            DiskTier(tmp_path / "n", 4, BB, name=bad)
+    assert not (tmp_path / "n").exists()
     # found by a newcomer session: a slot file past the largest file offset raised a bare
     # OverflowError ("Python int too large to convert to C long") from ftruncate
     with pytest.raises(ValueError,

@@ -323,6 +323,7 @@ def test_bad_input_raises_and_leaves_state(shared_redis_server):
         # it; the name is the tier's label in metrics and events)
         ({"name": ""}, "name must be a non-empty str"),
         ({"name": 5}, "name must be a non-empty str"),
+        ({"name": " "}, "name must be a non-empty str, got ' '"),  # (taken until session 16)
     ],
 )
 def test_bad_options_name_the_option(kwargs, match):

@@ -184,7 +184,7 @@ class DiskTier(BlockTier):
             record, before its blocks become readable (they survive a power loss too).
         workers: threads that write blocks (>= 1). Each :meth:`write` call is split into at
             most ``workers`` batches.
-        name: the tier's name in stats and events.
+        name: the tier's name in stats and events (a str with a non-space character).
         enable_events: record the disk manager's stored/removed events for
             :meth:`take_events`.
 
@@ -225,7 +225,7 @@ class DiskTier(BlockTier):
                 f"file can hold ({_MAX_FILE_BYTES} bytes)")
         if fsync not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}, got {fsync!r}")
-        if not isinstance(name, str) or not name:
+        if not isinstance(name, str) or not name.strip():
             raise ValueError(f"name must be a non-empty str, got {name!r}")
         if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
             # Path("") is the current directory: an unset setting would fill it with files

@@ -364,7 +364,7 @@ class RedisTier(BlockTier):
             shared only between tiers with equal ``fingerprint`` and ``block_bytes``.
         namespace: key prefix (default ``"kvtier"``); must not contain ``{`` or ``}`` (hash
             tags are deliberately not used, see the module doc).
-        name: the tier's name in stats and metric labels (a non-empty str).
+        name: the tier's name in stats and metric labels (a str with a non-space character).
         cluster: ``True`` for Redis Cluster (redis-py's ``RedisCluster``; ``url`` names any
             node), ``False`` for a standalone server.
         timeout_s: connect and socket timeout of lookups (and connect timeout of reads),
@@ -430,7 +430,7 @@ class RedisTier(BlockTier):
         if size is None or size <= 0:
             raise ValueError(f"block_bytes must be an int > 0, got {block_bytes!r}")
         block_bytes = size
-        if not isinstance(name, str) or not name:  # its label in metrics and events
+        if not isinstance(name, str) or not name.strip():  # its label in metrics and events
             raise ValueError(f"name must be a non-empty str, got {name!r}")
         if not isinstance(fingerprint, str):
             raise TypeError(
