@@ -520,8 +520,9 @@ class RedisTier(BlockTier):
                 f"client_options sets {replaced}, which the tier sets itself; use its "
                 "timeout_s, read_timeout_s and write_timeout_s")
         self._breaker = CircuitBreaker(breaker_failures, breaker_cooldown_s)
-        self._warned_oom = False  # one warning per tier for writes refused by a full server
-        self._warned_refused = False  # and one for writes refused otherwise (error replies)
+        # one warning per tier and kind of refused write ("oom": a full server; "refused":
+        # any other error reply), the rest at debug level
+        self._warned: set[str] = set()
 
         self.name = name
         self.block_bytes = block_bytes
@@ -1212,23 +1213,21 @@ class RedisTier(BlockTier):
             # so lookups and reads of what it holds go on (docs/redis.md). Before, only OOM
             # was: 3 batches refused otherwise opened the breaker, and lookups answered miss.
             self._breaker.success()
-            oom = isinstance(exc, redis.exceptions.OutOfMemoryError)
+            if isinstance(exc, redis.exceptions.OutOfMemoryError):
+                kind, text = "oom", ("write refused, the server is out of memory (%s); set "
+                                     "maxmemory-policy to allkeys-lru or volatile-lru "
+                                     "(docs/redis.md)")
+                reply = str(exc)
+            else:
+                kind, text = "refused", "write refused by the server (%s); lookups and reads go on"
+                reply = f"{type(exc).__name__}: {exc}"
             with self._lock:
                 self._stats.writes_failed += len(batch)
                 self._stats.backend_errors += 1
-                warned = self._warned_oom if oom else self._warned_refused
-                if oom:
-                    self._warned_oom = True
-                else:
-                    self._warned_refused = True
+                warned = kind in self._warned
+                self._warned.add(kind)
             log = logger.debug if warned else logger.warning
-            if oom:
-                log("%s: write refused, the server is out of memory (%s); set "
-                    "maxmemory-policy to allkeys-lru or volatile-lru (docs/redis.md)",
-                    self._url_redacted, _scrub(str(exc), self._url))
-            else:
-                log("%s: write refused by the server (%s); lookups and reads go on",
-                    self._url_redacted, _scrub(f"{type(exc).__name__}: {exc}", self._url))
+            log("%s: " + text, self._url_redacted, _scrub(reply, self._url))
             return
         except Exception as exc:  # noqa: BLE001 (any failure: counted, breaker told)
             opened = self._breaker.failure()
