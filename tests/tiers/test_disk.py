@@ -92,7 +92,8 @@ def test_bad_input_raises_and_changes_nothing(tmp_path):
     # the name is the tier's label in metrics, events and --tiers: empty, not a str, or only
     # spaces (taken until session 16) is refused
     for bad in ("", 5, " ", "\t"):
-        with pytest.raises(ValueError, match=re.escape(f"name must be a non-empty str, got {bad!r}")):
+        said = f"name must be a non-empty str, got {bad!r}"
+        with pytest.raises(ValueError, match=re.escape(said)):
             DiskTier(tmp_path / "n", 4, BB, name=bad)
     assert not (tmp_path / "n").exists()
     # found by a newcomer session: a slot file past the largest file offset raised a bare
