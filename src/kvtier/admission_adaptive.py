@@ -278,6 +278,8 @@ class DuelingAdmission:
         # those at the sampled depths (see _end_fill)
         self._fill_new = 0
         self._fill_sampled = 0
+        # what the last admit added to them, for undo_admit (None: nothing)
+        self._fill_undo: tuple[int, int] | None = None
         self._seen: set[Hashable] = set()  # keys looked up in this generation
         self._seen_old: set[Hashable] = set()  # ... and in the previous one
         # lookups not yet added to _seen (tuples, oldest first) and their keys in all: while
@@ -757,6 +759,7 @@ class DuelingAdmission:
         """During the fill: count a store call's new blocks, and those at the sampled
         depths (``depth % stride == 0``), when the call is the tail of the last lookup (the
         engine's protocol; other calls have no known depths and are not counted)."""
+        self._fill_undo = None
         last = self._last
         offset = len(last) - n
         if self._last_run == -1 or offset < 0:
@@ -767,8 +770,10 @@ class DuelingAdmission:
         except Exception:  # a key's == answered an array or raised (see _admit_selective)
             return
         s = self.stride
+        sampled = (offset + n + s - 1) // s - (offset + s - 1) // s
         self._fill_new += n
-        self._fill_sampled += (offset + n + s - 1) // s - (offset + s - 1) // s
+        self._fill_sampled += sampled
+        self._fill_undo = (n, sampled)
 
     def _end_fill(self) -> None:
         """The shadows are full: the fill ends, and second sight's settling starts (one
@@ -787,6 +792,7 @@ class DuelingAdmission:
         share above 1 is not applied: the shadow policies were built at the first size). SHARDS-adj (Waldspurger et al., FAST
         2015) corrects the same error of a sample's size."""
         self._filling = False
+        self._fill_undo = None
         new = self._fill_new
         if new:
             share = self.stride * self._fill_sampled / new
@@ -912,6 +918,7 @@ class DuelingAdmission:
                 self._push()
             self._adm = n
             return n
+        self._fill_undo = None  # (this call counted nothing for the fill)
         count = self._admit_selective(new_keys, n)
         if count:
             if self._adm is not None:
@@ -937,9 +944,15 @@ class DuelingAdmission:
         asked. An answer > 0 is the call held in ``_adm`` (see :meth:`admit`); the call it
         displaced into the FIFO has the same call number there, so the state reads the same
         (:meth:`snapshot`). An answer of 0 changed nothing to take back (``_adm`` is still
-        the call before)."""
+        the call before). The fill's counts of the call's blocks (see :meth:`_end_fill`)
+        are taken back too."""
         if answer:
             self._adm = None
+            undo = self._fill_undo
+            if undo is not None:
+                self._fill_undo = None
+                self._fill_new -= undo[0]
+                self._fill_sampled -= undo[1]
 
     def _admit_selective(self, new_keys: Sequence[Hashable], n: int) -> int:
         if self._log:
@@ -1035,6 +1048,7 @@ class DuelingAdmission:
                          self.selective, self.switches, self.sampled_refs,
                          self.shadow_hits_all, self.shadow_hits_second, self.generations,
                          self._calls, self._depth, self._live_flight()),
+            "fill": (self._fill_new, self._fill_sampled),
             "pending": (dict(self._mini_a.held), dict(self._mini_b.held)),
             "pinned": (dict(self._mini_a.pins), dict(self._mini_b.pins)),
         }
