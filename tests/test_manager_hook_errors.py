@@ -460,3 +460,94 @@ def test_tinylfu_counts_the_slots_an_evicting_store_that_raised_left_free():
     out = m.prepare_store([4])  # never looked up: admitted only into a free slot
     assert out.keys_to_store == [4] and out.evicted_keys == []
     assert m.stats().skipped_stores == 0
+
+
+@pytest.mark.parametrize("req", [False, True])
+def test_a_store_that_raised_during_the_fill_is_not_counted_in_the_fills_share(req):
+    """Noticed in session 15, fixed in session 17: during the fill the adaptive admission
+    counts each admitted store call's new blocks, and those at its sampled depths, to size
+    its shadows at the fill's end (``_end_fill``); a store that raised stored nothing but
+    stayed counted. ``undo_admit`` now takes the counts back (``snapshot()["fill"]``)."""
+    m = OffloadingManager(100_000, InsertRaisingLRU, admission="adaptive")
+    adm = m.admission
+    assert adm.stride > 1 and adm._filling
+    ctx = "r" if req else None
+    if req:
+        m.on_new_request(ctx)
+    keys = list(range(10))
+    assert m.lookup_prefix(keys) == 0
+    before = m.snapshot()
+    assert before["admission"]["fill"] == (0, 0)
+    m.policy.boom = True
+    with pytest.raises(RuntimeError, match="insert"):
+        m.prepare_store(keys, ctx)
+    assert m.snapshot() == before
+    m.policy.boom = False
+    m.complete_store(m.prepare_store(keys, ctx).keys_to_store)
+    s = adm.stride  # depths 0-9: the sampled ones are the multiples of the stride
+    assert adm.snapshot()["fill"] == (10, len(range(0, 10, s)))
+
+
+# -- mark_evictable / remove raising in complete_store and complete_load (session 17) -----
+# Before: the blocks were taken out of the pending set (or their pins released) before the
+# hook ran, so a raising hook left a block neither pending nor counted evictable (a failed
+# store's block read as ready, its slot still taken), or a loaded block unpinned but not
+# counted evictable (docs/manager.md, "Other hooks", before session 17).
+
+
+class CompletionHookRaises(_Raises, LRUPolicy):
+    name = "completion-hook-raises"
+
+    def mark_evictable(self, keys):
+        self._check("mark_evictable")
+        super().mark_evictable(keys)
+
+    def remove(self, keys):
+        self._check("remove")
+        super().remove(keys)
+
+
+@pytest.mark.parametrize("keys", [[5], [5, 6], [6, 5, 6], [5, 9]])
+@pytest.mark.parametrize(("hook", "success"), [("mark_evictable", True), ("remove", False)])
+@pytest.mark.parametrize("req", [False, True])
+def test_a_raising_completion_hook_leaves_complete_store_without_effect(
+        keys, hook, success, req):
+    m = _filled(CompletionHookRaises, "all", 8, req)
+    ctx = "r" if req else None
+    m.prepare_store([5, 6], ctx)  # pending
+    before = m.snapshot()
+    m.policy.fail = hook
+    with pytest.raises(RuntimeError, match=f"{hook} failed"):
+        m.complete_store(keys, ctx, success=success)
+    assert m.policy.raised
+    assert without_policy(m) == {k: v for k, v in before.items() if k != "policy"}
+    assert all(m.ref_count(key) == -1 for key in (5, 6))  # still pending
+    m.policy.fail = None  # the caller tries again: the blocks complete as usual
+    m.complete_store(keys, ctx, success=success)
+    s = m.stats()
+    named = {5, 6} & set(keys)
+    assert s.used == 4 + 2 - (0 if success else len(named))
+    assert s.pending == 2 - len(named)
+    assert s.used + s.free == 8
+    ready = {key for key in m.snapshot()["slot_of"] if m.ref_count(key) == 0}
+    assert set(m.policy.evict(len(ready))) == ready
+
+
+@pytest.mark.parametrize("release", [[1], [1, 2], [2, 1, 2], [3, 2], [1, 1, 2]])
+def test_a_raising_mark_evictable_leaves_complete_load_without_effect(release):
+    # 1 pinned once, 2 twice, 3 once: a release that frees a block calls mark_evictable
+    m = _filled(CompletionHookRaises, "all", 8, False)
+    m.prepare_load([1, 2, 3])
+    m.prepare_load([2])
+    if release == [1, 1, 2]:
+        m.prepare_load([1])  # 1 pinned twice, released twice: freed
+    before = m.snapshot()
+    m.policy.fail = "mark_evictable"
+    with pytest.raises(RuntimeError, match="mark_evictable failed"):
+        m.complete_load(release)
+    assert m.policy.raised
+    assert m.snapshot() == before  # (the hook raised before changing the policy)
+    m.policy.fail = None
+    m.complete_load(release)
+    assert m.stats().pinned == len({1, 2, 3} - set(release)) + (
+        1 if release.count(2) == 1 else 0)

@@ -79,8 +79,9 @@ _new_record = object.__new__
 # call's changes and re-raises it unchanged: the admission's answer, and the new blocks when
 # insert or on_store raised after they were stored (their evictions stand: the victims are
 # gone from the policy already). The manager's other changes come after the last hook (the
-# skipped count, request mode's record of the offer). A try costs one NOP per call when
-# nothing raises (docs/manager.md, "The rules").
+# skipped count, request mode's record of the offer). complete_store and complete_load do
+# the same around mark_evictable / remove: the blocks are pending or pinned again. A try
+# costs one NOP per call when nothing raises (docs/manager.md, "The rules").
 
 # _CELLS: the hot methods use no comprehension or generator expression over their locals,
 # even on their error paths: on Python 3.11 a local that a nested scope reads becomes a cell,
@@ -635,6 +636,8 @@ class OffloadingManager:
             BlockStateError: a key is not stored, is pending, or is released more times than
                 it was pinned. Nothing is released then.
             TypeError: a key is not hashable.
+            whatever the policy's ``mark_evictable`` raises, unchanged: every pin is back,
+                the manager as before the call (the policy's own state may not be).
         """
         if type(keys) is not list and type(keys) is not tuple:
             keys = key_collection(keys, "complete_load")  # a set is taken (vLLM passes one)
@@ -648,8 +651,14 @@ class OffloadingManager:
             if count == 1:
                 del pins[key]
                 self._evictable += 1
-                self.policy.mark_evictable(keys)
-                return
+                try:
+                    self.policy.mark_evictable(keys)
+                except BaseException:  # pinned again, as before the call (_HOOK_ERRORS)
+                    pins[key] = 1
+                    self._evictable -= 1
+                    raise
+                else:  # (an else that returns: no jump past the handler, _HOOK_ERRORS)
+                    return
         # the usual release names each pinned block once: take each count out, put back the
         # blocks other loads still pin; anything else (a key not pinned, or named twice) puts
         # everything back and is checked key by key. No residency pass first: a pinned key
@@ -712,7 +721,15 @@ class OffloadingManager:
             freed_keys.reverse()
         if freed_keys:
             self._evictable += len(freed_keys)
-            self.policy.mark_evictable(freed_keys)
+            try:
+                self.policy.mark_evictable(freed_keys)
+            except BaseException:  # every pin released by this call taken back (one per
+                self._evictable -= len(freed_keys)  # occurrence), as before the call
+                for key in keys:  # (_HOOK_ERRORS; a loop, not a comprehension: _CELLS)
+                    pins[key] = pins.get(key, 0) + 1
+                raise
+            else:
+                return
 
     # -- use -----------------------------------------------------------------------------
     def touch(self, keys: Sequence[Hashable], req_context: Any = None) -> None:
@@ -1116,6 +1133,9 @@ class OffloadingManager:
         Raises:
             TypeError: a key is not hashable, ``success`` is not a bool, or ``req_context``
                 is a bool or ``numpy.bool_`` (nothing changed).
+            whatever the policy's ``mark_evictable`` (success) or ``remove`` (failure)
+                raises, unchanged: the blocks are pending again, the manager as before the
+                call (the policy's own state may not be).
         """
         if req_context is not None and type(req_context).__name__ in ("bool", "bool_"):
             # bool, and numpy's bool (no bool subclass; named bool_ before numpy 2): a success
@@ -1133,11 +1153,17 @@ class OffloadingManager:
         if len(keys) == 1 and success is True and type(key := keys[0]) in _PLAIN_KEY_TYPES:
             if key in pending:
                 pending.remove(key)
-                self.policy.mark_evictable(keys)
-                self._evictable += 1
-                self._completed_stores += 1
-                if self._enable_events:
-                    self._events.append(OffloadingEvent((key,), False))
+                try:
+                    self.policy.mark_evictable(keys)
+                except BaseException:  # pending again, as before the call (_HOOK_ERRORS)
+                    pending.add(key)
+                    raise
+                else:  # (an else that returns: no jump past the handler, _HOOK_ERRORS)
+                    self._evictable += 1
+                    self._completed_stores += 1
+                    if self._enable_events:
+                        self._events.append(OffloadingEvent((key,), False))
+                    return
             return
         if type(success) is not bool:
             raise TypeError(f"complete_store: success must be a bool, got {success!r}")
@@ -1161,13 +1187,23 @@ class OffloadingManager:
         if not done:
             return
         if success:
-            self.policy.mark_evictable(done)
-            self._evictable += len(done)
-            self._completed_stores += len(done)
-            if self._enable_events:
-                self._events.append(OffloadingEvent(tuple(done), False))
-        else:
+            try:
+                self.policy.mark_evictable(done)
+            except BaseException:  # pending again, as before the call (_HOOK_ERRORS)
+                pending.update(done)
+                raise
+            else:
+                self._evictable += len(done)
+                self._completed_stores += len(done)
+                if self._enable_events:
+                    self._events.append(OffloadingEvent(tuple(done), False))
+                return
+        try:
             self.policy.remove(done)
+        except BaseException:  # pending again, as before the call (_HOOK_ERRORS)
+            pending.update(done)
+            raise
+        else:
             slot_of = self._slot_of
             self._slots.release(list(map(slot_of.pop, done)))  # see _CELLS
             self._failed_stores += len(done)
