@@ -1158,6 +1158,35 @@ def test_a_write_racing_close_is_refused_not_left_in_the_queue(shared_redis_serv
     assert tier.stats().queued_blocks == 0 and tier.flush(timeout=2)
 
 
+def _named_connections(servers, name, expect=0, wait_s=2.0):
+    """The connections named ``name`` (redis-py's ``client_name``) on ``servers``, polled up
+    to ``wait_s`` seconds until there are ``expect`` of them (a closed socket leaves the
+    server's CLIENT LIST a moment later)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = [line for s in servers for line in s.cli("CLIENT", "LIST").splitlines()
+                 if f" name={name} " in line]
+        if len(found) == expect or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def test_closing_a_cluster_tier_closes_its_node_connections(redis_cluster):
+    """Found in session 17: close() of a cluster tier left every node connection open.
+    redis-py's RedisCluster.close() closes each node's Redis client, but those clients were
+    built on a connection pool of their own (not closed with the client), so their sockets
+    stayed open until the process ended: one per node and kind of call, per tier."""
+    name = f"cclose{uuid.uuid4().hex[:8]}"
+    tier = make_tier(redis_cluster.url, cluster=True, client_options={"client_name": name})
+    keys = list(range(60))
+    assert tier.write(keys, blocks_for(keys)) == 60 and tier.flush(20)
+    assert tier.lookup_prefix(keys) == 60 and tier.read(keys) == blocks_for(keys)
+    opened = _named_connections(redis_cluster.servers, name, expect=9)
+    assert len(opened) == 9, opened  # 3 nodes x lookup, read and write clients
+    tier.close()
+    assert _named_connections(redis_cluster.servers, name) == []
+
+
 @pytest.mark.parametrize(("config", "said"), [
     ((("maxmemory-policy", "noeviction"), ("maxmemory", "1")), "out of memory"),
     ((("min-replicas-to-write", "1"),), "NOREPLICAS"),

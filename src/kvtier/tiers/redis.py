@@ -1110,11 +1110,27 @@ class RedisTier(BlockTier):
         for kind, client in (self._client_map or {}).items():
             if client is not None:
                 try:
-                    client.close()
+                    self._close_client(client)
                 except Exception as exc:  # noqa: BLE001 (best effort: the client is dropped)
                     logger.debug("%s: closing the %s client failed (%s); dropped",
                                  self._url_redacted, kind,
                                  _scrub(f"{type(exc).__name__}: {exc}", self._url))
+
+    def _close_client(self, client: Any) -> None:
+        """Close a redis-py client and its connections. A ``RedisCluster``'s ``close()``
+        closes each node's ``Redis`` client, but those clients sit on connection pools that
+        ``Redis.close()`` leaves open (it disconnects only a pool it made itself), so every
+        node connection stayed open after the tier's ``close()``: those pools are
+        disconnected here."""
+        pools = []
+        if self.cluster:
+            pools = [node.redis_connection.connection_pool for node in client.get_nodes()
+                     if node.redis_connection is not None]
+        try:
+            client.close()
+        finally:
+            for pool in pools:
+                pool.disconnect()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1177,7 +1193,7 @@ class RedisTier(BlockTier):
             client = (self._client_map or {}).get("write")
             if client is not None:
                 try:
-                    client.close()
+                    self._close_client(client)
                 except Exception:  # noqa: BLE001, S110 (close() logged this client already)
                     pass
 
