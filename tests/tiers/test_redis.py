@@ -1171,6 +1171,93 @@ def _named_connections(servers, name, expect=0, wait_s=2.0):
         time.sleep(0.05)
 
 
+def _race_close(tier, method):
+    """Run ``tier.<method>(["late", 1])`` on a thread that stops after the call's closed check,
+    close the tier meanwhile, let the call go on; its outcome (result or exception)."""
+    import threading
+
+    paused, go_on = threading.Event(), threading.Event()
+    real_key = tier.redis_key
+
+    def slow_key(key):  # the calling thread stops between its closed check and the server
+        if key == "late":
+            paused.set()
+            go_on.wait(10)
+        return real_key(key)
+
+    tier.redis_key = slow_key
+    outcome = []
+
+    def late_call():
+        try:
+            outcome.append(getattr(tier, method)(["late", 1]))
+        except Exception as exc:  # noqa: BLE001 (the outcome is checked by the test)
+            outcome.append(exc)
+
+    caller = threading.Thread(target=late_call)
+    caller.start()
+    assert paused.wait(10)
+    tier.close()
+    go_on.set()
+    caller.join(10)
+    assert not caller.is_alive() and len(outcome) == 1, outcome
+    return outcome[0]
+
+
+@pytest.mark.parametrize("method", ["lookup_prefix", "read"])
+def test_a_lookup_or_read_racing_close_opens_no_connection(shared_redis_server, method):
+    """Noticed in session 16: a lookup_prefix or read on another thread that had passed its
+    closed check when close() ran went on to the server, and redis-py reconnected lazily: a
+    connection open after close() had returned, which nothing would close. Such a call now
+    raises RuntimeError (closed), as a call made after close() does; it opens no connection
+    and is no server failure (no backend_errors, the breaker stays closed)."""
+    name = f"race{uuid.uuid4().hex[:8]}"
+    tier = make_tier(shared_redis_server.url, client_options={"client_name": name})
+    tier.write([1], blocks_for([1]))
+    assert tier.flush(10)
+    assert tier.lookup_prefix([1]) == 1 and tier.read([1]) == blocks_for([1])
+    assert len(_named_connections([shared_redis_server], name, expect=3)) == 3
+    outcome = _race_close(tier, method)
+    assert _named_connections([shared_redis_server], name) == []
+    assert isinstance(outcome, RuntimeError) and "is closed" in str(outcome), outcome
+    s = tier.stats()
+    assert (s.backend_errors, s.calls_refused, s.breaker_state) == (0, 0, "closed")
+    assert (s.lookups, s.reads) == (1, 1)  # the raced call counted nothing
+
+
+def test_a_lookup_waiting_on_the_server_when_close_runs_raises_closed(redis_server):
+    """close() closes the connections a running call waits on (redis-py's pool disconnect
+    shuts their sockets): the call then raises RuntimeError (closed), as one that close()
+    overtook before the server does, instead of counting a server failure (a backend error,
+    one step towards opening the breaker) for a server that did nothing wrong."""
+    import threading
+
+    tier = make_tier(redis_server.url, timeout_s=5.0, breaker_failures=1)
+    assert tier.lookup_prefix([1]) == 0  # a connection in the lookup pool
+    redis_server.pause()  # the next lookup waits for its reply
+    outcome = []
+
+    def waiting_lookup():
+        try:
+            outcome.append(tier.lookup_prefix([1]))
+        except Exception as exc:  # noqa: BLE001 (the outcome is checked below)
+            outcome.append(exc)
+
+    try:
+        caller = threading.Thread(target=waiting_lookup)
+        caller.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        tier.close()
+        caller.join(10)
+        waited = time.monotonic() - t0
+    finally:
+        redis_server.resume()
+    assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError), outcome
+    assert "is closed" in str(outcome[0]) and waited < 2.0  # not its 5 s timeout
+    s = tier.stats()
+    assert (s.backend_errors, s.breaker_opens, s.lookups) == (0, 0, 1)
+
 def test_closing_a_cluster_tier_closes_its_node_connections(redis_cluster):
     """Found in session 17: close() of a cluster tier left every node connection open.
     redis-py's RedisCluster.close() closes each node's Redis client, but those clients were
@@ -1185,6 +1272,22 @@ def test_closing_a_cluster_tier_closes_its_node_connections(redis_cluster):
     assert len(opened) == 9, opened  # 3 nodes x lookup, read and write clients
     tier.close()
     assert _named_connections(redis_cluster.servers, name) == []
+
+
+@pytest.mark.parametrize("built", [False, True], ids=["first-call", "later-call"])
+def test_a_cluster_lookup_racing_close_opens_no_connection(redis_cluster, built):
+    """The same on a cluster, where the client is built on first use: a first lookup that
+    close() overtook built the cluster clients after close() had closed none, and a later
+    one reconnected to the nodes; both left connections open on the nodes."""
+    name = f"crace{uuid.uuid4().hex[:8]}"
+    tier = make_tier(redis_cluster.url, cluster=True, client_options={"client_name": name})
+    if built:
+        assert tier.lookup_prefix([1]) == 0
+        assert _named_connections(redis_cluster.servers, name, expect=1) != []
+    outcome = _race_close(tier, "lookup_prefix")
+    assert _named_connections(redis_cluster.servers, name) == []
+    assert isinstance(outcome, RuntimeError) and "is closed" in str(outcome), outcome
+    assert tier.stats().backend_errors == 0
 
 
 @pytest.mark.parametrize(("config", "said"), [

@@ -33,8 +33,14 @@ and nodes (even memory use and eviction pressure); a lookup, read or write of a 
 blocks is one pipelined batch per node (redis-py's cluster pipeline writes every node's batch
 before reading any reply), i.e. one round trip in parallel over the nodes.
 
-Thread safety: every public method may be called from any thread; counters are updated under
-one lock. One background thread per tier performs the writes.
+Thread safety: every public method may be called from any thread, :meth:`RedisTier.close`
+included; counters are updated under one lock. One background thread per tier performs the
+writes. A call that starts after ``close()`` began raises ``RuntimeError`` (closed); a
+``lookup_prefix``, ``read`` or ``write`` already running when ``close()`` runs either completes
+or raises the same ``RuntimeError`` (counted nowhere, not a server failure), and no call opens a
+connection once ``close()`` has closed them: redis-py reconnects lazily, so every new
+connection checks, once its socket is open, a flag that ``close()`` sets before it closes the
+clients (no lock on the call path).
 """
 
 from __future__ import annotations
@@ -258,6 +264,11 @@ def _positive_seconds(value: object) -> bool:
     breaker again)."""
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value) and value > 0)
+
+
+class _TierClosed(redis.exceptions.RedisError):
+    """Raised inside redis-py when a connection would open after :meth:`RedisTier.close` closed
+    the tier's clients (redis-py disconnects it); the tier turns it into ``RuntimeError``."""
 
 
 class CircuitBreaker:
@@ -545,6 +556,21 @@ class RedisTier(BlockTier):
         # CLIENT SETINFO on connect: one round trip less per new connection.
         base_opts: dict[str, Any] = dict(client_options or {})
         base_opts.setdefault("retry", Retry(NoBackoff(), 0))
+        # set by close() before it closes the clients: a connection opened after that (redis-py
+        # reconnects lazily, e.g. for a lookup that passed its closed check as close() ran) is
+        # refused and disconnected by _refuse_after_close, which redis-py runs once the
+        # socket is open. The flag is only read when a connection opens: no cost per call.
+        self._disconnected = False
+        user_connect = base_opts.pop("redis_connect_func", None)
+
+        def on_connect(conn: Any) -> None:
+            self._refuse_after_close(conn)
+            if user_connect is not None:  # redis-py's contract: it does the handshake itself
+                user_connect(conn)
+            elif not cluster:  # a cluster client does the handshake before calling this
+                conn.on_connect()
+
+        base_opts["redis_connect_func"] = on_connect
         for opt, value in _NO_CLIENT_SETINFO.items():
             base_opts.setdefault(opt, value)
         self._url = url
@@ -604,6 +630,16 @@ class RedisTier(BlockTier):
             target=self._write_loop, name=f"kvtier-redis-writer-{name}", daemon=True
         )
         self._writer.start()
+
+    def _refuse_after_close(self, conn: Any) -> None:
+        """Run (through the clients' ``redis_connect_func``) on every new connection once its
+        socket is open: raises :class:`_TierClosed`, which makes redis-py disconnect it,
+        after :meth:`close` set ``_disconnected``. The socket is published (``conn._sock``)
+        before this check, and ``close()`` sets the flag before it disconnects every
+        connection of its pools, so one of the two always sees the other: no connection
+        outlives ``close()``."""
+        if self._disconnected:
+            raise _TierClosed(f"{self._url_redacted}: the tier is closed; no new connection")
 
     def _check_db(self, db: int, probe: Any) -> None:
         """Refuse a database index the server does not have, at construction: otherwise
@@ -702,11 +738,14 @@ class RedisTier(BlockTier):
     def _client(self, kind: str) -> Any:
         """The client for ``kind`` (``lookup``/``read``/``write``); cluster clients are built
         on first use (building one contacts the cluster), and the error is raised if the
-        cluster cannot be reached."""
+        cluster cannot be reached; after :meth:`close` closed the clients, none is built
+        (:class:`_TierClosed`)."""
         clients = self._client_map
         if clients is not None:
             return clients[kind]
-        with self._client_lock:
+        with self._client_lock:  # close() takes it too: it closes what was built before
+            if self._disconnected:
+                raise _TierClosed(f"{self._url_redacted}: the tier is closed; no new client")
             if self._client_map is None:
                 from redis.cluster import RedisCluster
 
@@ -745,6 +784,8 @@ class RedisTier(BlockTier):
         try:
             self._client("lookup").ping()
         except Exception as exc:  # noqa: BLE001 (any failure of the ping: unreachable)
+            if self._disconnected:  # close() overtook the ping
+                raise self._closed_error() from None
             raise ConnectionError(
                 f"Redis tier {self._url_redacted} is not reachable: "
                 f"{_scrub(f'{type(exc).__name__}: {exc}', self._url)}"
@@ -781,6 +822,8 @@ class RedisTier(BlockTier):
             if pending:
                 deleted += client.unlink(*pending)
         except Exception as exc:  # noqa: BLE001 (any failure: raised as ConnectionError)
+            if self._disconnected:  # close() overtook the purge
+                raise self._closed_error() from None
             raise ConnectionError(
                 f"Redis tier {self._url_redacted}: purge of {self._key_prefix.decode()}* "
                 f"failed after {deleted} keys: "
@@ -806,6 +849,11 @@ class RedisTier(BlockTier):
         try:
             result = fn(*args)
         except Exception as exc:  # noqa: BLE001 (RedisError, OSError, a bug: not to the engine)
+            if self._disconnected:
+                # close() closed the connections under this call (or refused it a new one):
+                # no server failure, nothing counted; raised as a call after close() is
+                self._breaker.abandon()
+                raise self._closed_error() from None
             opened = self._breaker.failure()
             with self._lock:
                 self._stats.backend_errors += 1
@@ -840,7 +888,8 @@ class RedisTier(BlockTier):
         then answers ``None``).
 
         Raises:
-            TypeError: a key has no stable encoding. RuntimeError: the tier is closed.
+            TypeError: a key has no stable encoding. RuntimeError: the tier is closed, or
+            :meth:`close` closed it on another thread during the call (nothing counted).
         """
         rkeys = self._redis_keys(keys, "lookup_prefix")
         if not rkeys:
@@ -872,7 +921,8 @@ class RedisTier(BlockTier):
         ``read_errors`` and answers ``None``. A server failure answers all ``None``.
 
         Raises:
-            TypeError: a key has no stable encoding. RuntimeError: the tier is closed.
+            TypeError: a key has no stable encoding. RuntimeError: the tier is closed, or
+            :meth:`close` closed it on another thread during the call (nothing counted).
         """
         rkeys = self._redis_keys(keys, "read")
         if not rkeys:
@@ -1091,6 +1141,12 @@ class RedisTier(BlockTier):
         raises is dropped, its error logged at DEBUG). Idempotent. ``timeout``:
         seconds, ``None`` or ``inf`` to wait as long as it takes.
 
+        May run while other threads call the tier: a call that starts after ``close()``
+        began raises ``RuntimeError``; one already running either completes (its answer
+        came before the connections were closed) or raises the same ``RuntimeError``, and
+        it counts nothing. No connection is opened after the connections are closed (a
+        new connection is refused once its socket opens; see the module doc).
+
         Raises:
             ValueError: ``timeout`` is negative, NaN, a bool or not a number (the tier stays open).
         """
@@ -1107,7 +1163,11 @@ class RedisTier(BlockTier):
             self._abandoned = True
             logger.warning("%s: writer did not finish within %s s; the writes still queued "
                            "are dropped", self._url_redacted, timeout)
-        for kind, client in (self._client_map or {}).items():
+        with self._client_lock:  # a cluster client being built is finished, then closed
+            # from now on no connection opens (_refuse_after_close) and no client is built
+            self._disconnected = True
+            clients = dict(self._client_map or {})
+        for kind, client in clients.items():
             if client is not None:
                 try:
                     self._close_client(client)
@@ -1135,6 +1195,11 @@ class RedisTier(BlockTier):
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
+
+    def _closed_error(self) -> RuntimeError:
+        """The error of a call that :meth:`close` overtook (its connection was closed or
+        refused under it): the one a call made after ``close()`` raises."""
+        return RuntimeError(f"{self!r} is closed")
 
     # -- background writer -----------------------------------------------------------------
     def _write_loop(self) -> None:
@@ -1246,6 +1311,13 @@ class RedisTier(BlockTier):
             log("%s: " + text, self._url_redacted, _scrub(reply, self._url))
             return
         except Exception as exc:  # noqa: BLE001 (any failure: counted, breaker told)
+            if self._disconnected:
+                # close() gave up waiting and closed the connection under this batch (or
+                # refused it a new one): dropped as close() says, not a server failure
+                self._breaker.abandon()
+                with self._lock:
+                    self._stats.writes_failed += len(batch)
+                return
             opened = self._breaker.failure()
             with self._lock:
                 self._stats.writes_failed += len(batch)
