@@ -1326,6 +1326,113 @@ def test_a_server_that_refuses_writes_keeps_serving_reads(redis_server, caplog, 
         tier.close()
 
 
+@pytest.mark.parametrize("refusal", ["oom", "noperm"])
+def test_a_ttl_batch_partly_refused_counts_each_block(redis_server, caplog, refusal):
+    """Noticed in session 16: with ttl_s a batch goes as one SET per block, and the server
+    may refuse some of them only (OOM once maxmemory is reached under noeviction; NOPERM
+    for the keys an ACL user may not write). The whole batch was counted failed although
+    the blocks before the refusal were stored and read back verified. Now each block counts
+    as the server answered it: written (writes_completed, bytes_written) or refused
+    (writes_failed), as MSET without a TTL counts its all-or-nothing answer; the batch is
+    one backend error, and the breaker stays closed."""
+    block = 64 << 10
+    keys = list(range(1, 9))
+    data = [bytes([k]) * block for k in keys]
+    url = redis_server.url
+    if refusal == "noperm":  # the user may write only the even keys' (str) Redis keys
+        keys = [k if k % 2 else f"s{k}" for k in keys]
+        ns = f"acl{uuid.uuid4().hex[:6]}"
+        redis_server.cli("ACL", "SETUSER", "w17", "on", ">pw17", "+@all", "%R~*",
+                         f"%W~{ns}:*:s*")
+        url = url.replace("redis://", "redis://w17:pw17@")
+    tier = make_tier(url, block_bytes=block, ttl_s=100, breaker_failures=1,
+                     **({"namespace": ns} if refusal == "noperm" else {}))
+    try:
+        if refusal == "oom":  # room for about 4 more values of 64 KiB (80 KiB each in jemalloc)
+            tier.write([0], [bytes(block)])
+            assert tier.flush(10)
+            used = int(redis_server.cli("INFO", "memory").split("used_memory:")[1].split()[0])
+            redis_server.cli("CONFIG", "SET", "maxmemory-policy", "noeviction")
+            redis_server.cli("CONFIG", "SET", "maxmemory", str(used + 4 * (80 << 10)))
+        caplog.set_level(logging.WARNING, logger="kvtier.tiers.redis")
+        before = tier.stats()
+        redis_server.pause()  # the writer waits on a first block; the 8 then go as one batch
+        tier.write(["first"], [bytes(block)])
+        time.sleep(0.2)
+        assert tier.write(keys, data) == 8
+        redis_server.resume()
+        assert tier.flush(10)
+        s = tier.stats()
+        raw = raw_client(redis_server)
+        stored = [k for k in keys if raw.exists(tier.redis_key(k))]
+        if refusal == "noperm":
+            assert stored == [k for k in keys if isinstance(k, str)]
+        else:
+            assert 0 < len(stored) < 8 and stored == keys[:len(stored)], stored
+        assert raw.exists(tier.redis_key("first")) == 1
+        completed = s.writes_completed - before.writes_completed
+        failed = s.writes_failed - before.writes_failed
+        assert (completed, failed) == (1 + len(stored), 8 - len(stored))
+        assert s.bytes_written - before.bytes_written == completed * (HEADER_BYTES + block)
+        assert tier.read(stored) == [data[keys.index(k)] for k in stored]
+        assert 0 < raw.ttl(tier.redis_key(stored[0])) <= 100
+        assert s.backend_errors - before.backend_errors == 1
+        assert (s.breaker_opens, s.breaker_state) == (0, "closed")
+        said = "out of memory" if refusal == "oom" else "NoPermissionError"
+        assert [r.levelno for r in caplog.records if said in r.getMessage()] == [logging.WARNING]
+    finally:
+        redis_server.resume()
+        tier.close()
+
+def test_a_cluster_batch_one_node_refuses_counts_each_block(redis_cluster):
+    """In a cluster every batch is one SET per block (with or without ttl_s): a node that is
+    full under noeviction refuses its blocks while the other nodes store theirs. The whole
+    batch was counted failed; now the blocks the other nodes stored count as written."""
+    import threading
+
+    full = redis_cluster.servers[0]
+    keys = list(range(40))
+    tier = make_tier(redis_cluster.url, cluster=True)
+    rc = redis_py.cluster.RedisCluster.from_url(redis_cluster.url)
+
+    def on_full(key):
+        return rc.get_node_from_key(tier.redis_key(key)).port == full.port
+
+    first = next(f"first{i}" for i in range(100) if not on_full(f"first{i}"))
+    gate = threading.Event()
+    real_seal = tier._seal
+
+    def gated_seal(rkey, block):  # the writer waits on a first block: the 40 go as one batch
+        if rkey == tier.redis_key(first):
+            gate.wait(10)
+        return real_seal(rkey, block)
+
+    tier._seal = gated_seal
+    try:
+        full.cli("CONFIG", "SET", "maxmemory-policy", "noeviction")
+        full.cli("CONFIG", "SET", "maxmemory", "1")
+        tier.write([first], blocks_for([first]))
+        time.sleep(0.1)
+        assert tier.write(keys, blocks_for(keys)) == 40
+        gate.set()
+        assert tier.flush(20)
+    finally:
+        gate.set()
+        full.cli("CONFIG", "SET", "maxmemory", "512mb")
+        full.cli("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+    try:
+        refused = [k for k in keys if on_full(k)]
+        stored = [k for k in keys if rc.exists(tier.redis_key(k))]
+        assert 0 < len(refused) < 40 and stored == [k for k in keys if k not in refused]
+        s = tier.stats()
+        assert (s.writes_completed, s.writes_failed) == (1 + len(stored), len(refused))
+        assert s.bytes_written == (1 + len(stored)) * (HEADER_BYTES + BLOCK)
+        assert (s.backend_errors, s.breaker_state) == (1, "closed")
+        assert tier.read(stored) == blocks_for(stored)
+    finally:
+        rc.close()
+        tier.close()
+
 def test_a_block_that_is_not_bytes_like_is_named_and_blocks_may_be_any_iterable():
     """Found by a newcomer session: write([1], ["x" * BLOCK]) raised a bare "memoryview: a
     bytes-like object is required, not 'str'", and a generator of blocks "object of type

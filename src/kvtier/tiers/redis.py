@@ -23,10 +23,11 @@ timeouts (``timeout_s``, default 50 ms, connect and each socket operation, no re
 failing server makes lookups answer 0 and reads ``None`` (counted in ``backend_errors``);
 writes go through a bounded queue to one background thread and are dropped and counted
 (``writes_skipped``) when the queue is full or the breaker is open, or ``writes_failed`` when
-the server call fails. A write the server refuses for memory (``OOM``: ``maxmemory`` under
-``noeviction``) is failed too, but it does not count against the breaker: the server is up,
-and lookups and reads of the blocks it holds go on. Nothing here raises into the caller for
-a server failure.
+the server call fails. A write the server refuses (an error reply: ``OOM`` under ``maxmemory``
+with ``noeviction``, ``NOPERM``, ``READONLY``, ...) is failed too, block by block as the
+server answered (a batch of SETs, with ``ttl_s`` or in a cluster, may be refused in part),
+but it does not count against the breaker: the server is up, and lookups and reads of the
+blocks it holds go on. Nothing here raises into the caller for a server failure.
 
 Redis Cluster: keys carry **no hash tag**, so the blocks of one prefix spread over all slots
 and nodes (even memory use and eviction pressure); a lookup, read or write of a request's
@@ -1287,29 +1288,9 @@ class RedisTier(BlockTier):
         t0 = time.perf_counter()
         try:
             sealed = [(k, *self._seal(k, v)) for k, v in batch]
-            self._send(sealed)
-        except redis.exceptions.ResponseError as exc:
-            # The server answered: it is up, only refusing writes (OOM: full, maxmemory under
-            # noeviction; MISCONF, NOREPLICAS, READONLY, NOPERM, ...). Not a breaker failure,
-            # so lookups and reads of what it holds go on (docs/redis.md). Before, only OOM
-            # was: 3 batches refused otherwise opened the breaker, and lookups answered miss.
-            self._breaker.success()
-            if isinstance(exc, redis.exceptions.OutOfMemoryError):
-                kind, text = "oom", ("write refused, the server is out of memory (%s); set "
-                                     "maxmemory-policy to allkeys-lru or volatile-lru "
-                                     "(docs/redis.md)")
-                reply = str(exc)
-            else:
-                kind, text = "refused", "write refused by the server (%s); lookups and reads go on"
-                reply = f"{type(exc).__name__}: {exc}"
-            with self._lock:
-                self._stats.writes_failed += len(batch)
-                self._stats.backend_errors += 1
-                warned = kind in self._warned
-                self._warned.add(kind)
-            log = logger.debug if warned else logger.warning
-            log("%s: " + text, self._url_redacted, _scrub(reply, self._url))
-            return
+            refused = self._send(sealed)
+        except redis.exceptions.ResponseError as exc:  # an error reply to the whole call
+            refused = [exc] * len(batch)
         except Exception as exc:  # noqa: BLE001 (any failure: counted, breaker told)
             if self._disconnected:
                 # close() gave up waiting and closed the connection under this batch (or
@@ -1324,40 +1305,91 @@ class RedisTier(BlockTier):
                 self._stats.backend_errors += 1
             self._log_failure("write", exc, opened)
             return
+        # The server answered every command: it is up, even where it refused a write (OOM:
+        # full, maxmemory under noeviction; MISCONF, NOREPLICAS, READONLY, NOPERM, ...). A
+        # refusal is not a breaker failure, so lookups and reads of what it holds go on
+        # (docs/redis.md; before session 10 an OOM was, and before session 16 any other
+        # refusal: 3 refused batches opened the breaker and lookups answered miss). Each
+        # block counts as its own reply says: with ttl_s or in a cluster a batch is one SET
+        # per block, which the server may refuse for some blocks only (an OOM once maxmemory
+        # is reached, a NOPERM for some keys); before session 17 the whole batch was counted
+        # failed, the stored blocks too. An MSET is refused or written as a whole.
         self._breaker.success()
         elapsed = time.perf_counter() - t0
+        written = [p for (_, _, p), err in zip(sealed, refused, strict=True) if err is None]
+        errors = [err for err in refused if err is not None]
         with self._lock:
             s = self._stats
-            s.writes_completed += len(batch)
-            s.bytes_written += sum(HEADER_BYTES + len(p) for _, _, p in sealed)
-            s.write_latency.observe(elapsed)
+            s.writes_completed += len(written)
+            s.bytes_written += sum(HEADER_BYTES + len(p) for p in written)
+            if written:
+                s.write_latency.observe(elapsed)
+            if errors:
+                s.writes_failed += len(errors)
+                s.backend_errors += 1  # one refused call
+        if errors:
+            self._log_refused(errors)
 
-    def _send(self, sealed: list[tuple[bytes, bytes, bytes]]) -> None:
+    def _log_refused(self, errors: list[Exception]) -> None:
+        """One WARNING per tier and kind of refused write ("oom", "refused": any other error
+        reply), quoting the server's reply; later ones at DEBUG."""
+        first: dict[type, Exception] = {}
+        for err in errors:  # each type of reply once, as first seen
+            first.setdefault(type(err), err)
+        for exc in first.values():
+            if isinstance(exc, redis.exceptions.OutOfMemoryError):
+                kind, text = "oom", ("write refused, the server is out of memory (%s); set "
+                                     "maxmemory-policy to allkeys-lru or volatile-lru "
+                                     "(docs/redis.md)")
+                reply = str(exc)
+            else:
+                kind, text = "refused", "write refused by the server (%s); lookups and reads go on"
+                reply = f"{type(exc).__name__}: {exc}"
+            with self._lock:
+                warned = kind in self._warned
+                self._warned.add(kind)
+            log = logger.debug if warned else logger.warning
+            log("%s: " + text, self._url_redacted, _scrub(reply, self._url))
+
+    def _send(self, sealed: list[tuple[bytes, bytes, bytes]]) -> list[Exception | None]:
+        """Send one batch; per block, ``None`` (stored) or the server's error reply that
+        refused it. Raises for a failed call (connection, timeout, ...)."""
         writer = self._client("write")
         if self.cluster:
             pipe = writer.pipeline(transaction=False)
             for k, header, payload in sealed:
                 pipe.set(k, header + payload, ex=self.ttl_s)
-            pipe.execute()
-            return
+            results = pipe.execute(raise_on_error=False)
+            for r in results:  # a node that failed (not refused): the call failed
+                if isinstance(r, Exception) and not isinstance(r, redis.exceptions.ResponseError):
+                    raise r
+            return [r if isinstance(r, Exception) else None for r in results]
         # Standalone: the command packed here so that a value goes out as its 40-byte header
         # and the block's own bytes, never joined into a new 2 MiB string (a join cost 0.75 ms
         # per 2 MiB block on the 2-core dev host, ~20 % of a loopback MSET).
         chunks, ncmds = _pack_sets(sealed, self.ttl_s)
         pool = writer.connection_pool
         conn = pool.get_connection()
+        replies: list[Exception | None] = []
         try:
             conn.send_packed_command(chunks)
-            replies = [conn.read_response() for _ in range(ncmds)]
+            for _ in range(ncmds):
+                try:
+                    conn.read_response()
+                    replies.append(None)
+                except redis.exceptions.ResponseError as exc:
+                    # an error reply, read whole: the connection stays in step, and the
+                    # replies after it are read too (before, the first one was raised and
+                    # the connection dropped with the rest unread)
+                    replies.append(exc)
         except BaseException:
             conn.disconnect()
             raise
         finally:
             pool.release(conn)
-        for r in replies:
-            if isinstance(r, Exception):
-                raise r
-
+        if ncmds == 1:  # one MSET: all blocks or none
+            return replies * len(sealed)
+        return replies
 
 def _pack_sets(
     sealed: list[tuple[bytes, bytes, bytes]], ttl_s: int | None
