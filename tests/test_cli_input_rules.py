@@ -591,3 +591,58 @@ def test_replay_capacity_takes_only_ascii_spaces_as_every_count_does(space):
     err = one_line(res.stderr)
     assert f"capacity {spec!r} is neither a block count nor a percentage" in err, err
     assert run("replay", "--capacity", " 5 ,\t6", "--limit", 3).exit_code == 0
+
+
+# -- sweep's --min above --max: the error first, no warnings -------------------------------------
+@pytest.mark.parametrize(("cap_min", "cap_max", "said"), [
+    ("10", "5", "--min 10 (10 blocks) is above --max 5 (5 blocks)"),
+    ("200%", "150%", "--min 200% (8 blocks) is above --max 150% (6 blocks)"),
+    ("10", "1e-9%", "--min 10 (10 blocks) is above --max 1e-9% (1 block)"),
+])
+def test_sweep_range_error_comes_before_any_capacity_warning(tmp_path, cap_min, cap_max, said):
+    """Noticed in session 16: `kvtier sweep --min 10 --max 5` on a trace of 4 distinct blocks
+    warned that capacity 10 and capacity 5 exceed the trace ("every block fits, nothing is
+    ever evicted", twice), then failed on the range: warnings about a run that never
+    happened, above the error that says why. The range is checked first; the command fails
+    with the error alone."""
+    trace = tmp_path / "t.txt"
+    trace.write_text("a b c\nb c d\n")
+    res = run("sweep", trace, "-p", "lru", "--min", cap_min, "--max", cap_max,
+              "--workers", 1)
+    assert res.exit_code == 1, res.output
+    err = one_line(res.stderr)
+    assert f"error: {said}" in err, err
+    assert "warning" not in res.stderr, res.stderr
+    assert "Traceback" not in res.output
+
+
+def test_sweep_range_of_counts_fails_before_the_trace_is_read(tmp_path, monkeypatch):
+    """Two block counts need no trace to compare: --min 10 --max 5 fails at once, before
+    the trace (which may take minutes to read) is opened."""
+    trace = tmp_path / "t.txt"
+    trace.write_text("a b c\nb c d\n")
+    monkeypatch.setattr(kvtier.cli, "count_unique_blocks",
+                        lambda it: pytest.fail("the trace was read"))
+    res = run("sweep", trace, "-p", "lru", "--min", "10", "--max", "5")
+    assert res.exit_code == 1, res.output
+    assert "error: --min 10 (10 blocks) is above --max 5 (5 blocks)" in one_line(res.stderr)
+    assert "warning" not in res.stderr
+
+
+@pytest.mark.parametrize("command", ["replay", "sweep"])
+def test_a_bad_capacity_in_a_list_fails_before_the_others_are_warned_about(tmp_path, command):
+    """The same rule for a --capacity list: `--capacity 10,abc` on a trace of 4 distinct
+    blocks warned that 10 blocks exceed the trace, then failed on 'abc'. Every capacity is
+    checked first; the command fails with the error alone."""
+    trace = tmp_path / "t.txt"
+    trace.write_text("a b c\nb c d\n")
+    res = run(command, trace, "-p", "lru", "--capacity", "10,abc")
+    assert res.exit_code == 1, res.output
+    assert "error: capacity 'abc' is neither a block count nor a percentage" in one_line(
+        res.stderr)
+    assert "warning" not in res.stderr, res.stderr
+    workers = ("--workers", 1) if command == "sweep" else ()
+    res = run(command, trace, "-p", "lru", "--capacity", "10", *workers)
+    assert res.exit_code == 0, res.output  # a valid list is still warned about
+    assert "warning: capacity 10 = 10 blocks exceeds the trace's 4 distinct blocks" in \
+        one_line(res.stderr)

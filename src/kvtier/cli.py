@@ -287,35 +287,56 @@ _COST_OPTIONS = {"kv_bytes_per_token": "--kv-bytes-per-token",
 
 
 def _capacities(specs, unique_blocks: int) -> list[int]:
+    """The distinct capacities (blocks) of ``specs`` on a trace of ``unique_blocks`` distinct
+    blocks, each warned about as :func:`_warn_capacity` says. Raises _CliError for a bad
+    spec (before any warning)."""
+    caps = [_capacity(spec, unique_blocks) for spec in specs]
     out = []
-    for spec in specs:
-        try:
-            cap = parse_capacity(spec, unique_blocks)
-        except ValueError as exc:
-            raise _CliError(str(exc)) from None
-        if cap > unique_blocks:
-            _warn(f"capacity {spec} = {counted(cap, 'block')} exceeds the trace's "
-                  f"{counted(unique_blocks, 'distinct block')}: every block fits, nothing is "
-                  "ever evicted")
-        elif cap == 1 and isinstance(spec, str) and spec.strip().endswith("%"):
-            # parse_capacity's "at least 1 block": say what the percentage itself gives
-            pct = spec.strip()[:-1].strip()
-            blocks = unique_blocks * float(pct) / 100.0
-            if round(blocks) < 1:
-                # a float that underflows (1e-400%) is shown from the decimal text, not as 0;
-                # decimal imported here only: importing it in the replay's process cost +9
-                # instructions per block reference (instr_count.py replay lru 16000 0,
-                # 6,339 with it imported by replay.py vs 6,329 without)
-                from decimal import Decimal
-
-                shown = (f"{blocks:.2g}" if blocks else
-                         f"{Decimal(unique_blocks) * Decimal(pct) / 100:.2g}")
-                _warn(f"capacity {spec} gives 0 blocks of the trace's {unique_blocks:,} "
-                      f"distinct blocks ({shown} blocks): run at 1 block, the smallest "
-                      "tier")
+    for spec, cap in zip(specs, caps, strict=True):
+        _warn_capacity(spec, cap, unique_blocks)
         if cap not in out:
             out.append(cap)
     return out
+
+
+def _check_range(cap_min: str, lo: int, cap_max: str, hi: int) -> None:
+    """Raise _CliError when sweep's ``--min`` (``lo`` blocks) is above its ``--max``."""
+    if hi < lo:
+        raise _CliError(f"--min {cap_min} ({counted(lo, 'block')}) is above --max "
+                        f"{cap_max} ({counted(hi, 'block')})")
+
+
+def _capacity(spec, unique_blocks: int | None) -> int:
+    """``parse_capacity(spec, unique_blocks)``, its ValueError as a _CliError; no warning."""
+    try:
+        return parse_capacity(spec, unique_blocks)
+    except ValueError as exc:
+        raise _CliError(str(exc)) from None
+
+
+def _warn_capacity(spec, cap: int, unique_blocks: int) -> None:
+    """Warn when capacity ``spec`` (``cap`` blocks) holds every distinct block of the trace,
+    or is a percentage that gives under half a block (run at 1 block)."""
+    if cap > unique_blocks:
+        _warn(f"capacity {spec} = {counted(cap, 'block')} exceeds the trace's "
+              f"{counted(unique_blocks, 'distinct block')}: every block fits, nothing is "
+              "ever evicted")
+    elif cap == 1 and isinstance(spec, str) and spec.strip().endswith("%"):
+        # parse_capacity's "at least 1 block": say what the percentage itself gives
+        pct = spec.strip()[:-1].strip()
+        blocks = unique_blocks * float(pct) / 100.0
+        if round(blocks) < 1:
+            # a float that underflows (1e-400%) is shown from the decimal text, not as 0;
+            # decimal imported here only: importing it in the replay's process cost +9
+            # instructions per block reference (instr_count.py replay lru 16000 0,
+            # 6,339 with it imported by replay.py vs 6,329 without)
+            from decimal import Decimal
+
+            shown = (f"{blocks:.2g}" if blocks else
+                     f"{Decimal(unique_blocks) * Decimal(pct) / 100:.2g}")
+            _warn(f"capacity {spec} gives 0 blocks of the trace's {unique_blocks:,} "
+                  f"distinct blocks ({shown} blocks): run at 1 block, the smallest "
+                  "tier")
 
 
 def _warn(message: str) -> None:
@@ -1101,6 +1122,15 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
     points = 12 if cmd.points is None else cmd.points
     cap_min = "0.5%" if cmd.cap_min is None else cmd.cap_min
     cap_max = "100%" if cmd.cap_max is None else cmd.cap_max
+    if not cmd.capacities:
+        # two block counts are compared before the trace is read (a percentage needs the
+        # trace's distinct blocks; a bad spec is reported after the trace is read, as before)
+        try:
+            lo, hi = parse_capacity(cap_min), parse_capacity(cap_max)
+        except ValueError:
+            pass
+        else:
+            _check_range(cap_min, lo, cap_max, hi)
     with _rereadable(cmd.source, needed=True) as source:
         path = source.path
         try:
@@ -1115,17 +1145,16 @@ def run_sweep(cmd: SweepCommand) -> list[ReplayResult]:
         if cmd.capacities:
             capacities = sorted(_capacities(cmd.capacities, unique))
         else:
-            if points == 1:  # the grid is --max alone: --min is checked, not run nor warned
-                try:  # about (it said "capacity 0.5% gives 0 blocks ...: run at 1 block")
-                    lo = parse_capacity(cap_min, unique)
-                except ValueError as exc:
-                    raise _CliError(str(exc)) from None
-            else:
-                lo = _capacities([cap_min], unique)[0]
-            hi = _capacities([cap_max], unique)[0]
-            if hi < lo:
-                raise _CliError(f"--min {cap_min} ({counted(lo, 'block')}) is above --max "
-                                f"{cap_max} ({counted(hi, 'block')})")
+            # both checked, and the range, before any warning: `--min 10 --max 5` on a
+            # trace of 4 distinct blocks warned that 10 and 5 blocks exceed the trace, then
+            # failed on the range (warnings about a run that never happened)
+            lo, hi = _capacity(cap_min, unique), _capacity(cap_max, unique)
+            _check_range(cap_min, lo, cap_max, hi)
+            # with --points 1 the grid is --max alone: --min is checked, not run nor warned
+            # about (it said "capacity 0.5% gives 0 blocks ...: run at 1 block")
+            if points != 1:
+                _warn_capacity(cap_min, lo, unique)
+            _warn_capacity(cap_max, hi, unique)
             capacities = log_grid(lo, hi, points)
             if len(capacities) < points:  # log_grid returns distinct sizes only
                 _warn(f"--points {points}: {lo}..{hi} blocks hold only "

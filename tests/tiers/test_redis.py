@@ -1158,6 +1158,138 @@ def test_a_write_racing_close_is_refused_not_left_in_the_queue(shared_redis_serv
     assert tier.stats().queued_blocks == 0 and tier.flush(timeout=2)
 
 
+def _named_connections(servers, name, expect=0, wait_s=2.0):
+    """The connections named ``name`` (redis-py's ``client_name``) on ``servers``, polled up
+    to ``wait_s`` seconds until there are ``expect`` of them (a closed socket leaves the
+    server's CLIENT LIST a moment later)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = [line for s in servers for line in s.cli("CLIENT", "LIST").splitlines()
+                 if f" name={name} " in line]
+        if len(found) == expect or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def _race_close(tier, method):
+    """Run ``tier.<method>(["late", 1])`` on a thread that stops after the call's closed check,
+    close the tier meanwhile, let the call go on; its outcome (result or exception)."""
+    import threading
+
+    paused, go_on = threading.Event(), threading.Event()
+    real_key = tier.redis_key
+
+    def slow_key(key):  # the calling thread stops between its closed check and the server
+        if key == "late":
+            paused.set()
+            go_on.wait(10)
+        return real_key(key)
+
+    tier.redis_key = slow_key
+    outcome = []
+
+    def late_call():
+        try:
+            outcome.append(getattr(tier, method)(["late", 1]))
+        except Exception as exc:  # noqa: BLE001 (the outcome is checked by the test)
+            outcome.append(exc)
+
+    caller = threading.Thread(target=late_call)
+    caller.start()
+    assert paused.wait(10)
+    tier.close()
+    go_on.set()
+    caller.join(10)
+    assert not caller.is_alive() and len(outcome) == 1, outcome
+    return outcome[0]
+
+
+@pytest.mark.parametrize("method", ["lookup_prefix", "read"])
+def test_a_lookup_or_read_racing_close_opens_no_connection(shared_redis_server, method):
+    """Noticed in session 16: a lookup_prefix or read on another thread that had passed its
+    closed check when close() ran went on to the server, and redis-py reconnected lazily: a
+    connection open after close() had returned, which nothing would close. Such a call now
+    raises RuntimeError (closed), as a call made after close() does; it opens no connection
+    and is no server failure (no backend_errors, the breaker stays closed)."""
+    name = f"race{uuid.uuid4().hex[:8]}"
+    tier = make_tier(shared_redis_server.url, client_options={"client_name": name})
+    tier.write([1], blocks_for([1]))
+    assert tier.flush(10)
+    assert tier.lookup_prefix([1]) == 1 and tier.read([1]) == blocks_for([1])
+    assert len(_named_connections([shared_redis_server], name, expect=3)) == 3
+    outcome = _race_close(tier, method)
+    assert _named_connections([shared_redis_server], name) == []
+    assert isinstance(outcome, RuntimeError) and "is closed" in str(outcome), outcome
+    s = tier.stats()
+    assert (s.backend_errors, s.calls_refused, s.breaker_state) == (0, 0, "closed")
+    assert (s.lookups, s.reads) == (1, 1)  # the raced call counted nothing
+
+
+def test_a_lookup_waiting_on_the_server_when_close_runs_raises_closed(redis_server):
+    """close() closes the connections a running call waits on (redis-py's pool disconnect
+    shuts their sockets): the call then raises RuntimeError (closed), as one that close()
+    overtook before the server does, instead of counting a server failure (a backend error,
+    one step towards opening the breaker) for a server that did nothing wrong."""
+    import threading
+
+    tier = make_tier(redis_server.url, timeout_s=5.0, breaker_failures=1)
+    assert tier.lookup_prefix([1]) == 0  # a connection in the lookup pool
+    redis_server.pause()  # the next lookup waits for its reply
+    outcome = []
+
+    def waiting_lookup():
+        try:
+            outcome.append(tier.lookup_prefix([1]))
+        except Exception as exc:  # noqa: BLE001 (the outcome is checked below)
+            outcome.append(exc)
+
+    try:
+        caller = threading.Thread(target=waiting_lookup)
+        caller.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        tier.close()
+        caller.join(10)
+        waited = time.monotonic() - t0
+    finally:
+        redis_server.resume()
+    assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError), outcome
+    assert "is closed" in str(outcome[0]) and waited < 2.0  # not its 5 s timeout
+    s = tier.stats()
+    assert (s.backend_errors, s.breaker_opens, s.lookups) == (0, 0, 1)
+
+def test_closing_a_cluster_tier_closes_its_node_connections(redis_cluster):
+    """Found in session 17: close() of a cluster tier left every node connection open.
+    redis-py's RedisCluster.close() closes each node's Redis client, but those clients were
+    built on a connection pool of their own (not closed with the client), so their sockets
+    stayed open until the process ended: one per node and kind of call, per tier."""
+    name = f"cclose{uuid.uuid4().hex[:8]}"
+    tier = make_tier(redis_cluster.url, cluster=True, client_options={"client_name": name})
+    keys = list(range(60))
+    assert tier.write(keys, blocks_for(keys)) == 60 and tier.flush(20)
+    assert tier.lookup_prefix(keys) == 60 and tier.read(keys) == blocks_for(keys)
+    opened = _named_connections(redis_cluster.servers, name, expect=9)
+    assert len(opened) == 9, opened  # 3 nodes x lookup, read and write clients
+    tier.close()
+    assert _named_connections(redis_cluster.servers, name) == []
+
+
+@pytest.mark.parametrize("built", [False, True], ids=["first-call", "later-call"])
+def test_a_cluster_lookup_racing_close_opens_no_connection(redis_cluster, built):
+    """The same on a cluster, where the client is built on first use: a first lookup that
+    close() overtook built the cluster clients after close() had closed none, and a later
+    one reconnected to the nodes; both left connections open on the nodes."""
+    name = f"crace{uuid.uuid4().hex[:8]}"
+    tier = make_tier(redis_cluster.url, cluster=True, client_options={"client_name": name})
+    if built:
+        assert tier.lookup_prefix([1]) == 0
+        assert _named_connections(redis_cluster.servers, name, expect=1) != []
+    outcome = _race_close(tier, "lookup_prefix")
+    assert _named_connections(redis_cluster.servers, name) == []
+    assert isinstance(outcome, RuntimeError) and "is closed" in str(outcome), outcome
+    assert tier.stats().backend_errors == 0
+
+
 @pytest.mark.parametrize(("config", "said"), [
     ((("maxmemory-policy", "noeviction"), ("maxmemory", "1")), "out of memory"),
     ((("min-replicas-to-write", "1"),), "NOREPLICAS"),
@@ -1193,6 +1325,113 @@ def test_a_server_that_refuses_writes_keeps_serving_reads(redis_server, caplog, 
     finally:
         tier.close()
 
+
+@pytest.mark.parametrize("refusal", ["oom", "noperm"])
+def test_a_ttl_batch_partly_refused_counts_each_block(redis_server, caplog, refusal):
+    """Noticed in session 16: with ttl_s a batch goes as one SET per block, and the server
+    may refuse some of them only (OOM once maxmemory is reached under noeviction; NOPERM
+    for the keys an ACL user may not write). The whole batch was counted failed although
+    the blocks before the refusal were stored and read back verified. Now each block counts
+    as the server answered it: written (writes_completed, bytes_written) or refused
+    (writes_failed), as MSET without a TTL counts its all-or-nothing answer; the batch is
+    one backend error, and the breaker stays closed."""
+    block = 64 << 10
+    keys = list(range(1, 9))
+    data = [bytes([k]) * block for k in keys]
+    url = redis_server.url
+    if refusal == "noperm":  # the user may write only the even keys' (str) Redis keys
+        keys = [k if k % 2 else f"s{k}" for k in keys]
+        ns = f"acl{uuid.uuid4().hex[:6]}"
+        redis_server.cli("ACL", "SETUSER", "w17", "on", ">pw17", "+@all", "%R~*",
+                         f"%W~{ns}:*:s*")
+        url = url.replace("redis://", "redis://w17:pw17@")
+    tier = make_tier(url, block_bytes=block, ttl_s=100, breaker_failures=1,
+                     **({"namespace": ns} if refusal == "noperm" else {}))
+    try:
+        if refusal == "oom":  # room for about 4 more values of 64 KiB (80 KiB each in jemalloc)
+            tier.write([0], [bytes(block)])
+            assert tier.flush(10)
+            used = int(redis_server.cli("INFO", "memory").split("used_memory:")[1].split()[0])
+            redis_server.cli("CONFIG", "SET", "maxmemory-policy", "noeviction")
+            redis_server.cli("CONFIG", "SET", "maxmemory", str(used + 4 * (80 << 10)))
+        caplog.set_level(logging.WARNING, logger="kvtier.tiers.redis")
+        before = tier.stats()
+        redis_server.pause()  # the writer waits on a first block; the 8 then go as one batch
+        tier.write(["first"], [bytes(block)])
+        time.sleep(0.2)
+        assert tier.write(keys, data) == 8
+        redis_server.resume()
+        assert tier.flush(10)
+        s = tier.stats()
+        raw = raw_client(redis_server)
+        stored = [k for k in keys if raw.exists(tier.redis_key(k))]
+        if refusal == "noperm":
+            assert stored == [k for k in keys if isinstance(k, str)]
+        else:
+            assert 0 < len(stored) < 8 and stored == keys[:len(stored)], stored
+        assert raw.exists(tier.redis_key("first")) == 1
+        completed = s.writes_completed - before.writes_completed
+        failed = s.writes_failed - before.writes_failed
+        assert (completed, failed) == (1 + len(stored), 8 - len(stored))
+        assert s.bytes_written - before.bytes_written == completed * (HEADER_BYTES + block)
+        assert tier.read(stored) == [data[keys.index(k)] for k in stored]
+        assert 0 < raw.ttl(tier.redis_key(stored[0])) <= 100
+        assert s.backend_errors - before.backend_errors == 1
+        assert (s.breaker_opens, s.breaker_state) == (0, "closed")
+        said = "out of memory" if refusal == "oom" else "NoPermissionError"
+        assert [r.levelno for r in caplog.records if said in r.getMessage()] == [logging.WARNING]
+    finally:
+        redis_server.resume()
+        tier.close()
+
+def test_a_cluster_batch_one_node_refuses_counts_each_block(redis_cluster):
+    """In a cluster every batch is one SET per block (with or without ttl_s): a node that is
+    full under noeviction refuses its blocks while the other nodes store theirs. The whole
+    batch was counted failed; now the blocks the other nodes stored count as written."""
+    import threading
+
+    full = redis_cluster.servers[0]
+    keys = list(range(40))
+    tier = make_tier(redis_cluster.url, cluster=True)
+    rc = redis_py.cluster.RedisCluster.from_url(redis_cluster.url)
+
+    def on_full(key):
+        return rc.get_node_from_key(tier.redis_key(key)).port == full.port
+
+    first = next(f"first{i}" for i in range(100) if not on_full(f"first{i}"))
+    gate = threading.Event()
+    real_seal = tier._seal
+
+    def gated_seal(rkey, block):  # the writer waits on a first block: the 40 go as one batch
+        if rkey == tier.redis_key(first):
+            gate.wait(10)
+        return real_seal(rkey, block)
+
+    tier._seal = gated_seal
+    try:
+        full.cli("CONFIG", "SET", "maxmemory-policy", "noeviction")
+        full.cli("CONFIG", "SET", "maxmemory", "1")
+        tier.write([first], blocks_for([first]))
+        time.sleep(0.1)
+        assert tier.write(keys, blocks_for(keys)) == 40
+        gate.set()
+        assert tier.flush(20)
+    finally:
+        gate.set()
+        full.cli("CONFIG", "SET", "maxmemory", "512mb")
+        full.cli("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+    try:
+        refused = [k for k in keys if on_full(k)]
+        stored = [k for k in keys if rc.exists(tier.redis_key(k))]
+        assert 0 < len(refused) < 40 and stored == [k for k in keys if k not in refused]
+        s = tier.stats()
+        assert (s.writes_completed, s.writes_failed) == (1 + len(stored), len(refused))
+        assert s.bytes_written == (1 + len(stored)) * (HEADER_BYTES + BLOCK)
+        assert (s.backend_errors, s.breaker_state) == (1, "closed")
+        assert tier.read(stored) == blocks_for(stored)
+    finally:
+        rc.close()
+        tier.close()
 
 def test_a_block_that_is_not_bytes_like_is_named_and_blocks_may_be_any_iterable():
     """Found by a newcomer session: write([1], ["x" * BLOCK]) raised a bare "memoryview: a

@@ -23,18 +23,25 @@ timeouts (``timeout_s``, default 50 ms, connect and each socket operation, no re
 failing server makes lookups answer 0 and reads ``None`` (counted in ``backend_errors``);
 writes go through a bounded queue to one background thread and are dropped and counted
 (``writes_skipped``) when the queue is full or the breaker is open, or ``writes_failed`` when
-the server call fails. A write the server refuses for memory (``OOM``: ``maxmemory`` under
-``noeviction``) is failed too, but it does not count against the breaker: the server is up,
-and lookups and reads of the blocks it holds go on. Nothing here raises into the caller for
-a server failure.
+the server call fails. A write the server refuses (an error reply: ``OOM`` under ``maxmemory``
+with ``noeviction``, ``NOPERM``, ``READONLY``, ...) is failed too, block by block as the
+server answered (a batch of SETs, with ``ttl_s`` or in a cluster, may be refused in part),
+but it does not count against the breaker: the server is up, and lookups and reads of the
+blocks it holds go on. Nothing here raises into the caller for a server failure.
 
 Redis Cluster: keys carry **no hash tag**, so the blocks of one prefix spread over all slots
 and nodes (even memory use and eviction pressure); a lookup, read or write of a request's
 blocks is one pipelined batch per node (redis-py's cluster pipeline writes every node's batch
 before reading any reply), i.e. one round trip in parallel over the nodes.
 
-Thread safety: every public method may be called from any thread; counters are updated under
-one lock. One background thread per tier performs the writes.
+Thread safety: every public method may be called from any thread, :meth:`RedisTier.close`
+included; counters are updated under one lock. One background thread per tier performs the
+writes. A call that starts after ``close()`` began raises ``RuntimeError`` (closed); a
+``lookup_prefix``, ``read`` or ``write`` already running when ``close()`` runs either completes
+or raises the same ``RuntimeError`` (counted nowhere, not a server failure), and no call opens a
+connection once ``close()`` has closed them: redis-py reconnects lazily, so every new
+connection checks, once its socket is open, a flag that ``close()`` sets before it closes the
+clients (no lock on the call path).
 """
 
 from __future__ import annotations
@@ -258,6 +265,11 @@ def _positive_seconds(value: object) -> bool:
     breaker again)."""
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value) and value > 0)
+
+
+class _TierClosed(redis.exceptions.RedisError):
+    """Raised inside redis-py when a connection would open after :meth:`RedisTier.close` closed
+    the tier's clients (redis-py disconnects it); the tier turns it into ``RuntimeError``."""
 
 
 class CircuitBreaker:
@@ -545,6 +557,21 @@ class RedisTier(BlockTier):
         # CLIENT SETINFO on connect: one round trip less per new connection.
         base_opts: dict[str, Any] = dict(client_options or {})
         base_opts.setdefault("retry", Retry(NoBackoff(), 0))
+        # set by close() before it closes the clients: a connection opened after that (redis-py
+        # reconnects lazily, e.g. for a lookup that passed its closed check as close() ran) is
+        # refused and disconnected by _refuse_after_close, which redis-py runs once the
+        # socket is open. The flag is only read when a connection opens: no cost per call.
+        self._disconnected = False
+        user_connect = base_opts.pop("redis_connect_func", None)
+
+        def on_connect(conn: Any) -> None:
+            self._refuse_after_close(conn)
+            if user_connect is not None:  # redis-py's contract: it does the handshake itself
+                user_connect(conn)
+            elif not cluster:  # a cluster client does the handshake before calling this
+                conn.on_connect()
+
+        base_opts["redis_connect_func"] = on_connect
         for opt, value in _NO_CLIENT_SETINFO.items():
             base_opts.setdefault(opt, value)
         self._url = url
@@ -604,6 +631,16 @@ class RedisTier(BlockTier):
             target=self._write_loop, name=f"kvtier-redis-writer-{name}", daemon=True
         )
         self._writer.start()
+
+    def _refuse_after_close(self, conn: Any) -> None:
+        """Run (through the clients' ``redis_connect_func``) on every new connection once its
+        socket is open: raises :class:`_TierClosed`, which makes redis-py disconnect it,
+        after :meth:`close` set ``_disconnected``. The socket is published (``conn._sock``)
+        before this check, and ``close()`` sets the flag before it disconnects every
+        connection of its pools, so one of the two always sees the other: no connection
+        outlives ``close()``."""
+        if self._disconnected:
+            raise _TierClosed(f"{self._url_redacted}: the tier is closed; no new connection")
 
     def _check_db(self, db: int, probe: Any) -> None:
         """Refuse a database index the server does not have, at construction: otherwise
@@ -702,11 +739,14 @@ class RedisTier(BlockTier):
     def _client(self, kind: str) -> Any:
         """The client for ``kind`` (``lookup``/``read``/``write``); cluster clients are built
         on first use (building one contacts the cluster), and the error is raised if the
-        cluster cannot be reached."""
+        cluster cannot be reached; after :meth:`close` closed the clients, none is built
+        (:class:`_TierClosed`)."""
         clients = self._client_map
         if clients is not None:
             return clients[kind]
-        with self._client_lock:
+        with self._client_lock:  # close() takes it too: it closes what was built before
+            if self._disconnected:
+                raise _TierClosed(f"{self._url_redacted}: the tier is closed; no new client")
             if self._client_map is None:
                 from redis.cluster import RedisCluster
 
@@ -745,6 +785,8 @@ class RedisTier(BlockTier):
         try:
             self._client("lookup").ping()
         except Exception as exc:  # noqa: BLE001 (any failure of the ping: unreachable)
+            if self._disconnected:  # close() overtook the ping
+                raise self._closed_error() from None
             raise ConnectionError(
                 f"Redis tier {self._url_redacted} is not reachable: "
                 f"{_scrub(f'{type(exc).__name__}: {exc}', self._url)}"
@@ -781,6 +823,8 @@ class RedisTier(BlockTier):
             if pending:
                 deleted += client.unlink(*pending)
         except Exception as exc:  # noqa: BLE001 (any failure: raised as ConnectionError)
+            if self._disconnected:  # close() overtook the purge
+                raise self._closed_error() from None
             raise ConnectionError(
                 f"Redis tier {self._url_redacted}: purge of {self._key_prefix.decode()}* "
                 f"failed after {deleted} keys: "
@@ -806,6 +850,11 @@ class RedisTier(BlockTier):
         try:
             result = fn(*args)
         except Exception as exc:  # noqa: BLE001 (RedisError, OSError, a bug: not to the engine)
+            if self._disconnected:
+                # close() closed the connections under this call (or refused it a new one):
+                # no server failure, nothing counted; raised as a call after close() is
+                self._breaker.abandon()
+                raise self._closed_error() from None
             opened = self._breaker.failure()
             with self._lock:
                 self._stats.backend_errors += 1
@@ -840,7 +889,8 @@ class RedisTier(BlockTier):
         then answers ``None``).
 
         Raises:
-            TypeError: a key has no stable encoding. RuntimeError: the tier is closed.
+            TypeError: a key has no stable encoding. RuntimeError: the tier is closed, or
+            :meth:`close` closed it on another thread during the call (nothing counted).
         """
         rkeys = self._redis_keys(keys, "lookup_prefix")
         if not rkeys:
@@ -872,7 +922,8 @@ class RedisTier(BlockTier):
         ``read_errors`` and answers ``None``. A server failure answers all ``None``.
 
         Raises:
-            TypeError: a key has no stable encoding. RuntimeError: the tier is closed.
+            TypeError: a key has no stable encoding. RuntimeError: the tier is closed, or
+            :meth:`close` closed it on another thread during the call (nothing counted).
         """
         rkeys = self._redis_keys(keys, "read")
         if not rkeys:
@@ -1091,6 +1142,12 @@ class RedisTier(BlockTier):
         raises is dropped, its error logged at DEBUG). Idempotent. ``timeout``:
         seconds, ``None`` or ``inf`` to wait as long as it takes.
 
+        May run while other threads call the tier: a call that starts after ``close()``
+        began raises ``RuntimeError``; one already running either completes (its answer
+        came before the connections were closed) or raises the same ``RuntimeError``, and
+        it counts nothing. No connection is opened after the connections are closed (a
+        new connection is refused once its socket opens; see the module doc).
+
         Raises:
             ValueError: ``timeout`` is negative, NaN, a bool or not a number (the tier stays open).
         """
@@ -1107,18 +1164,43 @@ class RedisTier(BlockTier):
             self._abandoned = True
             logger.warning("%s: writer did not finish within %s s; the writes still queued "
                            "are dropped", self._url_redacted, timeout)
-        for kind, client in (self._client_map or {}).items():
+        with self._client_lock:  # a cluster client being built is finished, then closed
+            # from now on no connection opens (_refuse_after_close) and no client is built
+            self._disconnected = True
+            clients = dict(self._client_map or {})
+        for kind, client in clients.items():
             if client is not None:
                 try:
-                    client.close()
+                    self._close_client(client)
                 except Exception as exc:  # noqa: BLE001 (best effort: the client is dropped)
                     logger.debug("%s: closing the %s client failed (%s); dropped",
                                  self._url_redacted, kind,
                                  _scrub(f"{type(exc).__name__}: {exc}", self._url))
 
+    def _close_client(self, client: Any) -> None:
+        """Close a redis-py client and its connections. A ``RedisCluster``'s ``close()``
+        closes each node's ``Redis`` client, but those clients sit on connection pools that
+        ``Redis.close()`` leaves open (it disconnects only a pool it made itself), so every
+        node connection stayed open after the tier's ``close()``: those pools are
+        disconnected here."""
+        pools = []
+        if self.cluster:
+            pools = [node.redis_connection.connection_pool for node in client.get_nodes()
+                     if node.redis_connection is not None]
+        try:
+            client.close()
+        finally:
+            for pool in pools:
+                pool.disconnect()
+
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
+
+    def _closed_error(self) -> RuntimeError:
+        """The error of a call that :meth:`close` overtook (its connection was closed or
+        refused under it): the one a call made after ``close()`` raises."""
+        return RuntimeError(f"{self!r} is closed")
 
     # -- background writer -----------------------------------------------------------------
     def _write_loop(self) -> None:
@@ -1177,7 +1259,7 @@ class RedisTier(BlockTier):
             client = (self._client_map or {}).get("write")
             if client is not None:
                 try:
-                    client.close()
+                    self._close_client(client)
                 except Exception:  # noqa: BLE001, S110 (close() logged this client already)
                     pass
 
@@ -1206,13 +1288,55 @@ class RedisTier(BlockTier):
         t0 = time.perf_counter()
         try:
             sealed = [(k, *self._seal(k, v)) for k, v in batch]
-            self._send(sealed)
-        except redis.exceptions.ResponseError as exc:
-            # The server answered: it is up, only refusing writes (OOM: full, maxmemory under
-            # noeviction; MISCONF, NOREPLICAS, READONLY, NOPERM, ...). Not a breaker failure,
-            # so lookups and reads of what it holds go on (docs/redis.md). Before, only OOM
-            # was: 3 batches refused otherwise opened the breaker, and lookups answered miss.
-            self._breaker.success()
+            refused = self._send(sealed)
+        except redis.exceptions.ResponseError as exc:  # an error reply to the whole call
+            refused = [exc] * len(batch)
+        except Exception as exc:  # noqa: BLE001 (any failure: counted, breaker told)
+            if self._disconnected:
+                # close() gave up waiting and closed the connection under this batch (or
+                # refused it a new one): dropped as close() says, not a server failure
+                self._breaker.abandon()
+                with self._lock:
+                    self._stats.writes_failed += len(batch)
+                return
+            opened = self._breaker.failure()
+            with self._lock:
+                self._stats.writes_failed += len(batch)
+                self._stats.backend_errors += 1
+            self._log_failure("write", exc, opened)
+            return
+        # The server answered every command: it is up, even where it refused a write (OOM:
+        # full, maxmemory under noeviction; MISCONF, NOREPLICAS, READONLY, NOPERM, ...). A
+        # refusal is not a breaker failure, so lookups and reads of what it holds go on
+        # (docs/redis.md; before session 10 an OOM was, and before session 16 any other
+        # refusal: 3 refused batches opened the breaker and lookups answered miss). Each
+        # block counts as its own reply says: with ttl_s or in a cluster a batch is one SET
+        # per block, which the server may refuse for some blocks only (an OOM once maxmemory
+        # is reached, a NOPERM for some keys); before session 17 the whole batch was counted
+        # failed, the stored blocks too. An MSET is refused or written as a whole.
+        self._breaker.success()
+        elapsed = time.perf_counter() - t0
+        written = [p for (_, _, p), err in zip(sealed, refused, strict=True) if err is None]
+        errors = [err for err in refused if err is not None]
+        with self._lock:
+            s = self._stats
+            s.writes_completed += len(written)
+            s.bytes_written += sum(HEADER_BYTES + len(p) for p in written)
+            if written:
+                s.write_latency.observe(elapsed)
+            if errors:
+                s.writes_failed += len(errors)
+                s.backend_errors += 1  # one refused call
+        if errors:
+            self._log_refused(errors)
+
+    def _log_refused(self, errors: list[Exception]) -> None:
+        """One WARNING per tier and kind of refused write ("oom", "refused": any other error
+        reply), quoting the server's reply; later ones at DEBUG."""
+        first: dict[type, Exception] = {}
+        for err in errors:  # each type of reply once, as first seen
+            first.setdefault(type(err), err)
+        for exc in first.values():
             if isinstance(exc, redis.exceptions.OutOfMemoryError):
                 kind, text = "oom", ("write refused, the server is out of memory (%s); set "
                                      "maxmemory-policy to allkeys-lru or volatile-lru "
@@ -1222,54 +1346,50 @@ class RedisTier(BlockTier):
                 kind, text = "refused", "write refused by the server (%s); lookups and reads go on"
                 reply = f"{type(exc).__name__}: {exc}"
             with self._lock:
-                self._stats.writes_failed += len(batch)
-                self._stats.backend_errors += 1
                 warned = kind in self._warned
                 self._warned.add(kind)
             log = logger.debug if warned else logger.warning
             log("%s: " + text, self._url_redacted, _scrub(reply, self._url))
-            return
-        except Exception as exc:  # noqa: BLE001 (any failure: counted, breaker told)
-            opened = self._breaker.failure()
-            with self._lock:
-                self._stats.writes_failed += len(batch)
-                self._stats.backend_errors += 1
-            self._log_failure("write", exc, opened)
-            return
-        self._breaker.success()
-        elapsed = time.perf_counter() - t0
-        with self._lock:
-            s = self._stats
-            s.writes_completed += len(batch)
-            s.bytes_written += sum(HEADER_BYTES + len(p) for _, _, p in sealed)
-            s.write_latency.observe(elapsed)
 
-    def _send(self, sealed: list[tuple[bytes, bytes, bytes]]) -> None:
+    def _send(self, sealed: list[tuple[bytes, bytes, bytes]]) -> list[Exception | None]:
+        """Send one batch; per block, ``None`` (stored) or the server's error reply that
+        refused it. Raises for a failed call (connection, timeout, ...)."""
         writer = self._client("write")
         if self.cluster:
             pipe = writer.pipeline(transaction=False)
             for k, header, payload in sealed:
                 pipe.set(k, header + payload, ex=self.ttl_s)
-            pipe.execute()
-            return
+            results = pipe.execute(raise_on_error=False)
+            for r in results:  # a node that failed (not refused): the call failed
+                if isinstance(r, Exception) and not isinstance(r, redis.exceptions.ResponseError):
+                    raise r
+            return [r if isinstance(r, Exception) else None for r in results]
         # Standalone: the command packed here so that a value goes out as its 40-byte header
         # and the block's own bytes, never joined into a new 2 MiB string (a join cost 0.75 ms
         # per 2 MiB block on the 2-core dev host, ~20 % of a loopback MSET).
         chunks, ncmds = _pack_sets(sealed, self.ttl_s)
         pool = writer.connection_pool
         conn = pool.get_connection()
+        replies: list[Exception | None] = []
         try:
             conn.send_packed_command(chunks)
-            replies = [conn.read_response() for _ in range(ncmds)]
+            for _ in range(ncmds):
+                try:
+                    conn.read_response()
+                    replies.append(None)
+                except redis.exceptions.ResponseError as exc:
+                    # an error reply, read whole: the connection stays in step, and the
+                    # replies after it are read too (before, the first one was raised and
+                    # the connection dropped with the rest unread)
+                    replies.append(exc)
         except BaseException:
             conn.disconnect()
             raise
         finally:
             pool.release(conn)
-        for r in replies:
-            if isinstance(r, Exception):
-                raise r
-
+        if ncmds == 1:  # one MSET: all blocks or none
+            return replies * len(sealed)
+        return replies
 
 def _pack_sets(
     sealed: list[tuple[bytes, bytes, bytes]], ttl_s: int | None
