@@ -1391,6 +1391,7 @@ class RedisTier(BlockTier):
             return replies * len(sealed)
         return replies
 
+
 def _pack_sets(
     sealed: list[tuple[bytes, bytes, bytes]], ttl_s: int | None
 ) -> tuple[list[bytes], int]:
