@@ -220,3 +220,36 @@ def test_metrics_collector_takes_the_thread_safe_wrapper():
     registry.register(TierCollector({"host": m}))
     text = generate_latest(registry).decode()
     assert 'tier="host"' in text
+
+
+def test_lock_and_manager_cannot_be_deleted_and_set_again():
+    """Found by a newcomer session: ``del m.lock`` then ``m.lock = threading.RLock()`` got
+    round the set-once rule. The forwarded methods kept the first lock, so a thread inside
+    ``with m.lock:`` no longer held off another thread's ``m.prepare_store``: a compound
+    step silently stopped being atomic. Deleting ``lock`` or ``manager`` is refused; other
+    public deletions go to the manager, as assignments do."""
+    m = ThreadSafeManager(OffloadingManager(4, "lru"))
+    m.prepare_store(["a"])  # a forwarded method, cached with the first lock
+    lock = m.lock
+    for name in ("lock", "manager"):
+        with pytest.raises(AttributeError, match=rf"'{name}' is set once, by the constructor, "
+                                                 "and cannot be deleted"):
+            delattr(m, name)
+    with pytest.raises(AttributeError, match="'lock' is set once"):
+        m.lock = threading.RLock()
+    assert m.lock is lock
+    with pytest.raises(AttributeError, match="private attribute '_pins'"):
+        del m._pins
+    assert m.manager._pins == {}
+    # the manager's own attributes: deleted there (a property without deleter refuses)
+    with pytest.raises(AttributeError):
+        del m.enable_events
+    assert m.manager.enable_events is False
+    # so `with m.lock:` still excludes the other threads' calls
+    done = threading.Event()
+    with m.lock:
+        t = threading.Thread(target=lambda: (m.prepare_store(["x"]), done.set()))
+        t.start()
+        assert not done.wait(0.2)
+    assert done.wait(10)
+    t.join()
