@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvtier import OffloadingManager
 from kvtier.metrics import PREFIX, TierCollector
+from kvtier.threadsafe import ThreadSafeManager
 from kvtier.tiers.base import LATENCY_BUCKETS_S
 from kvtier.tiers.redis import HEADER_BYTES, RedisTier
 from redis_servers import free_port, shared_redis_server  # noqa: F401
@@ -241,3 +242,67 @@ def test_http_scrape():
     finally:
         server.shutdown()
         thread.join(10)
+
+
+def test_a_scrape_inside_an_engine_call_reads_a_thread_safe_manager_whole():
+    """docs/metrics.md, "Thread safety". Found by a newcomer session: the docs said a scrape
+    racing the engine thread sees a plain manager's counters "one call apart, never torn";
+    but a scrape that lands inside complete_store reads ``stores`` (completed + failed +
+    pending) low by the call's blocks, then back up: a counter going down, which Prometheus
+    reads as a reset. A ThreadSafeManager's scrape waits for the call (one snapshot)."""
+    import threading
+
+    from kvtier.policies.lru import LRUPolicy
+
+    inside, go_on = threading.Event(), threading.Event()
+
+    class Slow(LRUPolicy):  # holds complete_store between its two counter updates
+        def mark_evictable(self, keys):
+            super().mark_evictable(keys)
+            inside.set()
+            go_on.wait(10)
+
+    seen = {}
+    for wrapped in (False, True):
+        inside.clear()
+        go_on.clear()
+        plain = OffloadingManager(4, Slow)
+        m = ThreadSafeManager(plain) if wrapped else plain
+        reg = CollectorRegistry()
+        reg.register(TierCollector({"host": m}))
+        out = m.prepare_store([1, 2])
+        before = scrape(reg)[(PREFIX + "stores_total", "host", None)]
+        engine = threading.Thread(target=m.complete_store, args=(out.keys_to_store,))
+        engine.start()
+        assert inside.wait(10)
+        during: list = []
+        scraper = threading.Thread(target=lambda during=during, reg=reg: during.append(
+            scrape(reg)[(PREFIX + "stores_total", "host", None)]))
+        scraper.start()
+        scraper.join(0.3)
+        go_on.set()
+        engine.join(10)
+        scraper.join(10)
+        after = scrape(reg)[(PREFIX + "stores_total", "host", None)]
+        seen[wrapped] = (before, *during, after)
+    assert seen[True] == (2, 2, 2)  # waited for the call
+    assert seen[False] == (2, 0, 2)  # the documented caveat of a plain manager
+
+
+def test_one_collector_per_registry_and_prefix():
+    """docs/metrics.md: a second collector with the same prefix in one registry is refused
+    (prometheus_client's DuplicateTimeseries); another prefix, or one collector over both
+    managers, works."""
+    a, b = OffloadingManager(4), OffloadingManager(8)
+    reg = CollectorRegistry()
+    reg.register(TierCollector({"a": a}))
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        reg.register(TierCollector({"b": b}))
+    reg.register(TierCollector({"b": b}, prefix="other:"))
+    got = scrape(reg)
+    assert got[(PREFIX + "capacity_blocks", "a", None)] == 4
+    assert got[("other:capacity_blocks", "b", None)] == 8
+    both = CollectorRegistry()
+    both.register(TierCollector({"a": a, "b": b}))
+    got = scrape(both)
+    assert [got[(PREFIX + "capacity_blocks", t, None)] for t in "ab"] == [4, 8]
