@@ -253,3 +253,28 @@ def test_lock_and_manager_cannot_be_deleted_and_set_again():
         assert not done.wait(0.2)
     assert done.wait(10)
     t.join()
+
+
+def test_admission_settings_are_read_only_through_the_wrapper_and_on_the_manager():
+    """Found by a newcomer session: the wrapper forwards assignments to the manager (as
+    documented), and ``store_threshold``, ``max_tracker_size`` and ``admission_mode`` were
+    plain attributes there: ``m.store_threshold = 2`` was taken, changed nothing until the
+    next ``reset_cache()``, which then ran a lookup tracker beside the adaptive admission
+    (a combination the constructor refuses), and ``"2"`` made ``reset_cache()`` raise a bare
+    "'>=' not supported between instances of 'str' and 'int'". They are read-only now, as
+    ``num_blocks``."""
+    for wrap in (False, True):
+        plain = OffloadingManager(8, "lru", admission="adaptive", max_tracker_size=100)
+        m = ThreadSafeManager(plain) if wrap else plain
+        for name, value in (("store_threshold", 2), ("store_threshold", "2"),
+                            ("max_tracker_size", 5), ("admission_mode", "all")):
+            with pytest.raises(AttributeError, match=rf"^{name} is fixed at construction "
+                                                     r"\(admission='adaptive', "
+                                                     r"store_threshold=1, "
+                                                     r"max_tracker_size=100\)"):
+                setattr(m, name, value)
+        assert (m.store_threshold, m.max_tracker_size, m.admission_mode) == (1, 100, "adaptive")
+        m.reset_cache()
+        assert plain._tracker is None and plain.admission is not None
+    m = OffloadingManager(8, "lru", store_threshold=3)
+    assert m.store_threshold == 3 and m._tracker is not None
