@@ -5,7 +5,7 @@ to ``prepare_store`` once it has been looked up ``threshold`` times, so one-off 
 push out blocks that are reused. This is the "admit on the N-th request" rule of web and CDN
 caches (e.g. the bloom-filter "one-hit wonder" filter of Maggs & Sitaraman, "Algorithmic
 nuggets in content delivery", SIGCOMM CCR 2015), with exact counts for the keys remembered.
-Not thread-safe (the manager serialises its calls).
+Not thread-safe (as the manager that calls it: one thread, or a ``ThreadSafeManager``).
 """
 
 from __future__ import annotations

@@ -270,7 +270,7 @@ class OffloadingManager:
         self.policy: CachePolicy = policy_cls(num_blocks)
         # the admission object, or None when every new block is stored (no per-call hooks)
         self.admission = make_admission(admission, num_blocks, policy_cls)
-        self.admission_mode = admission
+        self._admission_mode = admission  # read-only properties, as num_blocks (below)
         self._on_evict = getattr(self.admission, "evicted", None)
         # errors name the policy as the caller did: a class registered under two names has
         # one class ``name``
@@ -280,8 +280,8 @@ class OffloadingManager:
         self._insert = self.policy.insert if _overrides(self.policy, "insert") else None
         self._on_store = self.policy.on_store if _overrides(self.policy, "on_store") else None
         self._enable_events = enable_events  # read through the class property enable_events
-        self.store_threshold = store_threshold
-        self.max_tracker_size = max_tracker_size
+        self._store_threshold = store_threshold
+        self._max_tracker_size = max_tracker_size
         # request mode's ghost learning: touch, unless the policy has a cheaper hook for keys
         # none of which is resident (ARC: spec replay, docs/performance.md, "Request mode,
         # round 6")
@@ -313,6 +313,32 @@ class OffloadingManager:
     enable_events = property(attrgetter("_enable_events"), _set_enable_events,
                              doc="Record events for :meth:`take_events` (a bool; setting "
                                  "anything else raises ValueError, nothing changed).")
+
+    def _set_admission_rule(self, value: Any, name: str = "") -> None:
+        raise AttributeError(
+            f"{name} is fixed at construction (admission={self._admission_mode!r}, "
+            f"store_threshold={self._store_threshold}, max_tracker_size="
+            f"{self._max_tracker_size}): the admission and its tracker are built from them "
+            "and checked together; build a new manager for another rule"
+        )
+
+    # read-only (newcomer finding): as plain attributes, a new value was taken unchecked and
+    # only read by the next reset_cache(), which then built a tracker beside an adaptive
+    # admission (refused by the constructor) or raised a bare TypeError for "2". Read only
+    # by _init_state, so the properties cost the hot paths nothing
+    store_threshold = property(
+        attrgetter("_store_threshold"),
+        lambda self, value: self._set_admission_rule(value, "store_threshold"),
+        doc="Lookups a key needs before it is stored (``1``: every key; read-only).")
+    max_tracker_size = property(
+        attrgetter("_max_tracker_size"),
+        lambda self, value: self._set_admission_rule(value, "max_tracker_size"),
+        doc="Keys the ``store_threshold`` tracker remembers (read-only).")
+    admission_mode = property(
+        attrgetter("_admission_mode"),
+        lambda self, value: self._set_admission_rule(value, "admission_mode"),
+        doc="The ``admission`` argument: ``\"all\"``, ``\"adaptive\"`` or ``\"tinylfu\"`` "
+            "(read-only).")
 
     @property
     def max_open_requests(self) -> int:
@@ -354,8 +380,8 @@ class OffloadingManager:
         self._req_log = _RequestLog(self._req_log.max_open, self._req_log.store_miss,
                                     shared and _trusts_victims(policy))
         self._tracker: AdmissionTracker | None = (
-            AdmissionTracker(self.store_threshold, self.max_tracker_size)
-            if self.store_threshold >= 2
+            AdmissionTracker(self._store_threshold, self._max_tracker_size)
+            if self._store_threshold >= 2
             else None
         )
         if self.admission is not None:

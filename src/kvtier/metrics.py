@@ -19,10 +19,16 @@ Usage::
                                     tokens_per_block=16))
     start_http_server(9400)
 
-Thread safety: ``collect`` runs on the scraping thread. Tiers' ``stats()`` are thread-safe;
-:class:`~kvtier.OffloadingManager` is not, so its counters are read without a lock and a scrape
-that races the engine thread may see counters one call apart (never torn values: each is a
-Python int).
+Thread safety: ``collect`` runs on the scraping thread. A disk or Redis tier's ``stats()``
+takes the tier's lock, and a :class:`~kvtier.threadsafe.ThreadSafeManager`'s runs under its
+lock: each is one consistent snapshot. A plain :class:`~kvtier.OffloadingManager` (and a tier
+stack, whose ``stats()`` reads its host manager) is not thread-safe and is read without a
+lock, so a scrape may land inside an engine-thread call and see it half done: gauges may
+disagree with one another, and ``stores_total`` (completed + failed + pending blocks) can read
+low by the blocks of the ``complete_store`` in progress and come back up at the next scrape,
+which Prometheus counts as a counter reset (``rate()`` / ``increase()`` jump by the whole
+counter). Where the engine can call the manager through a ``ThreadSafeManager``, pass that
+wrapper here (a ``KVOffloader`` or ``TierStack`` needs the plain manager).
 """
 
 from __future__ import annotations
@@ -60,7 +66,9 @@ class TierCollector(Collector):
     """A collector over managers and tiers, one ``tier`` label value each.
 
     Args:
-        managers: ``{tier name: OffloadingManager}`` (e.g. ``{"host": m}``).
+        managers: ``{tier name: OffloadingManager or ThreadSafeManager}`` (e.g.
+            ``{"host": m}``); a ThreadSafeManager is read under its lock (see the module
+            docstring, "Thread safety").
         tiers: block tiers, labelled by their ``name``, and tier stacks: an object without a
             ``name`` whose ``stats()`` returns ``{tier name: TierStats}`` (e.g.
             ``kvtier.tiers.stack.TierStack``) contributes each tier (the host as TierStats:

@@ -2,7 +2,8 @@
 
 Fresh (never used) slots are handed out first, in order ``0, 1, 2, ...``; after that, freed
 slots, most recently freed first. Nothing is allocated per slot up front, so a huge tier that
-stays mostly empty costs no memory. Not thread-safe (the manager serialises its calls).
+stays mostly empty costs no memory. Not thread-safe: only its manager calls it, which takes
+no lock either (one thread, or a ``kvtier.threadsafe.ThreadSafeManager``).
 """
 
 from __future__ import annotations

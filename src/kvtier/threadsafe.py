@@ -58,11 +58,11 @@ class ThreadSafeManager:
         manager: the wrapped manager.
 
     Public attributes that are not methods (``num_blocks``, ``policy``, ...) are read through
-    as they are, and setting one (``m.enable_events = True``) sets it on the manager, under
-    the lock. Names starting with ``_`` are not forwarded (``AttributeError``): internal
-    state read without the lock is what this class exists to prevent. ``manager`` and
-    ``lock`` are set once, by the constructor (``AttributeError`` on a later assignment:
-    the forwarded methods keep the lock they were made with).
+    as they are, and setting (or deleting) one (``m.enable_events = True``) sets it on the
+    manager, under the lock. Names starting with ``_`` are not forwarded (``AttributeError``):
+    internal state read without the lock is what this class exists to prevent. ``manager``
+    and ``lock`` are set once, by the constructor (``AttributeError`` on a later assignment
+    or ``del``: the forwarded methods keep the lock they were made with).
 
     Raises:
         TypeError: ``manager`` is itself a :class:`ThreadSafeManager` (a second lock around
@@ -132,6 +132,20 @@ class ThreadSafeManager:
             self.__dict__.pop(name, None)  # a cached locked method of that name
             with self.lock:
                 setattr(self.manager, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        # as __setattr__: `del m.lock` then `m.lock = RLock()` got round the set-once rule
+        # (the cached methods kept the first lock, so `with m.lock:` no longer excluded them)
+        if name in ("manager", "lock"):
+            raise AttributeError(
+                f"{type(self).__name__}.{name!r} is set once, by the constructor, and cannot "
+                "be deleted")
+        if name.startswith("_"):
+            raise AttributeError(
+                f"{type(self).__name__} does not forward private attribute {name!r}")
+        self.__dict__.pop(name, None)  # a cached locked method of that name
+        with self.lock:
+            delattr(self.manager, name)
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__())

@@ -794,3 +794,42 @@ def test_in_answers_readable_blocks_only(tmp_path, monkeypatch):
         gate.set()
         assert t.flush(10)
         assert 1 in t and t.read([1]) == [blk(1)]
+
+
+def test_in_and_len_from_another_thread_wait_for_the_engine_call(tmp_path, monkeypatch):
+    """The class docstring (and docs/tiers.md) say ``in`` and ``len`` may be called from
+    another thread, every public method that uses the manager running under one lock. Found
+    by a newcomer session: they took no lock, so ``key in tier`` asked while the engine
+    thread was collecting a failed write (complete_store(success=False): the key no longer
+    pending, its slot not yet freed) answered True, and ``len`` counted the block, for a
+    block that was never readable."""
+
+    def fail(fd, data, offset):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(disk_mod, "_pwrite_all", fail)
+    t = DiskTier(tmp_path / "d", 4, BB, workers=1)
+    assert t.write([1], [blk(1)]) == 1
+    policy = t.manager.policy
+    real_remove = policy.remove
+    inside, go_on = threading.Event(), threading.Event()
+
+    def remove(keys):  # the failed store's drop, inside complete_store
+        inside.set()
+        go_on.wait(10)
+        return real_remove(keys)
+
+    policy.remove = remove
+    engine = threading.Thread(target=t.flush, args=(10,))  # collects the failed write
+    engine.start()
+    assert inside.wait(10)
+    answers: list = []
+    asker = threading.Thread(target=lambda: answers.append((1 in t, len(t))))
+    asker.start()
+    asker.join(0.3)
+    go_on.set()
+    engine.join(10)
+    asker.join(10)
+    assert answers == [(False, 0)]
+    assert t.stats().writes_failed == 1 and 1 not in t and len(t) == 0
+    t.close()

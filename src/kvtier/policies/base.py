@@ -90,7 +90,8 @@ Rules every policy keeps (tested on every registered policy by ``tests/policies`
   however many blocks are pinned or pending (each held block in the way is examined once per
   hold). The entries :meth:`CachePolicy._evict` examines are added to
   :attr:`CachePolicy.examined` so tests can prove the bound.
-* Thread safety: none. A policy is driven by one manager, which serialises the calls.
+* Thread safety: none. A policy is driven by one manager, which takes no lock either: call
+  the manager from one thread, or share it as ``kvtier.threadsafe.ThreadSafeManager``.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ hits equal a brute-force optimum (``tests/policies/test_belady.py``). Under the 
 protocol a block hits only while every block before it in the request hits, so furthest next
 use is a heuristic there; docs/policies.md gives the measured distance to brute force.
 
-Not thread-safe (the manager serialises calls).
+Not thread-safe (as the manager that drives it: one thread, or a ``ThreadSafeManager``).
 
 Request mode (the manager's ``on_request_finished``): the base class's default, one ``touch``
 of the request's keys: each resident key's next use is read from the oracle again.

@@ -741,13 +741,18 @@ class DiskTier(BlockTier):
         if self._closed:  # one attribute test: vllm_tiers asks this per chunk of a store job
             self._check_open()
         # a block being written (ref count -1) is not readable yet: before, it answered
-        # True, and a tier stack skipped copying a host victim whose disk write then failed
-        try:
-            ref = self.manager.ref_count(key)
-        except TypeError:
-            raise unhashable_error((key,), "in (DiskTier.__contains__)") from None
-        return ref is not None and ref >= 0 and key not in self._bad
+        # True, and a tier stack skipped copying a host victim whose disk write then failed.
+        # Under the lock (as _serialized, without its frame): asked from another thread
+        # while the engine's call collected a failed write (no longer pending, its slot not
+        # yet freed), it answered True for a block never readable
+        with self._call_lock:
+            try:
+                ref = self.manager.ref_count(key)
+            except TypeError:
+                raise unhashable_error((key,), "in (DiskTier.__contains__)") from None
+            return ref is not None and ref >= 0 and key not in self._bad
 
+    @_serialized  # (from another thread it counted a failed write being collected)
     def __len__(self) -> int:
         """Blocks stored (readable and being written). Raises ValueError when the tier is
         closed (as :meth:`read` and :meth:`write` do)."""
