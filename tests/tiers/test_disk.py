@@ -794,3 +794,88 @@ def test_in_answers_readable_blocks_only(tmp_path, monkeypatch):
         gate.set()
         assert t.flush(10)
         assert 1 in t and t.read([1]) == [blk(1)]
+
+
+def fail_writes_of(monkeypatch, *failing: bytes) -> threading.Event:
+    """Make the tier's data write of each block in ``failing`` wait (at most 10 s) for the
+    returned event, then fail with EIO (once per block); other blocks are written."""
+    gate = threading.Event()
+    real = disk_mod._pwrite_all
+    left = [bytes(b) for b in failing]
+
+    def flaky(fd, data, offset):
+        head = bytes(memoryview(data)[:64])
+        for i, block in enumerate(left):
+            if head == block[:64]:
+                del left[i]
+                gate.wait(10)
+                raise OSError(5, "Input/output error")
+        real(fd, data, offset)
+
+    monkeypatch.setattr(disk_mod, "_pwrite_all", flaky)
+    return gate
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failed_write_does_not_drop_a_newer_write_of_its_key(tmp_path, monkeypatch, workers):
+    """Noticed in session 16, fixed in session 17: write([1], [a]) still in flight,
+    write([1], [b]) skipped 1 as "being written"; when a's write then failed (disk full, EIO)
+    block 1 was gone although b was offered: lookup 0, read None. Now the newer block waits
+    behind the write in flight and is written when that write fails (the newest waiting
+    block: c replaces b). The tier holds c, also after a restart."""
+    a, b, c = blk("a"), blk("b"), blk("c")
+    gate = fail_writes_of(monkeypatch, a)
+    with DiskTier(tmp_path, 4, BB, workers=workers) as t:
+        assert t.write([1], [a]) == 1
+        t.write([2, 1], [blk(2), b])
+        t.write([3, 1], [blk(3), c])
+        assert t.lookup_prefix([1]) == 0 and t.read([1]) == [None]  # not readable yet
+        gate.set()
+        assert t.flush(10)
+        assert t.lookup_prefix([1, 2, 3]) == 3
+        assert t.read([1, 2, 3]) == [c, blk(2), blk(3)]
+        st = t.stats()
+        # a failed; c written and completed; b replaced by c before it was tried: skipped
+        assert (st.writes, st.writes_failed, st.writes_completed, st.writes_skipped) == (
+            4, 1, 3, 1)
+        assert t.manager.stats().pending == 0
+    with DiskTier(tmp_path, 4, BB) as t:
+        assert t.read([1, 2, 3]) == [c, blk(2), blk(3)] and t.stats().read_errors == 0
+
+
+def test_a_newer_write_behind_a_write_that_succeeds_is_skipped(tmp_path, monkeypatch):
+    """The other outcome: the write in flight succeeds, so the key is stored and the block
+    waiting behind it is skipped, as for any key the tier holds (a block key names its
+    bytes: a stored key is not rewritten)."""
+    gate = hold_writes(monkeypatch)
+    with DiskTier(tmp_path, 4, BB, workers=2) as t:
+        assert t.write([1], [blk(1)]) == 1
+        assert t.write([1], [blk("other")]) == 0  # waits behind; counted when resolved
+        gate.set()
+        assert t.flush(10)
+        assert t.read([1]) == [blk(1)]
+        st = t.stats()
+        assert (st.writes, st.writes_completed, st.writes_failed, st.writes_skipped) == (
+            1, 1, 0, 1)
+        assert st.bytes_written == BB
+
+
+def test_a_failed_rewrite_of_a_bad_block_does_not_drop_a_newer_write(tmp_path, monkeypatch):
+    """The same for a block rewritten in place after it failed verification: a rewrite in
+    flight that fails leaves the newer block of the key to be written (it was skipped, and
+    the key stayed a miss)."""
+    with DiskTier(tmp_path, 4, BB, workers=2) as t:
+        t.write([1], [blk(1)])
+        assert t.flush(10)
+        _flip(tmp_path / "blocks.dat", _file_slot(t, 1) * BB + 7)
+        assert t.read([1]) == [None] and t.stats().read_errors == 1
+        a, b = blk("a"), blk("b")
+        gate = fail_writes_of(monkeypatch, a)
+        assert t.write([1], [a]) == 1  # the rewrite in place
+        t.write([1], [b])
+        gate.set()
+        assert t.flush(10)
+        assert t.lookup_prefix([1]) == 1 and t.read([1]) == [b]
+        st = t.stats()
+        assert (st.writes_failed, st.writes_completed, st.read_errors) == (1, 2, 1)
+        assert t.manager.ref_count(1) == 0  # no pin left behind

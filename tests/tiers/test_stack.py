@@ -1068,3 +1068,39 @@ def _job_ending_in_the_offloaders_close(tiered):
 
     tiered.offloader.close = close_after_the_copy
     return job
+
+
+def test_a_victim_demoted_again_while_its_first_demotion_fails_reaches_the_disk(
+        tmp_path, monkeypatch):
+    """Session 17: under write-back the host evicted block 1, the disk's write of it was
+    still running; block 1 came back into the host and was evicted again, and the stack's
+    second write of it was skipped by the disk as "being written". That first write then
+    failed (EIO): block 1 was in neither tier. The disk now writes the newer block when the
+    write in flight fails."""
+    from kvtier.tiers import disk as disk_mod
+
+    gate = threading.Event()
+    real = disk_mod._pwrite_all
+    failed = []
+
+    def flaky(fd, data, offset):  # the first data write of block 1 waits, then fails
+        if bytes(data) == b"1......." and not failed:
+            failed.append(offset)
+            gate.wait(10)
+            raise OSError(5, "Input/output error")
+        real(fd, data, offset)
+
+    monkeypatch.setattr(disk_mod, "_pwrite_all", flaky)
+    with DiskTier(tmp_path / "disk", 4, 8, workers=2) as disk:
+        host, stack, slots = _host_stack(1, [disk])
+        _store(host, stack, slots, [1])
+        _store(host, stack, slots, [2])  # evicts 1: its disk write hangs, then fails
+        _store(host, stack, slots, [1])  # recomputed; evicts 2
+        _store(host, stack, slots, [3])  # evicts 1 again: written while the first runs
+        gate.set()
+        assert stack.flush(10) and failed
+        assert disk.stats().writes_failed == 1
+        found = stack.lookup([1])
+        assert found.runs == [("disk", 1)]
+        assert stack.promote([1], found) == 1
+        assert slots[host.slot_of(1)] == b"1......."

@@ -271,6 +271,10 @@ class DiskTier(BlockTier):
         self._hash: list[int] = [0] * num_blocks  # data checksum per logical slot
         self._bad: set[Hashable] = set()  # ready in the manager but failed verification
         self._rewriting: set[Hashable] = set()
+        # key -> (encoded key, bytes) of the newest block written for a key whose write (a
+        # new store, or a rewrite in place) was in flight: written into the same slot if that
+        # write fails, dropped (counted skipped) if it succeeds; see write()
+        self._behind: dict[Hashable, tuple[bytes, bytes]] = {}
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         # write call -> [batches left, finished batches, longest batch latency so far]
         self._calls: dict[int, list] = {}
@@ -498,9 +502,15 @@ class DiskTier(BlockTier):
     def write(self, keys: Sequence[Key], blocks: Sequence[bytes | bytearray | memoryview]) -> int:
         """Queue ``blocks[i]`` for writing under ``keys[i]``; returns the blocks accepted.
 
-        Keys already stored (or being written) are skipped (``writes_skipped``) and never
-        evicted to make room for the call's new keys; so are the new keys the manager cannot
-        make room for (slots pending), the call's head kept. The
+        Keys already stored are skipped (``writes_skipped``) and never evicted to make room
+        for the call's new keys; so are the new keys the manager cannot make room for (slots
+        pending), the call's head kept. A key whose write is still in flight (an earlier
+        call's, not yet collected) is not skipped at once: its block waits behind that write
+        (not counted in the return value nor in ``writes`` yet). If that write fails, the
+        waiting block is written into the same slot (counted in ``writes`` then; the key
+        stays unreadable until it is done); if it succeeds, the key is stored and the waiting
+        block is skipped. Per key one block waits, the newest: an older waiting block is
+        skipped when a newer one replaces it. The
         call's blocks become readable together once every worker batch of the call has
         written (and, per ``fsync``, synced) them and a later call collected that; the
         call's ``keys[0]`` then ends most recent in the policy. ``bytes`` blocks are kept by reference (immutable); others are copied
@@ -539,8 +549,18 @@ class DiskTier(BlockTier):
             first.setdefault(key, i)
         # blocks that failed verification are rewritten in place, pinned meanwhile
         redo = [k for k in first if k in self._bad and k not in self._rewriting]
+        # a key whose write is in flight (a store still pending, or a rewrite in place):
+        # its block waits behind that write, in case it fails (see _drain)
+        rewriting, ref_count = self._rewriting, m.ref_count
+        behind = [k for k in first if k in rewriting or ref_count(k) == -1]
         new = [k for k in first if k not in m]
-        st.writes_skipped += len(keys) - len(new) - len(redo)
+        st.writes_skipped += len(keys) - len(new) - len(redo) - len(behind)
+        for key in behind:
+            if key in self._behind:  # replaced by the newer block before it was tried
+                st.writes_skipped += 1
+            i = first[key]
+            b = blocks[i]
+            self._behind[key] = (encoded[i], b if type(b) is bytes else memoryview(b).tobytes())
         jobs: list[tuple[Key, bytes, int, Any, bool]] = []
         if redo:
             for key, logical in zip(redo, m.prepare_load(redo), strict=True):
@@ -570,7 +590,15 @@ class DiskTier(BlockTier):
         # (tobytes: in order also from a non-contiguous view, which cast("B") refuses)
         jobs = [(k, kb, lg, b if type(b) is bytes else memoryview(b).tobytes(), redo_)
                 for k, kb, lg, b, redo_ in jobs]
-        st.writes += len(jobs)
+        self._submit(jobs)
+        st.used_blocks = len(m)
+        return len(jobs)
+
+    def _submit(self, jobs: list[tuple[Key, bytes, int, bytes, bool]]) -> None:
+        """Hand ``jobs`` ``(key, encoded key, logical slot, bytes, rewrite in place)`` to
+        the workers as one call of at most ``workers`` batches (caller's thread, under the
+        call lock; the slots are reserved in the manager and no other job writes them)."""
+        self._stats.writes += len(jobs)
         n_batches = min(self._workers, len(jobs))
         per = -(-len(jobs) // n_batches)
         n_batches = -(-len(jobs) // per)
@@ -585,8 +613,6 @@ class DiskTier(BlockTier):
             self._seq += len(batch)
             meta = [(k, lg, r) for k, _, lg, _, r in jobs[start : start + per]]
             self._pool.submit(self._write_batch, batch, seqs, (call, start, meta), t0)
-        st.used_blocks = len(m)
-        return len(jobs)
 
     def _write_batch(self, batch, seqs, meta, t0) -> None:
         """Worker thread: write one batch (see the module docstring for the order)."""
@@ -616,10 +642,14 @@ class DiskTier(BlockTier):
         """Apply finished writes to the manager (caller's thread): a :meth:`write` call's
         blocks become readable together once all its batches are done, in one
         ``complete_store`` in the call's order (so ``keys[0]`` ends most recent, whatever
-        order the workers finished in)."""
+        order the workers finished in). A failed block whose key has a newer block waiting
+        (``_behind``) stays pending (or pinned, for a rewrite) and that block is submitted
+        into its slot; a stored one's waiting block is skipped."""
         done = self._done
         m = self.manager
         st = self._stats
+        behind = self._behind
+        retry: list[tuple[Key, bytes, int, bytes, bool]] = []
         while True:
             try:
                 (call, start, meta), checksums, ok, nbytes, latency = done.get_nowait()
@@ -647,8 +677,26 @@ class DiskTier(BlockTier):
                 if success:
                     st.writes_completed += len(metas)
                     self._bad.difference_update(k for k, _, r in metas if r)
+                    if behind:  # stored: a block waiting behind is skipped, as for any
+                        for k, _, _ in metas:  # stored key
+                            if behind.pop(k, None) is not None:
+                                st.writes_skipped += 1
                 else:
                     st.writes_failed += len(metas)
+                    if behind:
+                        # a key with a newer block waiting: that block is written into the
+                        # same slot, the key staying pending (a rewrite: pinned and in
+                        # _rewriting) until it is done
+                        rest = []
+                        for key, logical, redo in metas:
+                            if key in behind:
+                                kb, data = behind.pop(key)
+                                retry.append((key, kb, logical, data, redo))
+                            else:
+                                rest.append((key, logical, redo))
+                        metas = rest
+                        if not metas:
+                            continue
                 redo_keys = [k for k, _, r in metas if r]
                 new_keys = [k for k, _, r in metas if not r]
                 if redo_keys:
@@ -656,6 +704,8 @@ class DiskTier(BlockTier):
                     m.complete_load(redo_keys)
                 if new_keys:
                     m.complete_store(new_keys, success=success)
+        if retry:
+            self._submit(retry)
         st.used_blocks = len(m)
 
     def check_keys(self, keys: Sequence[Key]) -> None:
@@ -670,7 +720,8 @@ class DiskTier(BlockTier):
                                  f"record holds at most {MAX_KEY_BYTES}")
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every accepted write is done (or failed) and collect them.
+        """Wait until every accepted write is done (or failed) and collect them, blocks that
+        waited behind a failed write of their key included (see :meth:`write`).
 
         Returns ``False`` when ``timeout`` seconds passed first (``None`` or ``inf``: wait as
         long as it takes).
@@ -679,14 +730,19 @@ class DiskTier(BlockTier):
             ValueError: ``timeout`` is negative, NaN, a bool or not a number.
         """
         timeout = check_timeout(timeout, "flush")
-        if self._closed:
-            return True
-        with self._cv:
-            done = self._cv.wait_for(lambda: self._in_flight == 0, timeout)
-        with self._call_lock:
-            if not self._closed:
-                self._drain()
-        return done
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._closed:
+                return True
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            with self._cv:
+                done = self._cv.wait_for(lambda: self._in_flight == 0, left)
+            with self._call_lock:
+                if self._closed:
+                    return True
+                self._drain()  # may submit the blocks waiting behind failed writes
+                if not done or not self._calls:
+                    return done
 
     @_serialized
     def stats(self) -> TierStats:
