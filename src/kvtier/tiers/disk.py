@@ -18,14 +18,17 @@ The data checksum is ``xxh3_64(data, seed=xxh3_64(key bytes))`` (so a slot's byt
 *which* block they are); the record checksum is ``xxh3_64(record[0:248])``. An all-zero or
 otherwise invalid record means "slot empty".
 
-Crash consistency. A block is written as: (1) its slot's record is overwritten with zeros,
-(2) the data is written, (3) with ``fsync="batch"`` the data file is ``fdatasync``-ed, (4) the
-new record is written, (5) with ``fsync="batch"`` the index file is ``fdatasync``-ed; only
-then is the block readable. A process killed at any point leaves each slot's record either
-the old valid one (old data untouched), empty, or the new valid one over fully written data.
-On open every record is checked (magic, version, record checksum) and the valid ones rebuild
-the index; every read verifies the data checksum, so a block torn by a power loss (whose page
-writes the kernel reordered, with ``fsync="none"``) reads as a miss plus a counted error.
+Crash consistency. A batch of blocks is written as: (1) their slots' records are overwritten
+with zeros, (2) with ``fsync="batch"``, when one of the slots may hold a valid record on the
+device (an evicted block's, a bad one's, a failed write's), the index file is
+``fdatasync``-ed, (3) the data is written, (4) with ``fsync="batch"`` the data file is
+``fdatasync``-ed, (5) the new records are written, (6) with ``fsync="batch"`` the index file
+is ``fdatasync``-ed; only then are the blocks readable. A process killed at any point (and,
+with ``fsync="batch"``, a power loss) leaves each slot's record either the old valid one (old
+data untouched), empty, or the new valid one over fully written data. On open every record
+is checked (magic, version, record checksum) and the valid ones rebuild the index; every read
+verifies the data checksum, so a block torn by a power loss (whose page writes the kernel
+reordered, with ``fsync="none"``) reads as a miss plus a counted error.
 
 Slots are managed by a kvtier :class:`~kvtier.OffloadingManager` (same policies and contract
 as the host tier). The manager hands out *logical* slots; a permutation maps them to file
@@ -181,7 +184,10 @@ class DiskTier(BlockTier):
             OS (they survive a killed process, not a power loss: a torn block then reads as a
             miss plus an error); ``"batch"`` — each write batch (the blocks of one
             :meth:`write` call handled by one worker) is ``fdatasync``-ed, data before
-            record, before its blocks become readable (they survive a power loss too).
+            record, before its blocks become readable (they survive a power loss too); a
+            batch that reuses slots (a full tier) first syncs their zeroed records, one
+            ``fdatasync`` more, so a power loss never leaves an evicted block's record over
+            new data.
         workers: threads that write blocks (>= 1). Each :meth:`write` call is split into at
             most ``workers`` batches.
         name: the tier's name in stats and events (a str with a non-space character).
@@ -258,6 +264,10 @@ class DiskTier(BlockTier):
                 f"disk tier {self.path} is already open (in another process, or by another "
                 "DiskTier in this one: close it first)") from None
         fresh = not (self.path / "meta.json").exists()
+        # per file slot: 1 when the device may hold a valid record there (found at open, or
+        # a record written since); with fsync="batch" such a record's zeroing is synced
+        # before new data overwrites its slot (see _write_batch)
+        self._had_record = bytearray(num_blocks)
         try:
             self._open_files()
             recovered = self._load_index()
@@ -361,6 +371,7 @@ class DiskTier(BlockTier):
             parsed = _parse_record(view[off : off + RECORD_BYTES], block_bytes)
             if parsed is None:
                 continue
+            self._had_record[slot] = 1  # valid, if not recovered (an older duplicate)
             key_bytes, seq, checksum = parsed
             try:
                 key = decode_key(key_bytes)
@@ -607,21 +618,33 @@ class DiskTier(BlockTier):
         call = next(self._call_ids)
         self._calls[call] = [n_batches, [], 0.0]
         t0 = time.perf_counter()
+        had = self._had_record
+        sync = self.fsync == "batch"
         for start in range(0, len(jobs), per):
             batch = [(kb, self._phys[lg], b) for _, kb, lg, b, _ in jobs[start : start + per]]
             seqs = list(range(self._seq, self._seq + len(batch)))
             self._seq += len(batch)
             meta = [(k, lg, r) for k, _, lg, _, r in jobs[start : start + per]]
-            self._pool.submit(self._write_batch, batch, seqs, (call, start, meta), t0)
+            # a slot whose old record may be on the device (an evicted block's, a bad one's,
+            # a failed write's): its zeroing is synced before the new data is written
+            presync = sync and any(had[slot] for _, slot, _ in batch)
+            for _, slot, _ in batch:
+                had[slot] = 1
+            self._pool.submit(self._write_batch, batch, seqs, (call, start, meta), t0, presync)
 
-    def _write_batch(self, batch, seqs, meta, t0) -> None:
-        """Worker thread: write one batch (see the module docstring for the order)."""
+    def _write_batch(self, batch, seqs, meta, t0, presync) -> None:
+        """Worker thread: write one batch (see the module docstring for the order).
+        ``presync``: ``fdatasync`` the zeroed records before writing the data (fsync="batch",
+        a slot of the batch may hold a valid record on the device)."""
         checksums: list[int] = []
         ok = True
         try:
             data_fd, index_fd, bb = self._data_fd, self._index_fd, self.block_bytes
-            for kb, slot, data in batch:
+            for _, slot, _ in batch:
                 os.pwrite(index_fd, _EMPTY, slot * RECORD_BYTES)
+            if presync:  # else a power loss could keep an old record over the new data
+                os.fdatasync(index_fd)
+            for kb, slot, data in batch:
                 _pwrite_all(data_fd, data, slot * bb)
                 checksums.append(_data_checksum(kb, data))
             if self.fsync == "batch":
