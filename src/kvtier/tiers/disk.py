@@ -371,7 +371,7 @@ class DiskTier(BlockTier):
             parsed = _parse_record(view[off : off + RECORD_BYTES], block_bytes)
             if parsed is None:
                 continue
-            self._had_record[slot] = 1  # valid, if not recovered (an older duplicate)
+            self._had_record[slot] = 1  # a valid record, recovered or an older duplicate
             key_bytes, seq, checksum = parsed
             try:
                 key = decode_key(key_bytes)
