@@ -12,6 +12,11 @@ back (raw first, then tier, alternating which file system state each sees); the 
 (target >= 0.7), and the CPU seconds per GB (process time of all threads, best of the
 repeats: steadier than wall time on a busy host).
 
+``--full`` fills the tier with ``--blocks`` other blocks first (not timed), so every timed
+write evicts one and reuses its slot: the steady state of a full tier (with ``--fsync
+batch``, each batch then also syncs the evicted blocks' zeroed records before their slots'
+data is overwritten).
+
 ``--cold`` drops the files' pages from the page cache (fsync + ``posix_fadvise(DONTNEED)``)
 before each read, so reads come from the device; otherwise reads are served from the page
 cache (what a tier re-reading recent blocks sees).
@@ -19,6 +24,7 @@ cache (what a tier re-reading recent blocks sees).
     python benchmarks/bench_tiers_disk.py                      # 2 MiB blocks, fsync none
     python benchmarks/bench_tiers_disk.py --block-mib 1 --cold
     python benchmarks/bench_tiers_disk.py --fsync batch --dir /mnt/nvme/bench --json out.json
+    python benchmarks/bench_tiers_disk.py --fsync batch --full     # every write evicts
 """
 
 from __future__ import annotations
@@ -94,6 +100,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--fsync", choices=["none", "batch"], default="none")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cold", action="store_true", help="read from the device, not the cache")
+    ap.add_argument("--full", action="store_true", help="fill the tier first (not timed): "
+                    "every timed write evicts a block and reuses its slot")
     ap.add_argument("--dir", type=Path, default=None, help="file system to test (default: a "
                     "temporary folder under the current directory)")
     ap.add_argument("--json", type=Path, default=None)
@@ -110,6 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
             tdir = base / f"tier{rep}"
             tier = DiskTier(tdir, args.blocks, nbytes, fsync=args.fsync, workers=args.workers)
             keys = list(range(args.blocks))
+            if args.full:  # other keys, same bytes: the timed writes evict them all
+                tier_write(tier, [args.blocks + k for k in keys], blocks, args.batch)
             pairs = [("raw_write", lambda: raw_write(raw, blocks, args.fsync == "batch")),
                      ("tier_write", lambda: tier_write(tier, keys, blocks, args.batch))]
             if rep % 2:
@@ -135,11 +145,12 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     out = {"block_bytes": nbytes, "blocks": args.blocks, "batch": args.batch,
-           "workers": args.workers, "fsync": args.fsync, "cold": args.cold,
+           "workers": args.workers, "fsync": args.fsync, "cold": args.cold, "full": args.full,
            "repeats": args.repeats}
     print(f"disk tier vs plain buffered file I/O: {args.blocks} x {args.block_mib:g} MiB "
           f"({total / 1e6:,.0f} MB), batch {args.batch}, {args.workers} workers, fsync "
-          f"{args.fsync}, reads {'from the device' if args.cold else 'from the page cache'}; "
+          f"{args.fsync}{', full tier (every write evicts)' if args.full else ''}, reads "
+          f"{'from the device' if args.cold else 'from the page cache'}; "
           f"best of {args.repeats}")
     print(f"{'':8}{'raw GB/s':>10}{'tier GB/s':>11}{'tier blocks/s':>15}{'tier/raw':>10}"
           f"{'raw CPU s/GB':>14}{'tier CPU s/GB':>15}")

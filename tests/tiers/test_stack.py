@@ -1068,3 +1068,88 @@ def _job_ending_in_the_offloaders_close(tiered):
 
     tiered.offloader.close = close_after_the_copy
     return job
+
+
+def test_a_victim_demoted_again_while_its_first_demotion_fails_reaches_the_disk(
+        tmp_path, monkeypatch):
+    """Session 17: under write-back the host evicted block 1, the disk's write of it was
+    still running; block 1 came back into the host and was evicted again, and the stack's
+    second write of it was skipped by the disk as "being written". That first write then
+    failed (EIO): block 1 was in neither tier. The disk now writes the newer block when the
+    write in flight fails."""
+    from kvtier.tiers import disk as disk_mod
+
+    gate = threading.Event()
+    real = disk_mod._pwrite_all
+    failed = []
+
+    def flaky(fd, data, offset):  # the first data write of block 1 waits, then fails
+        if bytes(data) == b"1......." and not failed:
+            failed.append(offset)
+            gate.wait(10)
+            raise OSError(5, "Input/output error")
+        real(fd, data, offset)
+
+    monkeypatch.setattr(disk_mod, "_pwrite_all", flaky)
+    with DiskTier(tmp_path / "disk", 4, 8, workers=2) as disk:
+        host, stack, slots = _host_stack(1, [disk])
+        _store(host, stack, slots, [1])
+        _store(host, stack, slots, [2])  # evicts 1: its disk write hangs, then fails
+        _store(host, stack, slots, [1])  # recomputed; evicts 2
+        _store(host, stack, slots, [3])  # evicts 1 again: written while the first runs
+        gate.set()
+        assert stack.flush(10) and failed
+        assert disk.stats().writes_failed == 1
+        found = stack.lookup([1])
+        assert found.runs == [("disk", 1)]
+        assert stack.promote([1], found) == 1
+        assert slots[host.slot_of(1)] == b"1......."
+
+
+def test_demoted_counts_the_blocks_a_lower_tier_took(tmp_path, monkeypatch):
+    """Session 17: TierStack.demoted counted every block handed to a lower tier whose write
+    did not raise, also those the tier then skipped (a disk whose slots are all pending,
+    a Redis tier with its breaker open): demoted 1, disk writes 0. It now counts from what
+    each tier's write returns: blocks at least one lower tier took."""
+    from kvtier.tiers import disk as disk_mod
+
+    gate = threading.Event()
+    real = disk_mod._pwrite_all
+    monkeypatch.setattr(disk_mod, "_pwrite_all",
+                        lambda fd, data, offset: (gate.wait(10), real(fd, data, offset)))
+    with DiskTier(tmp_path / "disk", 1, 8, workers=1) as disk:
+        host, stack, slots = _host_stack(1, [disk])
+        assert disk.write(["x"], [b"x" * 8]) == 1  # the disk's one slot, pending until gate
+        _store(host, stack, slots, [1])
+        _store(host, stack, slots, [2])  # evicts 1: the disk has no slot to give
+        assert disk.stats().writes_skipped == 1 and disk.stats().writes == 1
+        assert stack.demoted == 0
+        gate.set()
+        assert disk.flush(10)
+        _store(host, stack, slots, [3])  # evicts 2: the disk evicts x for it
+        assert stack.demoted == 1 and disk.flush(10) and disk.lookup_prefix([2]) == 1
+    # two lower tiers: a block counts once when either took it
+    sim = SimTier("sim", 4, block_bytes=8)
+    full = SimTier("full", 1, block_bytes=8)
+    full.write(["y"], [b"y" * 8])
+    full.manager.prepare_load(["y"])  # pinned: "full" has no room
+    host, stack, slots = _host_stack(1, [full, sim])
+    _store(host, stack, slots, [1])
+    _store(host, stack, slots, [2])
+    assert stack.demoted == 1 and full.stats().writes == 1 and sim.lookup_prefix([1]) == 1
+
+
+@pytest.mark.parametrize("results, taken", [
+    ([([1, 2, 3], 3)], 3),
+    ([([1, 2, 3], 1)], 1),  # one lower tier: what it took
+    ([([1, 2, 3], 0), ([1, 2, 3], 2)], 2),
+    ([([1, 2, 3], 3), ([1, 2, 3], 1)], 3),
+    ([([1, 2], 2), ([3, 4], 1)], 3),  # write-through: each tier its own keys
+    ([([1, 2], 2), ([2, 3], 1)], 2),  # took 2 or 3: the least the counts allow
+    ([([1, 2, 3], 2), ([1, 2, 3], 2)], 2),  # took 2 or 3
+    ([([1, 1, 2], 2)], 2),  # a repeated key is one block
+    ([([1, 2], None)], 2),  # a tier outside kvtier that returns no count: all, as before
+    ([], 0),
+])
+def test_taken_counts_from_the_tiers_write_returns(results, taken):
+    assert TierStack._taken(results) == taken

@@ -18,14 +18,17 @@ The data checksum is ``xxh3_64(data, seed=xxh3_64(key bytes))`` (so a slot's byt
 *which* block they are); the record checksum is ``xxh3_64(record[0:248])``. An all-zero or
 otherwise invalid record means "slot empty".
 
-Crash consistency. A block is written as: (1) its slot's record is overwritten with zeros,
-(2) the data is written, (3) with ``fsync="batch"`` the data file is ``fdatasync``-ed, (4) the
-new record is written, (5) with ``fsync="batch"`` the index file is ``fdatasync``-ed; only
-then is the block readable. A process killed at any point leaves each slot's record either
-the old valid one (old data untouched), empty, or the new valid one over fully written data.
-On open every record is checked (magic, version, record checksum) and the valid ones rebuild
-the index; every read verifies the data checksum, so a block torn by a power loss (whose page
-writes the kernel reordered, with ``fsync="none"``) reads as a miss plus a counted error.
+Crash consistency. A batch of blocks is written as: (1) their slots' records are overwritten
+with zeros, (2) with ``fsync="batch"``, when one of the slots may hold a valid record on the
+device (an evicted block's, a bad one's, a failed write's), the index file is
+``fdatasync``-ed, (3) the data is written, (4) with ``fsync="batch"`` the data file is
+``fdatasync``-ed, (5) the new records are written, (6) with ``fsync="batch"`` the index file
+is ``fdatasync``-ed; only then are the blocks readable. A process killed at any point (and,
+with ``fsync="batch"``, a power loss) leaves each slot's record either the old valid one (old
+data untouched), empty, or the new valid one over fully written data. On open every record
+is checked (magic, version, record checksum) and the valid ones rebuild the index; every read
+verifies the data checksum, so a block torn by a power loss (whose page writes the kernel
+reordered, with ``fsync="none"``) reads as a miss plus a counted error.
 
 Slots are managed by a kvtier :class:`~kvtier.OffloadingManager` (same policies and contract
 as the host tier). The manager hands out *logical* slots; a permutation maps them to file
@@ -181,7 +184,10 @@ class DiskTier(BlockTier):
             OS (they survive a killed process, not a power loss: a torn block then reads as a
             miss plus an error); ``"batch"`` — each write batch (the blocks of one
             :meth:`write` call handled by one worker) is ``fdatasync``-ed, data before
-            record, before its blocks become readable (they survive a power loss too).
+            record, before its blocks become readable (they survive a power loss too); a
+            batch that reuses slots (a full tier) first syncs their zeroed records, one
+            ``fdatasync`` more, so a power loss never leaves an evicted block's record over
+            new data.
         workers: threads that write blocks (>= 1). Each :meth:`write` call is split into at
             most ``workers`` batches.
         name: the tier's name in stats and events (a str with a non-space character).
@@ -258,6 +264,10 @@ class DiskTier(BlockTier):
                 f"disk tier {self.path} is already open (in another process, or by another "
                 "DiskTier in this one: close it first)") from None
         fresh = not (self.path / "meta.json").exists()
+        # per file slot: 1 when the device may hold a valid record there (found at open, or
+        # a record written since); with fsync="batch" such a record's zeroing is synced
+        # before new data overwrites its slot (see _write_batch)
+        self._had_record = bytearray(num_blocks)
         try:
             self._open_files()
             recovered = self._load_index()
@@ -271,6 +281,10 @@ class DiskTier(BlockTier):
         self._hash: list[int] = [0] * num_blocks  # data checksum per logical slot
         self._bad: set[Hashable] = set()  # ready in the manager but failed verification
         self._rewriting: set[Hashable] = set()
+        # key -> (encoded key, bytes) of the newest block written for a key whose write (a
+        # new store, or a rewrite in place) was in flight: written into the same slot if that
+        # write fails, dropped (counted skipped) if it succeeds; see write()
+        self._behind: dict[Hashable, tuple[bytes, bytes]] = {}
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         # write call -> [batches left, finished batches, longest batch latency so far]
         self._calls: dict[int, list] = {}
@@ -357,6 +371,7 @@ class DiskTier(BlockTier):
             parsed = _parse_record(view[off : off + RECORD_BYTES], block_bytes)
             if parsed is None:
                 continue
+            self._had_record[slot] = 1  # a valid record, recovered or an older duplicate
             key_bytes, seq, checksum = parsed
             try:
                 key = decode_key(key_bytes)
@@ -498,9 +513,15 @@ class DiskTier(BlockTier):
     def write(self, keys: Sequence[Key], blocks: Sequence[bytes | bytearray | memoryview]) -> int:
         """Queue ``blocks[i]`` for writing under ``keys[i]``; returns the blocks accepted.
 
-        Keys already stored (or being written) are skipped (``writes_skipped``) and never
-        evicted to make room for the call's new keys; so are the new keys the manager cannot
-        make room for (slots pending), the call's head kept. The
+        Keys already stored are skipped (``writes_skipped``) and never evicted to make room
+        for the call's new keys; so are the new keys the manager cannot make room for (slots
+        pending), the call's head kept. A key whose write is still in flight (an earlier
+        call's, not yet collected) is not skipped at once: its block waits behind that write
+        (not counted in the return value nor in ``writes`` yet). If that write fails, the
+        waiting block is written into the same slot (counted in ``writes`` then; the key
+        stays unreadable until it is done); if it succeeds, the key is stored and the waiting
+        block is skipped. Per key one block waits, the newest: an older waiting block is
+        skipped when a newer one replaces it. The
         call's blocks become readable together once every worker batch of the call has
         written (and, per ``fsync``, synced) them and a later call collected that; the
         call's ``keys[0]`` then ends most recent in the policy. ``bytes`` blocks are kept by reference (immutable); others are copied
@@ -539,8 +560,18 @@ class DiskTier(BlockTier):
             first.setdefault(key, i)
         # blocks that failed verification are rewritten in place, pinned meanwhile
         redo = [k for k in first if k in self._bad and k not in self._rewriting]
+        # a key whose write is in flight (a store still pending, or a rewrite in place):
+        # its block waits behind that write, in case it fails (see _drain)
+        rewriting, ref_count = self._rewriting, m.ref_count
+        behind = [k for k in first if k in rewriting or ref_count(k) == -1]
         new = [k for k in first if k not in m]
-        st.writes_skipped += len(keys) - len(new) - len(redo)
+        st.writes_skipped += len(keys) - len(new) - len(redo) - len(behind)
+        for key in behind:
+            if key in self._behind:  # replaced by the newer block before it was tried
+                st.writes_skipped += 1
+            i = first[key]
+            b = blocks[i]
+            self._behind[key] = (encoded[i], b if type(b) is bytes else memoryview(b).tobytes())
         jobs: list[tuple[Key, bytes, int, Any, bool]] = []
         if redo:
             for key, logical in zip(redo, m.prepare_load(redo), strict=True):
@@ -570,7 +601,15 @@ class DiskTier(BlockTier):
         # (tobytes: in order also from a non-contiguous view, which cast("B") refuses)
         jobs = [(k, kb, lg, b if type(b) is bytes else memoryview(b).tobytes(), redo_)
                 for k, kb, lg, b, redo_ in jobs]
-        st.writes += len(jobs)
+        self._submit(jobs)
+        st.used_blocks = len(m)
+        return len(jobs)
+
+    def _submit(self, jobs: list[tuple[Key, bytes, int, bytes, bool]]) -> None:
+        """Hand ``jobs`` ``(key, encoded key, logical slot, bytes, rewrite in place)`` to
+        the workers as one call of at most ``workers`` batches (caller's thread, under the
+        call lock; the slots are reserved in the manager and no other job writes them)."""
+        self._stats.writes += len(jobs)
         n_batches = min(self._workers, len(jobs))
         per = -(-len(jobs) // n_batches)
         n_batches = -(-len(jobs) // per)
@@ -579,23 +618,33 @@ class DiskTier(BlockTier):
         call = next(self._call_ids)
         self._calls[call] = [n_batches, [], 0.0]
         t0 = time.perf_counter()
+        had = self._had_record
+        sync = self.fsync == "batch"
         for start in range(0, len(jobs), per):
             batch = [(kb, self._phys[lg], b) for _, kb, lg, b, _ in jobs[start : start + per]]
             seqs = list(range(self._seq, self._seq + len(batch)))
             self._seq += len(batch)
             meta = [(k, lg, r) for k, _, lg, _, r in jobs[start : start + per]]
-            self._pool.submit(self._write_batch, batch, seqs, (call, start, meta), t0)
-        st.used_blocks = len(m)
-        return len(jobs)
+            # a slot whose old record may be on the device (an evicted block's, a bad one's,
+            # a failed write's): its zeroing is synced before the new data is written
+            presync = sync and any(had[slot] for _, slot, _ in batch)
+            for _, slot, _ in batch:
+                had[slot] = 1
+            self._pool.submit(self._write_batch, batch, seqs, (call, start, meta), t0, presync)
 
-    def _write_batch(self, batch, seqs, meta, t0) -> None:
-        """Worker thread: write one batch (see the module docstring for the order)."""
+    def _write_batch(self, batch, seqs, meta, t0, presync) -> None:
+        """Worker thread: write one batch (see the module docstring for the order).
+        ``presync``: ``fdatasync`` the zeroed records before writing the data (fsync="batch",
+        a slot of the batch may hold a valid record on the device)."""
         checksums: list[int] = []
         ok = True
         try:
             data_fd, index_fd, bb = self._data_fd, self._index_fd, self.block_bytes
-            for kb, slot, data in batch:
+            for _, slot, _ in batch:
                 os.pwrite(index_fd, _EMPTY, slot * RECORD_BYTES)
+            if presync:  # else a power loss could keep an old record over the new data
+                os.fdatasync(index_fd)
+            for kb, slot, data in batch:
                 _pwrite_all(data_fd, data, slot * bb)
                 checksums.append(_data_checksum(kb, data))
             if self.fsync == "batch":
@@ -616,10 +665,14 @@ class DiskTier(BlockTier):
         """Apply finished writes to the manager (caller's thread): a :meth:`write` call's
         blocks become readable together once all its batches are done, in one
         ``complete_store`` in the call's order (so ``keys[0]`` ends most recent, whatever
-        order the workers finished in)."""
+        order the workers finished in). A failed block whose key has a newer block waiting
+        (``_behind``) stays pending (or pinned, for a rewrite) and that block is submitted
+        into its slot; a stored one's waiting block is skipped."""
         done = self._done
         m = self.manager
         st = self._stats
+        behind = self._behind
+        retry: list[tuple[Key, bytes, int, bytes, bool]] = []
         while True:
             try:
                 (call, start, meta), checksums, ok, nbytes, latency = done.get_nowait()
@@ -647,8 +700,26 @@ class DiskTier(BlockTier):
                 if success:
                     st.writes_completed += len(metas)
                     self._bad.difference_update(k for k, _, r in metas if r)
+                    if behind:  # stored: a block waiting behind is skipped, as for any
+                        for k, _, _ in metas:  # stored key
+                            if behind.pop(k, None) is not None:
+                                st.writes_skipped += 1
                 else:
                     st.writes_failed += len(metas)
+                    if behind:
+                        # a key with a newer block waiting: that block is written into the
+                        # same slot, the key staying pending (a rewrite: pinned and in
+                        # _rewriting) until it is done
+                        rest = []
+                        for key, logical, redo in metas:
+                            if key in behind:
+                                kb, data = behind.pop(key)
+                                retry.append((key, kb, logical, data, redo))
+                            else:
+                                rest.append((key, logical, redo))
+                        metas = rest
+                        if not metas:
+                            continue
                 redo_keys = [k for k, _, r in metas if r]
                 new_keys = [k for k, _, r in metas if not r]
                 if redo_keys:
@@ -656,6 +727,8 @@ class DiskTier(BlockTier):
                     m.complete_load(redo_keys)
                 if new_keys:
                     m.complete_store(new_keys, success=success)
+        if retry:
+            self._submit(retry)
         st.used_blocks = len(m)
 
     def check_keys(self, keys: Sequence[Key]) -> None:
@@ -670,7 +743,8 @@ class DiskTier(BlockTier):
                                  f"record holds at most {MAX_KEY_BYTES}")
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every accepted write is done (or failed) and collect them.
+        """Wait until every accepted write is done (or failed) and collect them, blocks that
+        waited behind a failed write of their key included (see :meth:`write`).
 
         Returns ``False`` when ``timeout`` seconds passed first (``None`` or ``inf``: wait as
         long as it takes).
@@ -679,14 +753,19 @@ class DiskTier(BlockTier):
             ValueError: ``timeout`` is negative, NaN, a bool or not a number.
         """
         timeout = check_timeout(timeout, "flush")
-        if self._closed:
-            return True
-        with self._cv:
-            done = self._cv.wait_for(lambda: self._in_flight == 0, timeout)
-        with self._call_lock:
-            if not self._closed:
-                self._drain()
-        return done
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._closed:
+                return True
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            with self._cv:
+                done = self._cv.wait_for(lambda: self._in_flight == 0, left)
+            with self._call_lock:
+                if self._closed:
+                    return True
+                self._drain()  # may submit the blocks waiting behind failed writes
+                if not done or not self._calls:
+                    return done
 
     @_serialized
     def stats(self) -> TierStats:

@@ -157,10 +157,13 @@ class TierStack:
         #: blocks promoted into the host, per tier they came from
         self.promoted: dict[str, int] = {name: 0 for name in names[1:]}
         #: blocks written down from the host (evicted under write-back, stored under
-        #: write-through), counted once per block whatever the number of lower tiers: handed
-        #: to at least one lower tier whose ``write`` did not raise. A tier may accept fewer
-        #: than it was handed (Redis: breaker open or queue full; disk: no evictable slot;
-        #: a block it holds already): each tier's ``writes_skipped`` counts those
+        #: write-through), counted once per block whatever the number of lower tiers: taken
+        #: by at least one lower tier, as its ``write``'s return value says (a tier skips
+        #: what it holds already, or cannot take now: Redis with its breaker open or its
+        #: queue full, a disk without an evictable slot; its ``writes_skipped`` counts
+        #: those). Exact when at most one tier took only part of a batch (always with one
+        #: lower tier); when several did, ``write``'s count does not say which blocks, and
+        #: the least number consistent with the counts is added (see :meth:`_taken`)
         self.demoted = 0
         #: promotions refused because the host could not make room (pinned/pending blocks)
         self.promote_failures = 0
@@ -376,8 +379,9 @@ class TierStack:
     def flush_demotions(self) -> int:
         """Write the blocks the host evicted since the last call to every lower tier
         (write-back), or the blocks promoted since the last call to the lower tiers that do
-        not hold them (write-through); returns how many blocks went down (to at least one
-        tier). Call after every host ``prepare_store`` and every :meth:`promote`.
+        not hold them (write-through); returns how many blocks went down (taken by at least
+        one tier, as counted in :attr:`demoted`). Call after every host ``prepare_store``
+        and every :meth:`promote`.
 
         A tier that refuses the blocks (its ``write`` raises, e.g. a disk its owner closed)
         does not keep the other tiers from getting them; the blocks are not kept for a
@@ -408,10 +412,8 @@ class TierStack:
             victims, through = [], []
         done = 0
         if victims:  # write-back: every tier gets every victim
-            taken, problems, first = self._write_every(victims)
-            if taken:
-                done = len(victims)
-        written = [False] * len(through)
+            done, problems, first = self._write_every(victims)
+        results: list[tuple[list[Hashable], Any]] = []  # write-through: (keys, count) per tier
         for tier in self.lower if through else ():
             # write-through: the tiers that lack a promoted block (not the one it came from)
             contains = getattr(type(tier), "__contains__", None)
@@ -427,15 +429,13 @@ class TierStack:
                 todo.append(i)
             if not todo:
                 continue
+            keys = [through[i][0] for i in todo]
             try:
-                tier.write([through[i][0] for i in todo], [through[i][1] for i in todo])
+                results.append((keys, tier.write(keys, [through[i][1] for i in todo])))
             except Exception as exc:  # noqa: BLE001 (any tier error: reported)
                 first = first or exc
                 problems.append(self._refused(tier, len(todo), exc))
-            else:
-                for i in todo:
-                    written[i] = True
-        done += sum(written)
+        done += self._taken(results)
         self.demoted += done
         if unread:
             key, exc = unread[0]
@@ -454,31 +454,53 @@ class TierStack:
 
     def _write_every(
         self, pairs: list[tuple[Hashable, Any]]
-    ) -> tuple[bool, list[str], BaseException | None]:
+    ) -> tuple[int, list[str], BaseException | None]:
         """Write ``pairs`` (key, bytes) to every lower tier, each tier's error caught; returns
-        (whether at least one tier took them, what each refusing tier said, the first
-        error)."""
+        (blocks at least one tier took, see :meth:`_taken`; what each refusing tier said;
+        the first error)."""
         keys = [k for k, _ in pairs]
         blocks = [b for _, b in pairs]
         problems: list[str] = []
         first: BaseException | None = None
-        taken = False
+        results: list[tuple[list[Hashable], Any]] = []
         for tier in self.lower:
             try:
-                tier.write(keys, blocks)
+                results.append((keys, tier.write(keys, blocks)))
             except Exception as exc:  # noqa: BLE001 (any tier error: reported with the others)
                 first = first or exc
                 problems.append(self._refused(tier, len(keys), exc))
-            else:
-                taken = True
-        return taken, problems, first
+        return self._taken(results), problems, first
+
+    @staticmethod
+    def _taken(results: list[tuple[list[Hashable], Any]]) -> int:
+        """Distinct keys taken by at least one tier, from each tier's ``(keys handed to its
+        write, what write returned)``: a count of at least the distinct keys handed means
+        all taken, 0 none (a return that is not an int, from a tier outside kvtier, counts
+        as all, the count before session 17). A tier that took part of its keys says how
+        many, not which: the keys of the tiers that took all are counted, plus the largest
+        ``count - (its keys among those)`` of the tiers that took part. Exact when at most
+        one tier took part and its keys are all or none among those taken whole (write-back
+        and :meth:`stored` hand every tier the same keys: exact whenever at most one tier
+        took part); otherwise the least number the counts allow."""
+        covered: set[Hashable] = set()
+        partial: list[tuple[set[Hashable], int]] = []
+        for keys, count in results:
+            distinct = set(keys)
+            if not isinstance(count, int) or isinstance(count, bool):
+                count = len(distinct)
+            if count >= len(distinct):
+                covered |= distinct
+            elif count > 0:
+                partial.append((distinct, count))
+        extra = max((count - len(distinct & covered) for distinct, count in partial),
+                    default=0)
+        return len(covered) + max(extra, 0)
 
     def _write_down(self, pairs: list[tuple[Hashable, Any]]) -> None:
         """Write ``pairs`` (key, bytes) to every lower tier (see :meth:`stored`); counted in
-        :attr:`demoted` when at least one tier took them."""
+        :attr:`demoted` as far as the tiers took them (:meth:`_taken`)."""
         taken, problems, first = self._write_every(pairs)
-        if taken:
-            self.demoted += len(pairs)
+        self.demoted += taken
         if problems:
             raise RuntimeError("TierStack.stored: " + "; ".join(problems)) from first
 
