@@ -14,8 +14,9 @@ failed during the run makes ``kvtier replay --tiers`` exit 1 after its table). P
     found = stack.lookup(keys)          # host run, then lower tiers, run by run
     host.touch(keys)
     n = stack.promote(keys, found)      # blocks found below are read and stored into the host
-    host.prepare_load(keys[:n]); host.complete_load(keys[:n])
-    out = host.prepare_store(keys[n:]); host.complete_store(out.keys_to_store)
+    host.prepare_load(keys[:n])         # the prefix stays pinned while the rest is stored
+    out = host.prepare_store(keys[n:])
+    host.complete_load(keys[:n]); host.complete_store(out.keys_to_store)
     stack.stored(out.keys_to_store)     # write-through: also written below
     stack.flush_demotions()             # write-back: host victims written below
 
@@ -405,14 +406,22 @@ def replay_tiers(
                         break
                 loaded = keys[:n]
                 prepare_load(loaded)
-                complete_load(loaded)
+            # the loaded prefix stays pinned while the rest is stored, then the loads and the
+            # store complete, as kvtier replay's prefix protocol at W = 0 (completing the
+            # loads first let the store evict the prefix: found by a newcomer session)
+            stored = None
             if n < len(keys):
                 out = prepare_store(keys[n:] if n else keys)
                 if out is None:
                     fails += 1
-                elif out.keys_to_store:
-                    complete_store(out.keys_to_store)
-                    stack.stored(out.keys_to_store)
+                else:
+                    stored = out.keys_to_store
+            if n:
+                complete_load(loaded)
+            if stored:
+                complete_store(stored)
+                stack.stored(stored)
+            if n < len(keys):
                 stack.flush_demotions()
             if real and stack.demoted != demoted:
                 demoted = stack.demoted
