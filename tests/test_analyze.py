@@ -295,6 +295,11 @@ def test_a_bare_key_list_is_named_as_replay_names_it():
     (float("inf"), ValueError, "got inf"),
     ("3", ValueError, "got '3'"),
     (True, ValueError, "got True"),
+    # newcomer session 17: an int too large for a float raised OverflowError (at the
+    # working-set window's float arithmetic), after the request's checks
+    pytest.param(10**400, ValueError,
+                 r"request 2: timestamp must be a finite number of ms .*, got 1000",
+                 id="int-too-large-for-a-float"),
 ])
 def test_a_bad_timestamp_is_refused_naming_the_request(stamp, error, match):
     """Found by a newcomer session: the trace reader refuses a NaN / infinite / non-number
@@ -309,6 +314,17 @@ def test_a_bad_timestamp_is_refused_naming_the_request(stamp, error, match):
     an.add([1, 2, 3], 1000.0)
     r = an.result()
     assert r.requests == 2 and r.block_refs == 5 and list(r.reuse_times_s) == [1.0, 1.0]
+
+
+def test_a_first_timestamp_too_large_for_a_float_is_refused_by_name():
+    """Found by a newcomer session (17): Analyzer.add([1], 10**400) raised "OverflowError:
+    int too large to convert to float" (the first timestamp is kept as a float), and
+    ``kvtier analyze`` printed that traceback for a JSON trace with such a timestamp."""
+    an = Analyzer()
+    with pytest.raises(ValueError, match=r"request 1: timestamp must be a finite number"):
+        an.add([1], 10**400)
+    an.add([1], 10**300)  # an int a float holds is taken
+    assert an.result().has_timestamps
 
 
 def test_an_unhashable_key_is_named_and_nothing_is_counted():

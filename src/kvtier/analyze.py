@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import sys
 import warnings
 from array import array
 from bisect import bisect_left
@@ -50,6 +51,17 @@ __all__ = ["Analyzer", "TraceAnalysis", "analyze", "percentile", "plot_analysis"
 _PROGRESS_EVERY = 1024  # requests between progress callbacks
 PERCENTILES = (50, 90, 99)
 """Percentiles reported for each distribution."""
+
+
+_MAX_FLOAT = sys.float_info.max
+
+
+def _float_finite(value: numbers.Real) -> bool:
+    """``value`` is finite as a float (an int too large for a float is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def percentile(sorted_values: Sequence[float], p: float) -> float | None:
@@ -298,7 +310,8 @@ class Analyzer:
         O(len(keys) · log references).
 
         Raises:
-            ValueError: ``timestamp`` is not a finite number (nor ``None``).
+            ValueError: ``timestamp`` is not a finite number (nor ``None``), or is an int
+                too large for a float (309 digits or more).
             TypeError: ``keys`` is a single str/bytes or not iterable, or a key is not
                 hashable. Nothing is counted then.
         """
@@ -306,12 +319,16 @@ class Analyzer:
             keys = key_list(keys, f"analyze: request {self._requests + 1}")
         # checked first, as the trace reader checks them: a NaN arrival dropped the
         # request's reuse times in silence, a str one failed half-way
-        if timestamp is not None and type(timestamp) is not int and not (
-                type(timestamp) is float and math.isfinite(timestamp)):  # (the usual: no test)
+        if timestamp is not None and not (
+                type(timestamp) is float and math.isfinite(timestamp)
+                or type(timestamp) is int and -_MAX_FLOAT <= timestamp <= _MAX_FLOAT
+        ):  # (the usual: two tests)
             if (isinstance(timestamp, bool) or not isinstance(timestamp, numbers.Real)
-                    or not math.isfinite(timestamp)):
+                    or not _float_finite(timestamp)):
+                # an int too large for a float is refused too (it raised OverflowError in
+                # the window arithmetic: found by a newcomer session)
                 raise ValueError(f"analyze: request {self._requests + 1}: timestamp must be "
-                                 f"a finite number of ms or None, got {timestamp!r}")
+                                 f"a finite number of ms or None, got {timestamp!r:.40}")
         try:
             hash(tuple(keys))  # every key hashable before anything is counted
         except TypeError:
