@@ -405,3 +405,24 @@ def test_the_working_set_panel_shows_a_trace_of_one_window(tmp_path, monkeypatch
     lines = panel.get_lines()
     assert len(lines) == 3 and all(_visible(line) for line in lines)
     assert [len(line.get_xdata()) for line in lines] == [len(r.windows)] * 3
+
+
+@pytest.mark.parametrize("window_s", [0.1, 0.2, 0.3, 0.7, 60.0])
+def test_arrivals_one_window_apart_make_one_window_each_and_no_empty_one(window_s):
+    """Found by a newcomer session (17): the working-set windows' start was a running float
+    sum (``start += window_s * steps``), which drifted below the true boundary: requests
+    every 200 ms over 0.2 s windows made 997 windows, some of 2 requests, and "3 empty
+    windows (no request arrived) skipped" where every window had its request."""
+    step_ms = round(window_s * 1000)
+    an = Analyzer(window_s=window_s)
+    for i in range(1000):
+        an.add([i % 7], i * step_ms)
+    r = an.result()
+    assert r.empty_windows == 0
+    assert len(r.windows) == 1000 and {w["requests"] for w in r.windows} == {1}
+    assert r.windows[999]["start"] == pytest.approx(999 * window_s)
+    # a gap of exactly two windows is one empty window, whatever the window
+    an = Analyzer(window_s=window_s)
+    for ms in (0, step_ms, 3 * step_ms):
+        an.add([1], ms)
+    assert an.result().empty_windows == 1

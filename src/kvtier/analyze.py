@@ -300,6 +300,8 @@ class Analyzer:
         self._odd_stamps = 0  # requests whose timestamp presence differs from the first's
         self._first_backwards: tuple | None = None  # (request number, its ms, latest ms)
         self._win_start = 0.0
+        self._win_index = 0  # the current window of time: [index, index + 1) windows from t0
+        self._window_ms = self.window_s * 1000.0
         self._win: set = set()
         self._win_refs = self._win_reqs = self._win_new = 0
         self._windows: list[dict] = []
@@ -394,12 +396,17 @@ class Analyzer:
         if self._has_ts:
             if ts is None:
                 return  # a request without a timestamp joins the current window
-            t = (ts - self._t0) / 1000.0
-            if self._win_reqs and t >= self._win_start + self.window_s:
+            # the window's number from the first timestamp, in ms: exact for whole-ms
+            # arrivals and windows (a running float sum of the windows' starts drifted
+            # below the boundaries, so requests every 200 ms over 0.2 s windows shared
+            # windows and left "empty" ones: found by a newcomer session)
+            index = math.floor((ts - self._t0) / self._window_ms)
+            if self._win_reqs and index > self._win_index:
                 self._close_window()
-                steps = math.floor((t - self._win_start) / self.window_s)
-                self._empty_windows += steps - 1  # the windows jumped over had no request
-                self._win_start += self.window_s * steps
+                # the windows jumped over had no request
+                self._empty_windows += index - self._win_index - 1
+                self._win_index = index
+                self._win_start = index * self.window_s
         elif self._win_reqs >= self.window_requests:
             self._close_window()
             self._win_start = float(self._requests)
