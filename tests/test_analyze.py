@@ -98,6 +98,9 @@ def test_bad_windows_are_refused():
             Analyzer(window_s=bad)
     with pytest.raises(ValueError, match="window_requests"):
         Analyzer(window_requests=0)
+    # newcomer session 17: an int too large for a float raised OverflowError (float())
+    with pytest.raises(ValueError, match="window_s must be a finite number"):
+        Analyzer(window_s=10**400)
 
 
 def test_plot_writes_an_image(tmp_path):

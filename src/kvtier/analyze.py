@@ -273,10 +273,11 @@ class Analyzer:
     """
 
     def __init__(self, window_s: float = 60.0, window_requests: int = 1000) -> None:
-        # numpy numbers are taken (as by the manager), kept as a plain float / int
+        # numpy numbers are taken (as by the manager), kept as a plain float / int; inf
+        # printed "working set per infs", an int too large for a float raised OverflowError
         if isinstance(window_s, bool) or type(window_s).__name__ == "bool_" \
                 or not isinstance(window_s, numbers.Real) \
-                or not 0 < window_s < math.inf:  # inf printed "working set per infs"
+                or not 0 < window_s < math.inf or not _float_finite(window_s):
             raise ValueError(f"window_s must be a finite number > 0 (seconds), got {window_s!r}")
         requests = _as_int(window_requests)
         if requests is None or requests < 1:
