@@ -570,6 +570,28 @@ def test_cli_replay_tiers_on_a_tiny_trace(tmp_path):
     assert bad.exit_code == 1 and "--capacity" in bad.output
 
 
+def test_cli_replay_tiers_says_when_host_stores_failed(tmp_path):
+    """Found by a newcomer session (17): kvtier replay shows its store failures (a column),
+    the --tiers table did not: on a host too small for a request's prefix and new blocks
+    together the hits fell with no word (the count was only in the JSON)."""
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    trace = tmp_path / "tiny.txt"
+    trace.write_text("\n".join(" ".join(map(str, r)) for r in TINY) + "\n")
+    res = CliRunner().invoke(app, ["replay", str(trace), "--tiers", "host:2,disk:4", "-p",
+                                   "lru,arc"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.stderr.split())
+    for policy in ("lru", "arc"):
+        assert (f"warning: {policy} run: 1 of 5 requests could not store its new blocks in "
+                "the host tier (host:2, 2 blocks: too small for a request's loaded "
+                "prefix") in text
+    res = CliRunner().invoke(app, ["replay", str(trace), "--tiers", "host:3,disk:4"])
+    assert res.exit_code == 0 and "could not store" not in res.stderr
+
+
 def test_host_alone_equals_kvtier_replay(trace_slice):
     from kvtier.replay import replay
 
