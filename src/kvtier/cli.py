@@ -390,7 +390,17 @@ def _results_table(results: list[ReplayResult], title: str, console: Console) ->
         natural = Measurement.get(console, console.options.update_width(10_000), table)
         if natural.maximum <= console.width:
             break
+    else:  # even the narrowest layout is too wide: the console grows, no cell is cut
+        _widen(console, natural.maximum)
     return table
+
+
+def _widen(console: Console, width: int) -> None:
+    """Let ``console`` print a table of ``width`` columns whole: rich cuts the cells of a
+    table wider than its console ("3…" for 33.5, "255,…" for 255,487: a figure changed);
+    a pipe or file has no width, and a terminal wraps the longer lines (found by a newcomer
+    session: a pipe's 96 columns cut the cost table of --prefill-tps 1 --instances 1)."""
+    console.width = width
 
 
 def _out_console(json_out: Path | None) -> Console:
@@ -832,6 +842,8 @@ def _cost_table(results: list[ReplayResult], costs: list[dict], console: Console
         natural = Measurement.get(console, console.options.update_width(10_000), table)
         if natural.maximum <= console.width:
             break
+    else:  # even the compact form is too wide: the console grows, no figure is cut
+        _widen(console, natural.maximum)
     return table
 
 
