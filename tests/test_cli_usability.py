@@ -306,6 +306,13 @@ def test_the_cost_table_keeps_figures_whole_when_even_its_compact_form_is_too_wi
     console.print(_cost_table(rows, costs, console))
     assert "…" not in console.file.getvalue()
     assert "3,533,950.001→3,406,462.669" in console.file.getvalue()
+    # the results table alike, past its narrowest layout (a 40-column console)
+    result = replay(list(read_trace(embedded_sample_path())), "prefix-s3fifo", 594)
+    console = Console(width=40, file=io.StringIO())
+    console.print(_results_table([result], "kvtier replay", console))
+    row = next(line for line in console.file.getvalue().splitlines()
+               if line.startswith("prefix-s3fifo"))
+    assert "…" not in row and f"{result.hit_blocks:,}" in row.split()
 
 def test_sweep_of_one_point_warns_only_about_what_it_runs(tmp_path):
     # --points 1 runs --max alone, but warned that --min "gives 0 blocks ...: run at 1
