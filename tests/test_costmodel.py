@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvtier.costmodel import PROFILES, CostModel, evaluate, input_lengths
@@ -367,3 +369,26 @@ def test_evaluate_refuses_an_int_too_large_for_a_float_by_name():
         evaluate(M, [1000, 10**400], [0, 0], None, 0)
     with pytest.raises(ValueError, match=r"^timestamps_ms\[1\] is 1000000"):
         evaluate(M, [1000, 1000], [0, 0], [0, 10**400], 0)
+
+
+def test_cost_under_the_get_protocol_says_its_hits_are_not_a_prefix(tmp_path):
+    """Found by a newcomer session (17): --cost takes each request's hit blocks as the
+    prefix an engine reads, but under --protocol get a hit may follow a miss (request
+    [3, 2] after [1, 2] hits block 2), which an engine recomputes: the figures count it as
+    prefill saved, and nothing said so."""
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    trace = tmp_path / "t.txt"
+    trace.write_text("1 2\n3 2\n")
+    res = CliRunner().invoke(app, ["replay", str(trace), "-p", "lru", "-c", "10", "--cost",
+                                   "--protocol", "get", "--json", str(tmp_path / "g.json")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "g.json").read_text())["results"][0]["cost"][
+        "hit_tokens"] == 512  # block 2 of [3, 2], after the miss
+    text = " ".join(res.stderr.split())
+    assert ("warning: --cost under --protocol get counts every hit block as read, also one "
+            "after a request's first miss") in text
+    res = CliRunner().invoke(app, ["replay", str(trace), "-p", "lru", "-c", "10", "--cost"])
+    assert res.exit_code == 0 and "--protocol get" not in res.stderr

@@ -720,6 +720,13 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
                         "next use), so it cannot run with --stream; drop --stream")
     _check_writable(cmd.output.json, "--json", cmd.source.path)
     cost_model = cmd.cost_model
+    if cost_model is not None and cmd.replay.protocol == "get":
+        # the model reads a request's hit blocks as its prefix; under get they need not be
+        # one (said since a newcomer session found the figures counting such hits)
+        _warn("--cost under --protocol get counts every hit block as read, also one after a "
+              "request's first miss, which an engine computes again (its prefix is not "
+              "there): the prefill saved is an upper bound; the default --protocol prefix "
+              "counts only the leading hits")
     per_request_hits: list = []
     with _rereadable(cmd.source, needed=cmd.stream) as source:
         try:
