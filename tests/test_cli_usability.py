@@ -306,6 +306,10 @@ def test_the_cost_table_keeps_figures_whole_when_even_its_compact_form_is_too_wi
     console.print(_cost_table(rows, costs, console))
     assert "…" not in console.file.getvalue()
     assert "3,533,950.001→3,406,462.669" in console.file.getvalue()
+    # large counts are grouped as every other figure (newcomer session 17: "43180.94")
+    assert "43,180.94→41,632.54" in row
+    res = run("replay", "-p", "lru", "-c", "5%", "--cost", "--prefill-tps", "1")
+    assert "cost model — FIFO over 53,977 prefill instance(s)" in res.stdout
     # the results table alike, past its narrowest layout (a 40-column console)
     result = replay(list(read_trace(embedded_sample_path())), "prefix-s3fifo", 594)
     console = Console(width=40, file=io.StringIO())

@@ -814,7 +814,7 @@ def _cost_table(results: list[ReplayResult], costs: list[dict], console: Console
     headers and one space between columns, as in :func:`_results_table` (before, an
     80-column terminal cut the README's ``--cost`` table: "bela…", "10.105→9.8…")."""
     c0 = costs[0] if costs else {}
-    queue = (f"FIFO over {c0.get('instances')} prefill instance(s)"
+    queue = (f"FIFO over {c0.get('instances'):,} prefill instance(s)"
              if c0.get("queue") == "fifo" else "no queue (no timestamps)")
 
     def pair(a, b, fmt):
@@ -835,7 +835,7 @@ def _cost_table(results: list[ReplayResult], costs: list[dict], console: Console
             f"{c['write_bytes'] / 1e9:{write_f}}", f"{c['prefill_s_saved']:{saved_f}}",
             f"{c['prefill_s_saved'] / base * 100:,.1f}" if base else "-",
             pair(t0["median"], t1["median"], ",.3f"), pair(t0["p99"], t1["p99"], ",.3f"),
-            pair(c["utilization_no_tier"], c["utilization_with_tier"], ".2f"),
+            pair(c["utilization_no_tier"], c["utilization_with_tier"], ",.2f"),
         ))
     for headers, compact in ((_COST_COLUMNS, False), (_COST_COMPACT, True)):
         table = Table(title=f"cost model — {queue}", title_justify="default",
