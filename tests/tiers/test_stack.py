@@ -592,6 +592,23 @@ def test_cli_replay_tiers_says_when_host_stores_failed(tmp_path):
     assert res.exit_code == 0 and "could not store" not in res.stderr
 
 
+def test_replay_tiers_refuses_a_bad_request_as_replay_does():
+    """Found by a newcomer session (17): replay_tiers() took a negative input_length (a token
+    hit ratio of 102 %: -5,000 hit tokens of -4,900), a str one failed half-way with a bare
+    "unsupported operand type(s) for +=", and a bare key list raised "AttributeError: 'list'
+    object has no attribute 'keys'"; replay() refuses each by name before the request runs."""
+    ok = Request([1], 100, None, None)
+    with pytest.raises(ValueError, match=r"request 1: input_length must be >= 0 \(tokens\), "
+                                         "got -5000"):
+        replay_tiers([ok, Request([1], -5000, None, None)], parse_tiers("host:4"), "lru")
+    with pytest.raises(TypeError, match=r"request 1: input_length must be an int \(tokens\) "
+                                        "or None, got str '5'"):
+        replay_tiers([ok, Request([1], "5", None, None)], parse_tiers("host:4"), "lru")
+    with pytest.raises(TypeError, match=r"request 1 \(\[1, 2\]\) has no .keys: "
+                                        r"replay_tiers\(\) takes Request objects"):
+        replay_tiers([ok, [1, 2]], parse_tiers("host:4"), "lru")
+
+
 def test_host_alone_equals_kvtier_replay(trace_slice):
     from kvtier.replay import replay
 
