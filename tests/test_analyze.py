@@ -98,6 +98,9 @@ def test_bad_windows_are_refused():
             Analyzer(window_s=bad)
     with pytest.raises(ValueError, match="window_requests"):
         Analyzer(window_requests=0)
+    # newcomer session 17: an int too large for a float raised OverflowError (float())
+    with pytest.raises(ValueError, match="window_s must be a finite number"):
+        Analyzer(window_s=10**400)
 
 
 def test_plot_writes_an_image(tmp_path):
@@ -295,6 +298,11 @@ def test_a_bare_key_list_is_named_as_replay_names_it():
     (float("inf"), ValueError, "got inf"),
     ("3", ValueError, "got '3'"),
     (True, ValueError, "got True"),
+    # newcomer session 17: an int too large for a float raised OverflowError (at the
+    # working-set window's float arithmetic), after the request's checks
+    pytest.param(10**400, ValueError,
+                 r"request 2: timestamp must be a finite number of ms .*, got 1000",
+                 id="int-too-large-for-a-float"),
 ])
 def test_a_bad_timestamp_is_refused_naming_the_request(stamp, error, match):
     """Found by a newcomer session: the trace reader refuses a NaN / infinite / non-number
@@ -309,6 +317,17 @@ def test_a_bad_timestamp_is_refused_naming_the_request(stamp, error, match):
     an.add([1, 2, 3], 1000.0)
     r = an.result()
     assert r.requests == 2 and r.block_refs == 5 and list(r.reuse_times_s) == [1.0, 1.0]
+
+
+def test_a_first_timestamp_too_large_for_a_float_is_refused_by_name():
+    """Found by a newcomer session (17): Analyzer.add([1], 10**400) raised "OverflowError:
+    int too large to convert to float" (the first timestamp is kept as a float), and
+    ``kvtier analyze`` printed that traceback for a JSON trace with such a timestamp."""
+    an = Analyzer()
+    with pytest.raises(ValueError, match=r"request 1: timestamp must be a finite number"):
+        an.add([1], 10**400)
+    an.add([1], 10**300)  # an int a float holds is taken
+    assert an.result().has_timestamps
 
 
 def test_an_unhashable_key_is_named_and_nothing_is_counted():
@@ -389,3 +408,24 @@ def test_the_working_set_panel_shows_a_trace_of_one_window(tmp_path, monkeypatch
     lines = panel.get_lines()
     assert len(lines) == 3 and all(_visible(line) for line in lines)
     assert [len(line.get_xdata()) for line in lines] == [len(r.windows)] * 3
+
+
+@pytest.mark.parametrize("window_s", [0.1, 0.2, 0.3, 0.7, 60.0])
+def test_arrivals_one_window_apart_make_one_window_each_and_no_empty_one(window_s):
+    """Found by a newcomer session (17): the working-set windows' start was a running float
+    sum (``start += window_s * steps``), which drifted below the true boundary: requests
+    every 200 ms over 0.2 s windows made 997 windows, some of 2 requests, and "3 empty
+    windows (no request arrived) skipped" where every window had its request."""
+    step_ms = round(window_s * 1000)
+    an = Analyzer(window_s=window_s)
+    for i in range(1000):
+        an.add([i % 7], i * step_ms)
+    r = an.result()
+    assert r.empty_windows == 0
+    assert len(r.windows) == 1000 and {w["requests"] for w in r.windows} == {1}
+    assert r.windows[999]["start"] == pytest.approx(999 * window_s)
+    # a gap of exactly two windows is one empty window, whatever the window
+    an = Analyzer(window_s=window_s)
+    for ms in (0, step_ms, 3 * step_ms):
+        an.add([1], ms)
+    assert an.result().empty_windows == 1

@@ -287,6 +287,37 @@ def test_the_cost_table_keeps_large_figures_whole_in_a_pipe():
     row = [line for line in res.stdout.splitlines() if line.startswith("lru")][-1]
     assert "-4,696.5" in row and "1.585→2,792.8" in row
 
+
+def test_the_cost_table_keeps_figures_whole_when_even_its_compact_form_is_too_wide():
+    """Found by a newcomer session (17): one overloaded instance at 1 token/s gives TTFTs of
+    millions of seconds; the compact table was still wider than a pipe's 96 columns (or an
+    80-column terminal) and its cells were cut ("3…" for 33.5 GB read, "255,…" for 255,487
+    s saved, "3,406,462.…"). A table that does not fit now comes out whole, wider than the
+    console (a terminal wraps its lines), never with a figure cut."""
+    res = run("replay", "-p", "lru", "-c", "5%", "--cost", "--prefill-tps", "1",
+              "--instances", "1")
+    assert res.exit_code == 0, res.output
+    assert "…" not in res.stdout
+    row = [line for line in res.stdout.splitlines() if line.startswith("lru")][-1]
+    assert row.split()[2:5] == ["33.5", "917", "255,487"]
+    assert "3,533,950.001→3,406,462.669" in row
+    rows, costs = _cost_rows(("lru",), (594,), prefill_tokens_per_s=1, instances=1)
+    console = Console(width=80, file=io.StringIO())
+    console.print(_cost_table(rows, costs, console))
+    assert "…" not in console.file.getvalue()
+    assert "3,533,950.001→3,406,462.669" in console.file.getvalue()
+    # large counts are grouped as every other figure (newcomer session 17: "43180.94")
+    assert "43,180.94→41,632.54" in row
+    res = run("replay", "-p", "lru", "-c", "5%", "--cost", "--prefill-tps", "1")
+    assert "cost model — FIFO over 53,977 prefill instance(s)" in res.stdout
+    # the results table alike, past its narrowest layout (a 40-column console)
+    result = replay(list(read_trace(embedded_sample_path())), "prefix-s3fifo", 594)
+    console = Console(width=40, file=io.StringIO())
+    console.print(_results_table([result], "kvtier replay", console))
+    row = next(line for line in console.file.getvalue().splitlines()
+               if line.startswith("prefix-s3fifo"))
+    assert "…" not in row and f"{result.hit_blocks:,}" in row.split()
+
 def test_sweep_of_one_point_warns_only_about_what_it_runs(tmp_path):
     # --points 1 runs --max alone, but warned that --min "gives 0 blocks ...: run at 1
     # block", a run that never happened

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvtier.costmodel import PROFILES, CostModel, evaluate, input_lengths
@@ -341,3 +343,52 @@ def test_the_fifo_queue_refuses_arrivals_and_service_times_of_other_lengths():
         _ttft([1.0, 2.0, 3.0], [0.0, 0.0], 2)
     with pytest.raises(ValueError, match="zip"):
         _ttft([1.0], [0.0, 0.0], 2)
+
+
+def test_arrivals_before_time_zero_queue_as_the_same_arrivals_after_it():
+    """Found by a newcomer session (17): the FIFO queue's instances started free at time 0,
+    so arrivals stamped before 0 (evaluate() takes any finite number of ms) waited until 0:
+    one instance, two 1,000-token requests at -5 s and -4 s had a TTFT p50 of 4.2 s and a
+    p99 of 5.1 s instead of 0.1 s each."""
+    model = CostModel(131_072, instances=1)
+    before = evaluate(model, [1000, 1000], [0, 0], [-5000, -4000], 0)
+    after = evaluate(model, [1000, 1000], [0, 0], [0, 1000], 0)
+    for key in ("ttft_no_tier_s", "ttft_with_tier_s"):
+        for stat in ("median", "p99", "mean"):
+            assert before[key][stat] == pytest.approx(0.1)
+            assert after[key][stat] == pytest.approx(0.1)
+    assert before["utilization_no_tier"] == after["utilization_no_tier"] == pytest.approx(0.2)
+
+
+def test_evaluate_refuses_an_int_too_large_for_a_float_by_name():
+    """Found by a newcomer session (17): an input length or a timestamp of 400 digits (a
+    JSON trace's integer) ended in "OverflowError: int too large to convert to float" from
+    evaluate() (math.isfinite of the timestamp; the prefill time of the length), so
+    ``kvtier replay --cost`` printed a traceback."""
+    with pytest.raises(ValueError, match=r"^input_lengths\[1\] is 1000000"):
+        evaluate(M, [1000, 10**400], [0, 0], None, 0)
+    with pytest.raises(ValueError, match=r"^timestamps_ms\[1\] is 1000000"):
+        evaluate(M, [1000, 1000], [0, 0], [0, 10**400], 0)
+
+
+def test_cost_under_the_get_protocol_says_its_hits_are_not_a_prefix(tmp_path):
+    """Found by a newcomer session (17): --cost takes each request's hit blocks as the
+    prefix an engine reads, but under --protocol get a hit may follow a miss (request
+    [3, 2] after [1, 2] hits block 2), which an engine recomputes: the figures count it as
+    prefill saved, and nothing said so."""
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    trace = tmp_path / "t.txt"
+    trace.write_text("1 2\n3 2\n")
+    res = CliRunner().invoke(app, ["replay", str(trace), "-p", "lru", "-c", "10", "--cost",
+                                   "--protocol", "get", "--json", str(tmp_path / "g.json")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "g.json").read_text())["results"][0]["cost"][
+        "hit_tokens"] == 512  # block 2 of [3, 2], after the miss
+    text = " ".join(res.stderr.split())
+    assert ("warning: --cost under --protocol get counts every hit block as read, also one "
+            "after a request's first miss") in text
+    res = CliRunner().invoke(app, ["replay", str(trace), "-p", "lru", "-c", "10", "--cost"])
+    assert res.exit_code == 0 and "--protocol get" not in res.stderr

@@ -313,6 +313,19 @@ def test_a_bare_key_list_is_named_as_analyze_names_it():
         replay([Request([1, 2], 1024, None, None), [3, 4]], "lru", 8)
 
 
+def test_belady_names_a_bare_key_list_and_an_unhashable_key_as_the_online_policies_do():
+    """Found by a newcomer session (17): replay(..., "belady") builds its next-use oracle
+    from every request's keys before the replay, and there a bare key list raised
+    "AttributeError: 'list' object has no attribute 'keys'" (the docstring says TypeError,
+    as lru gives) and an unhashable key a bare "unhashable type: 'list'"."""
+    with pytest.raises(TypeError, match=r"request 1 \(\[3, 4\]\) has no .keys: replay\(\) "
+                                        "takes Request objects"):
+        replay([Request([1, 2], 1024, None, None), [3, 4]], "belady", 8)
+    with pytest.raises(TypeError, match=r"replay: request 1: block key \[3\] is not hashable"):
+        replay([Request([1, 2], 1024, None, None), Request([2, [3]], None, None, None)],
+               "belady", 8)
+
+
 def test_hits_out_without_append_is_named():
     """Found by a newcomer pass: hits_out={} raised a bare AttributeError mid-replay."""
     with pytest.raises(TypeError, match=r"hits_out must be a list or array .*got dict"):

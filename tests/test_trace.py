@@ -206,6 +206,11 @@ def test_streaming_yields_before_reading_the_rest(tmp_path):
          "'timestamp' must be a finite number >= 0 (ms), got inf"),
         ('{"hash_ids": [1], "input_length": 3, "timestamp": NaN}',
          "'timestamp' must be a finite number >= 0 (ms), got nan"),
+        # newcomer session 17: an int of 400 digits was taken, and kvtier analyze and
+        # replay --cost ended in OverflowError tracebacks
+        pytest.param('{"hash_ids": [1], "input_length": 3, "timestamp": 1' + "0" * 400 + "}",
+                     "'timestamp' must be a finite number >= 0 (ms), got an int of 401 "
+                     "digits, more than a float holds", id="int-too-large-for-a-float"),
     ],
 )
 def test_bad_jsonl_line_names_file_line_and_rule(tmp_path, line, rule):

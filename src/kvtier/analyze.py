@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import sys
 import warnings
 from array import array
 from bisect import bisect_left
@@ -50,6 +51,17 @@ __all__ = ["Analyzer", "TraceAnalysis", "analyze", "percentile", "plot_analysis"
 _PROGRESS_EVERY = 1024  # requests between progress callbacks
 PERCENTILES = (50, 90, 99)
 """Percentiles reported for each distribution."""
+
+
+_MAX_FLOAT = sys.float_info.max
+
+
+def _float_finite(value: numbers.Real) -> bool:
+    """``value`` is finite as a float (an int too large for a float is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def percentile(sorted_values: Sequence[float], p: float) -> float | None:
@@ -261,10 +273,11 @@ class Analyzer:
     """
 
     def __init__(self, window_s: float = 60.0, window_requests: int = 1000) -> None:
-        # numpy numbers are taken (as by the manager), kept as a plain float / int
+        # numpy numbers are taken (as by the manager), kept as a plain float / int; inf
+        # printed "working set per infs", an int too large for a float raised OverflowError
         if isinstance(window_s, bool) or type(window_s).__name__ == "bool_" \
                 or not isinstance(window_s, numbers.Real) \
-                or not 0 < window_s < math.inf:  # inf printed "working set per infs"
+                or not 0 < window_s < math.inf or not _float_finite(window_s):
             raise ValueError(f"window_s must be a finite number > 0 (seconds), got {window_s!r}")
         requests = _as_int(window_requests)
         if requests is None or requests < 1:
@@ -288,6 +301,8 @@ class Analyzer:
         self._odd_stamps = 0  # requests whose timestamp presence differs from the first's
         self._first_backwards: tuple | None = None  # (request number, its ms, latest ms)
         self._win_start = 0.0
+        self._win_index = 0  # the current window of time: [index, index + 1) windows from t0
+        self._window_ms = self.window_s * 1000.0
         self._win: set = set()
         self._win_refs = self._win_reqs = self._win_new = 0
         self._windows: list[dict] = []
@@ -298,7 +313,8 @@ class Analyzer:
         O(len(keys) · log references).
 
         Raises:
-            ValueError: ``timestamp`` is not a finite number (nor ``None``).
+            ValueError: ``timestamp`` is not a finite number (nor ``None``), or is an int
+                too large for a float (309 digits or more).
             TypeError: ``keys`` is a single str/bytes or not iterable, or a key is not
                 hashable. Nothing is counted then.
         """
@@ -306,12 +322,16 @@ class Analyzer:
             keys = key_list(keys, f"analyze: request {self._requests + 1}")
         # checked first, as the trace reader checks them: a NaN arrival dropped the
         # request's reuse times in silence, a str one failed half-way
-        if timestamp is not None and type(timestamp) is not int and not (
-                type(timestamp) is float and math.isfinite(timestamp)):  # (the usual: no test)
+        if timestamp is not None and not (
+                type(timestamp) is float and math.isfinite(timestamp)
+                or type(timestamp) is int and -_MAX_FLOAT <= timestamp <= _MAX_FLOAT
+        ):  # (the usual: two tests)
             if (isinstance(timestamp, bool) or not isinstance(timestamp, numbers.Real)
-                    or not math.isfinite(timestamp)):
+                    or not _float_finite(timestamp)):
+                # an int too large for a float is refused too (it raised OverflowError in
+                # the window arithmetic: found by a newcomer session)
                 raise ValueError(f"analyze: request {self._requests + 1}: timestamp must be "
-                                 f"a finite number of ms or None, got {timestamp!r}")
+                                 f"a finite number of ms or None, got {timestamp!r:.40}")
         try:
             hash(tuple(keys))  # every key hashable before anything is counted
         except TypeError:
@@ -377,12 +397,17 @@ class Analyzer:
         if self._has_ts:
             if ts is None:
                 return  # a request without a timestamp joins the current window
-            t = (ts - self._t0) / 1000.0
-            if self._win_reqs and t >= self._win_start + self.window_s:
+            # the window's number from the first timestamp, in ms: exact for whole-ms
+            # arrivals and windows (a running float sum of the windows' starts drifted
+            # below the boundaries, so requests every 200 ms over 0.2 s windows shared
+            # windows and left "empty" ones: found by a newcomer session)
+            index = math.floor((ts - self._t0) / self._window_ms)
+            if self._win_reqs and index > self._win_index:
                 self._close_window()
-                steps = math.floor((t - self._win_start) / self.window_s)
-                self._empty_windows += steps - 1  # the windows jumped over had no request
-                self._win_start += self.window_s * steps
+                # the windows jumped over had no request
+                self._empty_windows += index - self._win_index - 1
+                self._win_index = index
+                self._win_start = index * self.window_s
         elif self._win_reqs >= self.window_requests:
             self._close_window()
             self._win_start = float(self._requests)

@@ -411,7 +411,17 @@ def _results_table(results: list[ReplayResult], title: str, console: Console) ->
         natural = Measurement.get(console, console.options.update_width(10_000), table)
         if natural.maximum <= console.width:
             break
+    else:  # even the narrowest layout is too wide: the console grows, no cell is cut
+        _widen(console, natural.maximum)
     return table
+
+
+def _widen(console: Console, width: int) -> None:
+    """Let ``console`` print a table of ``width`` columns whole: rich cuts the cells of a
+    table wider than its console ("3…" for 33.5, "255,…" for 255,487: a figure changed);
+    a pipe or file has no width, and a terminal wraps the longer lines (found by a newcomer
+    session: a pipe's 96 columns cut the cost table of --prefill-tps 1 --instances 1)."""
+    console.width = width
 
 
 def _out_console(json_out: Path | None) -> Console:
@@ -731,6 +741,13 @@ def run_replay(cmd: ReplayCommand) -> list[ReplayResult]:
                         "next use), so it cannot run with --stream; drop --stream")
     _check_writable(cmd.output.json, "--json", cmd.source.path)
     cost_model = cmd.cost_model
+    if cost_model is not None and cmd.replay.protocol == "get":
+        # the model reads a request's hit blocks as its prefix; under get they need not be
+        # one (said since a newcomer session found the figures counting such hits)
+        _warn("--cost under --protocol get counts every hit block as read, also one after a "
+              "request's first miss, which an engine computes again (its prefix is not "
+              "there): the prefill saved is an upper bound; the default --protocol prefix "
+              "counts only the leading hits")
     per_request_hits: list = []
     with _rereadable(cmd.source, needed=cmd.stream) as source:
         try:
@@ -818,7 +835,7 @@ def _cost_table(results: list[ReplayResult], costs: list[dict], console: Console
     headers and one space between columns, as in :func:`_results_table` (before, an
     80-column terminal cut the README's ``--cost`` table: "bela…", "10.105→9.8…")."""
     c0 = costs[0] if costs else {}
-    queue = (f"FIFO over {c0.get('instances')} prefill instance(s)"
+    queue = (f"FIFO over {c0.get('instances'):,} prefill instance(s)"
              if c0.get("queue") == "fifo" else "no queue (no timestamps)")
 
     def pair(a, b, fmt):
@@ -839,7 +856,7 @@ def _cost_table(results: list[ReplayResult], costs: list[dict], console: Console
             f"{c['write_bytes'] / 1e9:{write_f}}", f"{c['prefill_s_saved']:{saved_f}}",
             f"{c['prefill_s_saved'] / base * 100:,.1f}" if base else "-",
             pair(t0["median"], t1["median"], ",.3f"), pair(t0["p99"], t1["p99"], ",.3f"),
-            pair(c["utilization_no_tier"], c["utilization_with_tier"], ".2f"),
+            pair(c["utilization_no_tier"], c["utilization_with_tier"], ",.2f"),
         ))
     for headers, compact in ((_COST_COLUMNS, False), (_COST_COMPACT, True)):
         table = Table(title=f"cost model — {queue}", title_justify="default",
@@ -853,6 +870,8 @@ def _cost_table(results: list[ReplayResult], costs: list[dict], console: Console
         natural = Measurement.get(console, console.options.update_width(10_000), table)
         if natural.maximum <= console.width:
             break
+    else:  # even the compact form is too wide: the console grows, no figure is cut
+        _widen(console, natural.maximum)
     return table
 
 

@@ -293,8 +293,9 @@ def _ttft(service: Sequence[float], arrivals: Sequence[float] | None, instances:
     if arrivals is None:
         return list(service), None
     # a heap of the times each instance becomes free; no more instances than requests can
-    # ever be busy (10**20 instances made a traceback, 10**9 an 8 GB list)
-    free = [0.0] * min(instances, len(arrivals))
+    # ever be busy (10**20 instances made a traceback, 10**9 an 8 GB list). Free since
+    # ever: from 0.0, arrivals before time 0 waited until 0 (found by a newcomer session)
+    free = [-math.inf] * min(instances, len(arrivals))
     out = []
     first = arrivals[0] if arrivals else 0.0
     last_finish = first
@@ -350,8 +351,10 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
         ValueError: ``input_lengths``, ``hit_blocks`` (and ``timestamps_ms``) differ in
             length, an input length is ``None``, an input length, hit count or
             ``stored_blocks`` is negative or not an int (numpy integers are taken; floats and
-            bools are not), or a timestamp is not a finite number (a bool is not; the
-            message names the list and the position).
+            bools are not), an input length or a timestamp is an int too large for a float
+            (309 digits or more), or a timestamp is not a finite number (a bool is not; the
+            message names the list and the position). Timestamps may be negative: the
+            queue only compares them.
         TypeError: ``model`` is not a :class:`CostModel`.
 
     Warns:
@@ -389,8 +392,12 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
             h = length
         hit_tokens += h
         input_tokens += length
-        t0.append(length * per_tok)
-        t1.append((length - h) * per_tok + h * load_tok)
+        try:
+            t0.append(length * per_tok)
+            t1.append((length - h) * per_tok + h * load_tok)
+        except OverflowError:  # an int of 309 digits or more (was a traceback)
+            raise ValueError(f"input_lengths[{len(t0)}] is {length!r:.40}...: more tokens "
+                             "than a float can hold (the times are float seconds)") from None
     arrivals = None
     unstamped = 0 if timestamps_ms is None else sum(t is None for t in timestamps_ms)
     if 0 < unstamped < n:  # the caption says "no timestamps": say how many had one
@@ -403,9 +410,11 @@ def evaluate(model: CostModel, input_lengths: Sequence[int | None],
     if timestamps_ms is not None and n and not unstamped:
         for i, t in enumerate(timestamps_ms):  # checked before the ms -> s division
             if (isinstance(t, bool) or type(t).__name__ == "bool_"
-                    or not isinstance(t, numbers.Real) or not math.isfinite(t)):
-                raise ValueError(f"timestamps_ms[{i}] is {t!r}: arrival times are finite "
-                                 "numbers of ms")
+                    or not isinstance(t, numbers.Real) or not _finite(t)):
+                # (_finite: an int too large for a float is not; math.isfinite raised
+                # OverflowError for it)
+                raise ValueError(f"timestamps_ms[{i}] is {t!r:.40}: arrival times are finite "
+                                 "numbers of ms (a float holds them)")
         arrivals = [t / 1000.0 for t in timestamps_ms]  # type: ignore[operator]
         _warn_out_of_order(timestamps_ms)
     instances = model.instances

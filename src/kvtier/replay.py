@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 
 from kvtier.admission_adaptive import ADMISSION_MODES
-from kvtier.checks import _as_int
+from kvtier.checks import _as_int, key_list, unhashable_error
 from kvtier.manager import MAX_BLOCKS, OffloadingManager
 from kvtier.oracle import NextUseOracle
 from kvtier.policies import get_policy
@@ -423,7 +423,7 @@ def replay(
                                 admission=admission, max_open_requests=max(4096, inflight + 1))
     advance = None
     if offline:
-        oracle = NextUseOracle([req.keys for req in requests])
+        oracle = _oracle(requests)
         manager.policy.bind(oracle)  # type: ignore[attr-defined]
         advance = oracle.advance
     protocol_steps = {"prefix": _prefix_protocol, "request": _request_protocol,
@@ -453,6 +453,33 @@ def replay(
         admission=admission,
         refused_blocks=stats.skipped_stores,
     )
+
+
+def _oracle(requests) -> NextUseOracle:
+    """The next-use oracle of ``requests`` (a list), with the replay's errors: a request
+    without ``.keys`` (a bare key list) and an unhashable key are named as the online
+    policies' replays name them (they were a bare AttributeError / "unhashable type")."""
+    key_lists = []
+    req = None
+    try:
+        for req in requests:
+            key_lists.append(req.keys)
+    except AttributeError as exc:
+        error = not_a_request(exc, req, len(key_lists), ("keys",), "replay")
+        if error is None:
+            raise
+        raise error from None
+    try:
+        return NextUseOracle(key_lists)
+    except TypeError:
+        for i, keys in enumerate(key_lists):
+            where = f"replay: request {i}"
+            keys = key_list(keys, where)  # not a list of keys: named here
+            try:
+                hash(tuple(keys))
+            except TypeError:
+                raise unhashable_error(keys, where) from None
+        raise
 
 
 def _with_clock(step, advance):

@@ -14,8 +14,9 @@ failed during the run makes ``kvtier replay --tiers`` exit 1 after its table). P
     found = stack.lookup(keys)          # host run, then lower tiers, run by run
     host.touch(keys)
     n = stack.promote(keys, found)      # blocks found below are read and stored into the host
-    host.prepare_load(keys[:n]); host.complete_load(keys[:n])
-    out = host.prepare_store(keys[n:]); host.complete_store(out.keys_to_store)
+    host.prepare_load(keys[:n])         # the prefix stays pinned while the rest is stored
+    out = host.prepare_store(keys[n:])
+    host.complete_load(keys[:n]); host.complete_store(out.keys_to_store)
     stack.stored(out.keys_to_store)     # write-through: also written below
     stack.flush_demotions()             # write-back: host victims written below
 
@@ -25,6 +26,7 @@ alone this is exactly ``kvtier replay``'s prefix protocol with ``--inflight 0`` 
 
 from __future__ import annotations
 
+import numbers
 import time
 import uuid
 import warnings
@@ -37,6 +39,7 @@ from kvtier.manager import OffloadingManager
 from kvtier.replay import parse_capacity
 from kvtier.tiers.base import BlockTier, Key, TierStats, plan_write
 from kvtier.tiers.stack import DEMOTION_MODES, TierStack
+from kvtier.trace import not_a_request
 
 __all__ = ["SimTier", "TierResult", "TierSpec", "TiersReplayResult", "parse_tiers",
            "replay_tiers"]
@@ -353,7 +356,11 @@ def replay_tiers(
         redis_factory: builds the tier of a ``redis://`` item from ``(url, block_bytes)``.
 
     Raises:
-        ValueError: a bad capacity, policy, demotion mode, or an unavailable Redis tier.
+        ValueError: a bad capacity, policy, demotion mode, an unavailable Redis tier, or a
+            request whose ``input_length`` is negative (the requests before it were
+            simulated; as :func:`kvtier.replay.replay`).
+        TypeError: a request without ``.keys`` / ``.input_length`` (a bare key list) or
+            whose ``input_length`` is not a number.
         ConnectionError: the Redis server does not answer before the run (the default
             ``redis_factory`` pings it).
     """
@@ -389,8 +396,8 @@ def replay_tiers(
         t0 = time.perf_counter()
         touch, prepare_load, complete_load = host.touch, host.prepare_load, host.complete_load
         prepare_store, complete_store = host.prepare_store, host.complete_store
-        for req in requests:
-            keys = req.keys
+        for req in _checked_requests(requests, block_tokens):
+            keys, length = req
             found = stack.lookup(keys)
             touch(keys)
             n = stack.promote(keys, found)
@@ -405,14 +412,22 @@ def replay_tiers(
                         break
                 loaded = keys[:n]
                 prepare_load(loaded)
-                complete_load(loaded)
+            # the loaded prefix stays pinned while the rest is stored, then the loads and the
+            # store complete, as kvtier replay's prefix protocol at W = 0 (completing the
+            # loads first let the store evict the prefix: found by a newcomer session)
+            stored = None
             if n < len(keys):
                 out = prepare_store(keys[n:] if n else keys)
                 if out is None:
                     fails += 1
-                elif out.keys_to_store:
-                    complete_store(out.keys_to_store)
-                    stack.stored(out.keys_to_store)
+                else:
+                    stored = out.keys_to_store
+            if n:
+                complete_load(loaded)
+            if stored:
+                complete_store(stored)
+                stack.stored(stored)
+            if n < len(keys):
                 stack.flush_demotions()
             if real and stack.demoted != demoted:
                 demoted = stack.demoted
@@ -420,7 +435,6 @@ def replay_tiers(
                     tier.flush(10.0)
             n_req += 1
             refs += len(keys)
-            length = req.input_length if req.input_length is not None else len(keys) * block_tokens
             in_tok += length
             hit_tok += min(n * block_tokens, length)
         seconds = time.perf_counter() - t0
@@ -443,6 +457,34 @@ def replay_tiers(
                 _clean_up(tier)
             finally:
                 tier.close()
+
+
+def _checked_requests(requests: Iterable, block_tokens: int):
+    """``(keys, input tokens)`` per request, each checked before it is simulated as
+    :func:`kvtier.replay.replay` checks it: a request without ``.keys`` / ``.input_length``
+    (a bare key list) and an ``input_length`` that is not a number are a ``TypeError``, a
+    negative one a ``ValueError``, each naming the request (0-based, as replay() does);
+    ``None`` is ``len(keys) · block_tokens``. (A negative length gave a token hit ratio
+    above 100 %: found by a newcomer session.)"""
+    req = None
+    i = 0
+    try:
+        for i, req in enumerate(requests):
+            keys, length = req.keys, req.input_length
+            if length is None:
+                length = len(keys) * block_tokens
+            elif isinstance(length, bool) or not isinstance(length, numbers.Real):
+                raise TypeError(f"request {i}: input_length must be an int (tokens) or None, "
+                                f"got {type(length).__name__} {length!r:.40}")
+            elif length < 0:
+                raise ValueError(f"request {i}: input_length must be >= 0 (tokens), got "
+                                 f"{length!r}")
+            yield keys, length
+    except AttributeError as exc:
+        error = not_a_request(exc, req, i, ("keys", "input_length"), "replay_tiers")
+        if error is None:
+            raise
+        raise error from None
 
 
 def results_table(results: Sequence[TiersReplayResult], title: str):
@@ -559,6 +601,16 @@ def replay_tiers_cli(command, tiers: str, demotion: str, capacity_given: bool = 
                                          for t in spec],
                                "results": [r.to_dict() for r in results],
                                **({"interrupted": True} if interrupted else {})})
+    # kvtier replay shows its store failures in a column; this table has none, so say it
+    # (the hits fell with no word: found by a newcomer session)
+    host = spec[0]
+    for r in results:
+        if r.store_failures:
+            cli._warn(f"{r.policy} run: {r.store_failures:,} of {counted(r.requests, 'request')} "
+                      f"could not store {'its' if r.store_failures == 1 else 'their'} new "
+                      f"blocks in the host tier (host:{host.capacity}, "
+                      f"{counted(r.tiers[0].capacity, 'block')}: too small for a request's "
+                      "loaded prefix and new blocks together); store_failures in the JSON")
     if interrupted:
         cli._warn(cli._interrupted_note(len(results), len(command.policies), "run"))
         raise cli._Interrupted

@@ -98,6 +98,7 @@ _STDIN_NAMES = ("-",)
 # block sizes tried when a Mooncake trace's lengths disagree with block_tokens
 _CANDIDATE_BLOCK_TOKENS = tuple(2**k for k in range(17))
 _INF = float("inf")  # a timestamp must be below it (JSON 1e400 parses as inf)
+_MAX_FLOAT = sys.float_info.max  # and a JSON int timestamp at most this (a float holds it)
 
 
 class TraceWarning(UserWarning):
@@ -752,8 +753,11 @@ class TraceReader:
             ts = obj.get("timestamp")
             if ts is not None and (
                 type(ts) not in (int, float) or not 0 <= ts < _INF  # NaN, inf (1e400)
+                or ts > _MAX_FLOAT  # an int of 309+ digits (analyze, --cost: OverflowError)
             ):
-                raise _LineError(f"'timestamp' must be a finite number >= 0 (ms), got {ts!r}")
+                got = (f"an int of {len(str(ts)):,} digits, more than a float holds"
+                       if type(ts) is int and ts > _MAX_FLOAT else repr(ts))
+                raise _LineError(f"'timestamp' must be a finite number >= 0 (ms), got {got}")
             # after every check of the line, so a line skipped as bad is not counted;
             # O(len(hash_ids)), when reading only
             if ids is not None and len(ids) > 1 and len(set(ids)) != len(ids):

@@ -515,19 +515,23 @@ def test_bad_stack_arguments():
 TINY = [[1, 2], [3], [1, 2], [3, 4], [1, 2, 5]]
 # Worked by hand (host 2 blocks, disk 4, LRU), the same in both demotion modes:
 #   [1,2] miss, host {1,2} | [3] miss, host evicts 2 | [1,2]: 1 host, 2 disk (promoted; host
-#   evicts 3) | [3,4]: 3 disk | [1,2,5]: 1,2 disk. Host 1 hit, disk 4, of 10 block refs.
+#   evicts 3) | [3,4]: 3 disk | [1,2,5]: 1,2 disk, and 5 is not stored: the host's 2 slots
+#   hold the request's prefix, pinned while it is read (a store failure, as in kvtier replay
+#   -c 2). Host 1 hit, disk 4, of 10 block refs, 1 store failure.
 # Write-back demotes the host victims the disk does not hold yet: 2 | 3 | 1 | 4 = 4 (the
-# victims 2 in [3,4] and 3, 2 in [1,2,5] were promoted from the disk, which still has them);
-# write-through writes each stored block once: 1,2 | 3 | 4 | 5 = 5 (the 5th evicts one).
+# victims 2 in [3,4] and 3 in [1,2,5] were promoted from the disk, which still has them);
+# write-through writes each stored block once: 1,2 | 3 | 4 = 4. (Until session 17 the
+# simulation released the prefix before the store: 5 evicted 2 and was stored, and
+# write-through wrote it too, 5 blocks, the 5th evicting one on the disk.)
 
 
 @pytest.mark.parametrize("demotion, demoted, disk_writes, disk_evictions",
-                         [("write-back", 4, 4, 0), ("write-through", 5, 5, 1)])
+                         [("write-back", 4, 4, 0), ("write-through", 4, 4, 0)])
 def test_tiny_trace_by_hand(demotion, demoted, disk_writes, disk_evictions):
     reqs = [Request(keys, None, None, None) for keys in TINY]
     r = replay_tiers(reqs, parse_tiers("host:2,disk:4"), "lru", demotion=demotion)
     assert [t.hit_blocks for t in r.tiers] == [1, 4]
-    assert r.block_refs == 10 and r.block_hit_ratio == 0.5
+    assert r.block_refs == 10 and r.block_hit_ratio == 0.5 and r.store_failures == 1
     assert r.tier_hit_ratio("host") == 0.1 and r.tier_hit_ratio("disk") == 0.4
     assert r.demoted == demoted
     disk = r.tiers[1].stats
@@ -566,6 +570,45 @@ def test_cli_replay_tiers_on_a_tiny_trace(tmp_path):
     assert bad.exit_code == 1 and "--capacity" in bad.output
 
 
+def test_cli_replay_tiers_says_when_host_stores_failed(tmp_path):
+    """Found by a newcomer session (17): kvtier replay shows its store failures (a column),
+    the --tiers table did not: on a host too small for a request's prefix and new blocks
+    together the hits fell with no word (the count was only in the JSON)."""
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    trace = tmp_path / "tiny.txt"
+    trace.write_text("\n".join(" ".join(map(str, r)) for r in TINY) + "\n")
+    res = CliRunner().invoke(app, ["replay", str(trace), "--tiers", "host:2,disk:4", "-p",
+                                   "lru,arc"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.stderr.split())
+    for policy in ("lru", "arc"):
+        assert (f"warning: {policy} run: 1 of 5 requests could not store its new blocks in "
+                "the host tier (host:2, 2 blocks: too small for a request's loaded "
+                "prefix") in text
+    res = CliRunner().invoke(app, ["replay", str(trace), "--tiers", "host:3,disk:4"])
+    assert res.exit_code == 0 and "could not store" not in res.stderr
+
+
+def test_replay_tiers_refuses_a_bad_request_as_replay_does():
+    """Found by a newcomer session (17): replay_tiers() took a negative input_length (a token
+    hit ratio of 102 %: -5,000 hit tokens of -4,900), a str one failed half-way with a bare
+    "unsupported operand type(s) for +=", and a bare key list raised "AttributeError: 'list'
+    object has no attribute 'keys'"; replay() refuses each by name before the request runs."""
+    ok = Request([1], 100, None, None)
+    with pytest.raises(ValueError, match=r"request 1: input_length must be >= 0 \(tokens\), "
+                                         "got -5000"):
+        replay_tiers([ok, Request([1], -5000, None, None)], parse_tiers("host:4"), "lru")
+    with pytest.raises(TypeError, match=r"request 1: input_length must be an int \(tokens\) "
+                                        "or None, got str '5'"):
+        replay_tiers([ok, Request([1], "5", None, None)], parse_tiers("host:4"), "lru")
+    with pytest.raises(TypeError, match=r"request 1 \(\[1, 2\]\) has no .keys: "
+                                        r"replay_tiers\(\) takes Request objects"):
+        replay_tiers([ok, [1, 2]], parse_tiers("host:4"), "lru")
+
+
 def test_host_alone_equals_kvtier_replay(trace_slice):
     from kvtier.replay import replay
 
@@ -573,6 +616,29 @@ def test_host_alone_equals_kvtier_replay(trace_slice):
         r = replay(trace_slice, policy, 500)
         t = replay_tiers(trace_slice, parse_tiers("host:500"), policy)
         assert (t.hit_blocks, t.hit_tokens) == (r.hit_blocks, r.hit_tokens)
+
+
+def test_host_alone_equals_kvtier_replay_when_the_store_needs_the_loaded_prefix_slots():
+    """Found by a newcomer session (17): the simulation released a request's loaded prefix
+    (complete_load) before storing the rest, so that store could evict the prefix, while
+    kvtier replay keeps it pinned until the request completes (W = 0). With a host too small
+    for a request's prefix and new blocks together the two differed: [1] then [1, 0] on one
+    block is a store failure in the replay and was a store in the simulation; on the
+    embedded sample at 200 blocks 498 hits and 4 store failures against 499 and 5."""
+    from kvtier.replay import replay
+    from kvtier.trace import embedded_sample_path, read_trace
+
+    tiny = [Request(keys, None, None, None) for keys in ([1], [1, 0])]
+    r = replay(tiny, "lru", 1)
+    t = replay_tiers(tiny, parse_tiers("host:1"), "lru")
+    assert (t.hit_blocks, t.store_failures) == (r.hit_blocks, r.store_failures) == (1, 1)
+    sample = list(read_trace(embedded_sample_path()))
+    for policy in ("lru", "arc"):
+        r = replay(sample, policy, 200)
+        t = replay_tiers(sample, parse_tiers("host:200"), policy)
+        assert (t.hit_blocks, t.hit_tokens, t.store_failures) == \
+            (r.hit_blocks, r.hit_tokens, r.store_failures)
+        assert (r.hit_blocks, r.store_failures) == (499, 5)
 
 
 def test_a_disk_tier_only_adds_hits(trace_slice):
