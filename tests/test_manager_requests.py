@@ -110,6 +110,57 @@ def test_record_keys_inserted_reused_in_first_occurrence_order():
     assert m.policy.snapshot()["order"][-4:] == ["d", "c", "a", "b"]  # keys[0] most recent
 
 
+@pytest.mark.parametrize("other_pending", [True, False])
+def test_a_key_offered_while_another_requests_store_is_in_flight_keeps_its_place(
+        other_pending):
+    """Found in session 16, fixed in session 17: request C offers 0-4 while request A's
+    store of 0 is in flight, so 0 is not recorded then (vLLM's order); C later loads 0-2
+    (as after a preemption) and stores 5. 0 was recorded at that load, behind C's tail, and
+    the head ended second least recent (the next six stores evicted 5, 0, 4, 3, 2, 1). Its
+    place is now held: the same order as when nothing was in flight."""
+    m = OffloadingManager(6, "lru")
+    if other_pending:
+        m.on_new_request("A")
+        assert m.prepare_store([0], "A").keys_to_store == [0]
+    m.on_new_request("C")
+    out = m.prepare_store([0, 1, 2, 3, 4], "C")
+    assert out.keys_to_store == ([1, 2, 3, 4] if other_pending else [0, 1, 2, 3, 4])
+    if other_pending:
+        assert m.snapshot()["requests"][1][1] == (1, 2, 3, 4)  # the held place: not recorded
+        m.complete_store([0])
+        m.on_request_finished("A")
+    m.complete_store(out.keys_to_store)
+    m.prepare_load([0, 1, 2], "C")
+    m.complete_load([0, 1, 2])
+    m.complete_store(m.prepare_store([5], "C").keys_to_store)
+    assert m.snapshot()["requests"][0][1] == (0, 1, 2, 3, 4, 5)
+    m.on_request_finished("C")
+    victims = []
+    for key in range(10, 16):
+        out = m.prepare_store([key])
+        victims += out.evicted_keys
+        m.complete_store(out.keys_to_store)
+    assert victims == [5, 4, 3, 2, 1, 0]
+
+
+def test_a_held_place_never_recorded_is_dropped_at_finish():
+    # C offers 0 (pending for A) and 1, never loads or stores 0: its use is 1 alone; a
+    # request that only held places makes no policy call
+    m = OffloadingManager(6, RecordingLRU)
+    m.on_new_request("A")
+    m.prepare_store([0, 7], "A")
+    m.on_new_request("C")
+    m.complete_store(m.prepare_store([0, 1], "C").keys_to_store)
+    m.on_new_request("D")
+    assert m.prepare_store([7], "D").keys_to_store == []
+    m.policy.calls.clear()
+    m.on_request_finished("D")
+    assert m.policy.calls == []
+    m.on_request_finished("C")
+    assert m.policy.calls == [("finished", (1,), frozenset({1}), frozenset()),
+                              ("touch", (1,))]
+
+
 def test_record_of_stores_then_a_failed_store_then_a_load_keeps_first_occurrence_order():
     # a store's new keys are recorded in the request's inserted dict only (the usual
     # request: loads, then stores); a failed store after it, a load after it and a new key
@@ -383,8 +434,8 @@ class _Model:
 
     def _finish(self, rec) -> None:
         self.finished += 1
-        if rec["keys"]:
-            keys = tuple(rec["keys"])
+        keys = tuple(k for k, held in rec["keys"].items() if not held)  # held places dropped
+        if keys:
             self.calls.append(("finished", keys, frozenset(rec["ins"] - rec["reu"]),
                                frozenset(rec["reu"])))
             self.calls.append(("touch", keys))
@@ -414,10 +465,15 @@ class _Model:
         return False
 
     @staticmethod
-    def add(rec, keys) -> None:
+    def add(rec, keys, held=()) -> None:
+        """Record ``keys`` in order (a key recorded already keeps its place, a held one is
+        recorded there); a key of ``held`` (pending, offered) only holds a place."""
         for key in keys:
-            if key not in rec["keys"] and len(rec["keys"]) < CAPACITY:
-                rec["keys"][key] = None
+            if key in rec["keys"]:
+                if key not in held:
+                    rec["keys"][key] = False
+            elif len(rec["keys"]) < CAPACITY:
+                rec["keys"][key] = key in held
 
     def load(self, ctx, keys) -> None:
         rec = self.open.get(ctx)
@@ -426,12 +482,12 @@ class _Model:
         self.add(rec, keys)
         rec["reu"].update(k for k in keys if k in rec["keys"] and k not in rec["ins"])
 
-    def store_offer(self, ctx, keys, new, ready) -> None:
+    def store_offer(self, ctx, keys, new, ready, held) -> None:
         rec = self.open.get(ctx)
         if rec is None:
             return
-        offered = set(new) | set(ready)
-        self.add(rec, [k for k in keys if k in offered])
+        offered = set(new) | set(ready) | set(held)
+        self.add(rec, [k for k in keys if k in offered], set(held))
         rec["reu"].update(k for k in ready if k in rec["keys"] and k not in rec["ins"])
 
     def store_done(self, ctx, new) -> None:
@@ -474,7 +530,8 @@ def _drive_against_model(ops, after_finish=None) -> None:
             _, keys, ctx, complete = o
             new = list(dict.fromkeys(k for k in keys if k not in m))
             ready = [k for k in keys if k in m and m.ref_count(k) >= 0]
-            model.store_offer(ctx, keys, new, ready)
+            held = [k for k in keys if k in m and m.ref_count(k) == -1]  # pending
+            model.store_offer(ctx, keys, new, ready, held)
             out = m.prepare_store(keys, ctx)
             if out is not None:
                 assert out.keys_to_store == new

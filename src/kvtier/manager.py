@@ -38,8 +38,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Hashable, KeysView, Sequence
 from functools import partial
-from itertools import filterfalse, repeat
-from operator import attrgetter
+from itertools import compress, filterfalse, repeat
+from operator import attrgetter, not_
 from typing import Any
 
 from kvtier.admission import AdmissionTracker
@@ -69,6 +69,12 @@ _PLAIN_KEY_TYPES = frozenset({int, str, bytes})
 # NamedTuple's Python-level ``__new__`` (and without a Python frame)
 _output = partial(tuple.__new__, PrepareStoreOutput)
 _new_record = object.__new__
+
+# a request record's held place (_Request): the value of a key the request offered while
+# another request's store of it was in flight (a recorded key's is None: ``not_`` of the
+# values selects the recorded keys in C); and ``merged`` of a record that holds one
+_HELD = True
+_MERGED_HELD = 2
 
 # _FRAMES: on request mode's usual path (prepare_store, prepare_load, on_request_finished)
 # the small private helpers are spelled out where they would be one Python frame each
@@ -142,6 +148,15 @@ class _Request:
     first merges ``order`` into ``keys`` (:meth:`merge`): ``merged``, ``keys`` holds every
     key and ``order`` is no longer read.
 
+    Held places: a key the request offers while another request's store of it is in flight
+    is not recorded (vLLM's order: vLLM records only new and ready keys), but its place is:
+    it enters ``keys`` with the value ``_HELD`` (recorded keys have ``None``) and ``merged``
+    becomes ``_MERGED_HELD``; a later load or store of the key by the request records it
+    at that place (a dict update keeps a key's position), and a place still held when the
+    request finishes is dropped. vLLM orders a request's keys by their token positions at
+    finish; kvtier has no positions, and without held places such a key was recorded
+    behind the request's tail (session 17).
+
     No ``__init__``: :meth:`OffloadingManager.on_new_request` sets the five attributes (an
     ``__init__`` was one Python frame per request; docs/performance.md, "Request mode, round
     5 (manager and adapter)").
@@ -157,9 +172,16 @@ class _Request:
 
     def keys_in_order(self) -> tuple[Hashable, ...]:
         """The request's distinct keys, first occurrence first."""
+        if self.merged is _MERGED_HELD:
+            return self.recorded_keys()
         if self.merged or not self.inserted:
             return tuple(self.keys)
         return (*self.keys, *self.order)
+
+    def recorded_keys(self) -> tuple[Hashable, ...]:
+        """``keys`` less the places still held (a merged record)."""
+        keys = self.keys
+        return tuple(compress(keys, map(not_, keys.values())))  # C-level, no frame per key
 
     def merge(self) -> None:
         """From now on ``keys`` holds every key (the inserted ones after the others, their
@@ -1353,8 +1375,18 @@ class OffloadingManager:
             reused, inserted = rec.reused, rec.inserted
             if reused and not reused.isdisjoint(inserted):  # (reused may be a keys view)
                 inserted = inserted - reused
-            # _Request.keys_in_order spelled out (_FRAMES)
-            if rec.merged or not rec.inserted:
+            # _Request.keys_in_order spelled out (_FRAMES); held places are tested for only
+            # in a merged record (vLLM spec replay, ARC 16,000 W=32: 45 of 12,031 finished
+            # requests are merged, each with a held place)
+            if rec.merged:
+                if rec.merged is _MERGED_HELD:  # places held and never recorded: dropped
+                    keys = rec.recorded_keys()
+                    if not keys:  # (held places only: the request recorded nothing)
+                        self._req_log.finished += 1
+                        return
+                else:
+                    keys = tuple(rec.keys)
+            elif not rec.inserted:
                 keys = tuple(rec.keys)
             else:
                 keys = (*rec.keys, *rec.order) if rec.keys else tuple(rec.order)
@@ -1387,6 +1419,8 @@ class OffloadingManager:
                     return False
                 rkeys[key] = None
                 room -= 1
+            elif rkeys[key] is _HELD:  # recorded at the place the request held for it
+                rkeys[key] = None
         return True
 
     def _record_load(self, req_context: Any, keys: Sequence[Hashable]) -> None:
@@ -1435,6 +1469,8 @@ class OffloadingManager:
         slot_of, pending = self._slot_of, self._pending_keys
         # C-level filters, no frame per key (see _add_keys)
         ready = list(filterfalse(pending.__contains__, filter(slot_of.__contains__, keys)))
+        if len(ready) != num_resident:  # a key of the offer is pending: its place is held
+            return self._record_store_holding(rec, keys, new_keys, ready)
         if new_keys and ready:
             offered = set(new_keys)
             offered.update(ready)
@@ -1444,6 +1480,48 @@ class OffloadingManager:
         if ready:
             rec.reused.update(filterfalse(rec.inserted.__contains__,
                                           filter(rec.keys.__contains__, ready)))
+        return all_recorded
+
+    def _record_store_holding(
+        self, rec: _Request, keys: Sequence[Hashable], new_keys: Sequence[Hashable],
+        ready: list,
+    ) -> bool:
+        """:meth:`_record_store` of an offer that names a pending key (another request's
+        store of it in flight; ``rec`` is merged): in the call's order, its new and ready
+        keys are recorded and a pending key not recorded yet gets a held place (see
+        _Request), all under the ``num_blocks`` cap. Return whether every offered (new or
+        ready) key is now recorded."""
+        rkeys = rec.keys
+        # C-level passes, no frame per key (see _add_keys): the pending keys that are not
+        # this call's new ones (stored and pending already when the store succeeded) and not
+        # recorded yet, then the offer's keys in order, marked (a dict update keeps the
+        # place of a key already in rkeys and records a held one there)
+        offered = set(new_keys)
+        offered.update(ready)
+        held = list(filterfalse(offered.__contains__, filterfalse(
+            rkeys.__contains__, filter(self._pending_keys.__contains__, keys))))
+        offered.update(held)
+        marks = dict.fromkeys(filter(offered.__contains__, keys))
+        if held:
+            marks.update(dict.fromkeys(held, _HELD))
+            rec.merged = _MERGED_HELD
+        all_recorded = True
+        if len(marks) <= self._num_blocks - len(rkeys):  # the usual case: all of them fit
+            rkeys.update(marks)
+        else:  # the cap: in order, while there is room
+            room = self._num_blocks - len(rkeys)
+            for key, mark in marks.items():
+                if key in rkeys:
+                    if mark is None:
+                        rkeys[key] = None  # (at its held place, if it had one)
+                elif room > 0:
+                    rkeys[key] = mark
+                    room -= 1
+                elif mark is None:
+                    all_recorded = False
+        if ready:
+            rec.reused.update(filterfalse(rec.inserted.__contains__,
+                                          filter(rkeys.__contains__, ready)))
         return all_recorded
 
     def _learn_misses(self, rec: _Request, new_keys: Sequence[Hashable]) -> None:
