@@ -54,13 +54,14 @@ them through the manager's store-time ``touch``).
 
 Eviction (:meth:`evict`): take unprotected orphans from the queue (while the safeguard allows
 the orphan rule), then, while demoting, unprotected leaves from the leaf queue (evictable leaves
-in the order they became evictable), then ask the inner policy for the rest (with the chosen
-blocks added to ``protected``). A rule the safeguard holds back picks the same blocks, which
-only leave its queue and are recorded as virtual victims. The base class has checked that
-``n`` eligible blocks exist (the wrapper's evictable blocks are the inner policy's), so the
-inner policy always finds them. Orphans and leaves leave the inner policy by
-``mark_non_evictable`` + ``remove`` (no ghost entry: their eviction says nothing about the
-inner policy's lists).
+in the order they were stored: a pin, its release or a completed store moves none; this said
+"in the order they became evictable" until session 17, the rule before logical recency),
+then ask the inner policy for the rest (with the chosen blocks added to ``protected``). A
+rule the safeguard holds back picks the same blocks, which only leave its queue and are
+recorded as virtual victims. The base class has checked that ``n`` eligible blocks exist (the
+wrapper's evictable blocks are the inner policy's), so the inner policy always finds them.
+Orphans and leaves leave the inner policy by ``mark_non_evictable`` + ``remove`` (no ghost
+entry: their eviction says nothing about the inner policy's lists).
 
 Cost: links, leaf flags, probe and ghost updates and touches are O(1) per key (amortized),
 but for a new link from an orphan to an orphan parent, which walks the parent's chain of
