@@ -98,6 +98,23 @@ def test_a_link_that_closes_a_cycle_of_resident_blocks_ends_their_orphan_state()
     assert p.is_orphan("b") and not p.is_orphan("z")
 
 
+def test_a_key_named_twice_in_one_store_is_linked_at_its_first_position():
+    # as in touch: [p, a, b, a] is the request p, a, b (it taught a -> b, a cycle, in place
+    # of a -> p, and b was not a leaf)
+    ends = []
+    for keys in (["p", "a", "b", "a"], ["p", "a", "b"]):
+        m = OffloadingManager(8, policy="prefix-lru")
+        m.complete_store(m.prepare_store(keys).keys_to_store)
+        p = m.policy
+        assert (p.parent("a"), p.parent("b")) == ("p", "a")
+        assert p.is_leaf("b") and not p.is_leaf("a")
+        m.touch(["a", "b"])  # LRU: p b a
+        assert m.prepare_store([f"x{i}" for i in range(6)]).evicted_keys == ["p"]
+        assert p.is_orphan("a") and p.is_orphan("b")  # their prefix's head is gone
+        ends.append(p.snapshot())
+    assert ends[0] == ends[1]
+
+
 def test_evict_is_atomic():
     p = PrefixLRUPolicy(16)
     chain(p, list("abcd"))

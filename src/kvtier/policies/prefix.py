@@ -10,7 +10,8 @@ SGLang's RadixAttention, Zheng et al. 2024, evict leaves only).
 
 Links. The manager names a request's blocks head first, so the wrapper learns ``parent(key i) =
 key i-1`` from the order of the keys in each :meth:`touch` and :meth:`on_store` (successful
-``prepare_store``) call. A link is kept only while the child is resident, and a block keeps one
+``prepare_store``) call, a key named twice in one call counted at its first position (in
+``on_store`` since session 17: ``[p, a, b, a]`` taught ``a -> b``, in place of ``a -> p``). A link is kept only while the child is resident, and a block keeps one
 parent (a later call that names another parent replaces it): memory is O(resident blocks) and
 is freed with the blocks. ``touch`` records a link only when both keys are resident (a request
 touches its misses before storing them); ``on_store`` records every link of the call, so a
@@ -432,6 +433,12 @@ class PrefixAwarePolicy(CachePolicy):
 
     def on_store(self, keys: Sequence[Key]) -> None:
         self.inner.on_store(keys)
+        # a key named twice in one store is one block at its first position, as in touch:
+        # [p, a, b, a] would teach a -> b (a cycle) in place of a -> p. A call whose keys were
+        # all inserted now (_fresh, distinct) has no repeat: no set built for the usual store
+        if (len(keys) > 1 and len(self._fresh) != len(keys)
+                and len(set(keys)) != len(keys)):
+            keys = list(dict.fromkeys(keys))
         res, children, leaf = self._res, self._children, self._leaf
         last = len(keys) - 1
         prev = None
