@@ -238,10 +238,12 @@ class SievePolicy(CachePolicy):
                     victims.append(key)
                     if at is not None:
                         hand = at
-                    else:  # never examined, so past every numbered block, those set aside
-                        hand = number - 1  # in an earlier lap included (module docstring)
                     if len(victims) == n:
                         break
+            if at is None:  # the last block met, a victim, was never examined: the hand is
+                hand = number - 1  # past every numbered block, those set aside in an
+                # earlier lap included (module docstring); once per run down _ahead, not per
+                # victim (per victim: batch sieve 10000 +2.7 % instructions per evicted block)
         self._next = number
         self._hand = hand
         self.examined += examined
