@@ -105,6 +105,29 @@ def test_b2_hit_lowers_target(arc_state):
     assert arc_state.policy.snapshot()["b2"] == [5, 6]
 
 
+def test_a_ghost_key_named_twice_adapts_the_target_at_its_first_position():
+    """CachePolicy.touch: a key named twice in one call is one use at its first (most
+    recent) position. ARC applies a call tail first, so [a, b, a] is b's B2 hit, then a's B1
+    hit, as [a, b]; the target's clamps at 0 and the capacity make the order matter (it
+    adapted at a's repeat, the call's tail: +1, then -1 clamped at 0)."""
+    snaps = []
+    for touched in (["a", "b", "a"], ["a", "b"]):
+        m = OffloadingManager(2, "arc")
+        store(m, ["a"])
+        store(m, ["b"])
+        m.touch(["b"])  # T1 = [a], T2 = [b]
+        assert store(m, ["c"]).evicted_keys == ["a"]  # target 0: T1's LRU -> B1
+        m.touch(["c"])
+        assert store(m, ["d"]).evicted_keys == ["b"]  # T1 empty: T2's LRU -> B2
+        snap = m.policy.snapshot()
+        assert (snap["b1"], snap["b2"], snap["target"]) == (["a"], ["b"], 0.0)
+        m.touch(touched)
+        snaps.append(m.policy.snapshot())
+    # b: 0 - max(1, |B1|/|B2|) clamped at 0; a: 0 + max(1, |B2|/|B1|) = 1
+    assert snaps[0]["target"] == snaps[1]["target"] == 1.0
+    assert snaps[0] == snaps[1]
+
+
 def test_pending_block_touched_stays_in_t1():
     m = OffloadingManager(4, "arc")
     m.prepare_store([1])

@@ -76,6 +76,45 @@ def test_failed_store_orphans_the_blocks_after_it_and_pinned_orphans_wait():
     assert out is not None
 
 
+def test_a_link_that_closes_a_cycle_of_resident_blocks_ends_their_orphan_state():
+    # an orphan is a block whose chain of known parents reaches a block that is not resident
+    m = OffloadingManager(4, policy="prefix-lru")
+    m.prepare_store(["r", "a"])
+    m.complete_store(["a"])
+    m.complete_store(["r"], success=False)  # r dropped: a is an orphan
+    p = m.policy
+    assert p.is_orphan("a")
+    m.complete_store(m.prepare_store(["a", "b"]).keys_to_store)  # b -> a: an orphan too
+    m.complete_store(m.prepare_store(["x"]).keys_to_store)
+    m.touch(["b", "a"])  # a -> b: the chains of a and b are a, b, a, ...: all resident
+    assert (p.parent("a"), p.parent("b")) == ("b", "a")
+    assert not p.is_orphan("a") and not p.is_orphan("b")  # were both still orphans
+    m.complete_store(m.prepare_store(["y"]).keys_to_store)  # LRU, oldest first: x a b y
+    assert m.prepare_store(["z"]).evicted_keys == ["x"]  # was a, evicted as an orphan
+    # evicting a member of the cycle orphans the others, as any block's descendants
+    m.complete_store(["z"])
+    m.touch(["y", "z"])  # LRU: a b z y (z's parent y)
+    assert m.prepare_store(["w"]).evicted_keys == ["a"]
+    assert p.is_orphan("b") and not p.is_orphan("z")
+
+
+def test_a_key_named_twice_in_one_store_is_linked_at_its_first_position():
+    # as in touch: [p, a, b, a] is the request p, a, b (it taught a -> b, a cycle, in place
+    # of a -> p, and b was not a leaf)
+    ends = []
+    for keys in (["p", "a", "b", "a"], ["p", "a", "b"]):
+        m = OffloadingManager(8, policy="prefix-lru")
+        m.complete_store(m.prepare_store(keys).keys_to_store)
+        p = m.policy
+        assert (p.parent("a"), p.parent("b")) == ("p", "a")
+        assert p.is_leaf("b") and not p.is_leaf("a")
+        m.touch(["a", "b"])  # LRU: p b a
+        assert m.prepare_store([f"x{i}" for i in range(6)]).evicted_keys == ["p"]
+        assert p.is_orphan("a") and p.is_orphan("b")  # their prefix's head is gone
+        ends.append(p.snapshot())
+    assert ends[0] == ends[1]
+
+
 def test_evict_is_atomic():
     p = PrefixLRUPolicy(16)
     chain(p, list("abcd"))

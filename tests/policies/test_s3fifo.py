@@ -82,6 +82,19 @@ def test_evict_is_atomic_and_skips_pinned_and_pending():
     assert keys_of(p.evict(2, ())) == ["c", "b"]
 
 
+def test_a_protected_block_passed_over_stays_in_front_of_a_held_block_behind_it():
+    p = S3FIFOPolicy(10)
+    for key in "smpqx":  # S = [s]; M = [m, p, q, x] (S was full during the first fill)
+        add(p, key)
+    p.mark_non_evictable(["s", "p"])  # S's only block and M's second are held
+    # from M (S has no candidate): m protected (passed over), p held (set aside), q
+    assert keys_of(p.evict(1, {"m"})) == ["q"]
+    assert state(p)[1] == ["m", "p", "x"]  # was p, m, x: the held block went first
+    p.mark_evictable(["p"])
+    assert keys_of(p.evict(1, ())) == ["m"]  # the oldest (was p)
+    assert keys_of(p.evict(1, ())) == ["p"]
+
+
 def test_ghost_is_bounded():
     p = S3FIFOPolicy(10)
     for i in range(100):

@@ -63,6 +63,21 @@ def test_pinned_block_keeps_its_place_and_its_touch_and_is_met_there_again():
     assert keys_of(p.evict(2, ())) == ["c", "a"]
 
 
+def test_a_block_set_aside_in_an_earlier_lap_is_behind_the_hand_once_it_passed_it():
+    p = SievePolicy(8)
+    fill(p, "abc")
+    p.mark_non_evictable(["a"])
+    assert keys_of(p.evict(2, ())) == ["b", "c"]  # a held: passed; the hand wraps
+    fill(p, "def")  # queue a d e f, the hand at the tail
+    assert keys_of(p.evict(1, ())) == ["d"]  # a still held: passed again; hand at e
+    assert p.snapshot()["hand"] == 1  # a is behind it
+    p.mark_evictable(["a"])
+    # the hand goes on from e (it used to go back to a, numbered in the earlier lap), and
+    # meets a after the wrap
+    assert keys_of(p.evict(1, ())) == ["e"]
+    assert keys_of(p.evict(2, ())) == ["f", "a"]
+
+
 def test_evict_is_atomic_when_protected_blocks_leave_too_few():
     p = SievePolicy(8)
     fill(p, "abcd")

@@ -21,7 +21,7 @@ contract:
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Collection, Sequence
 from itertools import islice
 
@@ -262,12 +262,16 @@ class ARCPolicy(CachePolicy):
             repeats = None  # not known yet: looked at the call's first ghost hit
         held, pinned = self._held, self._pinned
         b1, b2 = self._b1, self._b2
-        # a ghost key named twice in one call adapts the target once (CachePolicy.touch: one
-        # use per call). The call is checked for repeats once, at its first ghost hit, and
-        # only a call with repeats keeps the keys that adapted it: ~16 ghost hits per call that
-        # has one, and a set test + add per hit cost replay arc 4000 W=0 +69 instructions per
-        # block reference (docs/policies.md, "Repeated keys in one touch")
-        adapted = None
+        # a ghost key named twice in one call adapts the target once, at its first (most
+        # recent) position (CachePolicy.touch: one use per call, there; the walk is tail
+        # first, so at its last occurrence met: the clamps at 0 and the capacity make the
+        # order of adaptations matter). The call is checked for repeats once, at its first
+        # ghost hit, and only a call with repeats counts the occurrences left to meet
+        # (`left`, a Counter of the keys; none of a ghost key's occurrences is met before the
+        # call's first ghost hit): ~16 ghost hits per call that has one, and a set test + add
+        # per hit cost replay arc 4000 W=0 +69 instructions per block reference
+        # (docs/policies.md, "Repeated keys in one touch")
+        left = None
         for key in reversed(keys):
             # the live orders first: a resident key usually costs one or two membership
             # tests, a missed key four (no block aside) or six
@@ -300,11 +304,12 @@ class ARCPolicy(CachePolicy):
                 if repeats is None:
                     repeats = len(set(keys)) != len(keys)
                 if repeats:
-                    if adapted is None:
-                        adapted = set()
-                    elif key in adapted:
-                        continue  # named twice in this call: adapted once
-                    adapted.add(key)
+                    if left is None:
+                        left = Counter(keys)
+                    count = left[key] - 1
+                    left[key] = count
+                    if count:
+                        continue  # named again nearer the head: adapts there, once
                 step = len(b2) / len(b1)
                 target = self._target + (step if step > 1.0 else 1.0)
                 target = target if target < self.capacity else float(self.capacity)
@@ -315,11 +320,12 @@ class ARCPolicy(CachePolicy):
                 if repeats is None:
                     repeats = len(set(keys)) != len(keys)
                 if repeats:
-                    if adapted is None:
-                        adapted = set()
-                    elif key in adapted:
-                        continue  # named twice in this call: adapted once
-                    adapted.add(key)
+                    if left is None:
+                        left = Counter(keys)
+                    count = left[key] - 1
+                    left[key] = count
+                    if count:
+                        continue  # named again nearer the head: adapts there, once
                 step = len(b1) / len(b2)
                 target = self._target - (step if step > 1.0 else 1.0)
                 target = target if target > 0.0 else 0.0

@@ -229,8 +229,21 @@ class LogicalOrder:
                 return key, None
         return None
 
+    def pass_over(self, item: tuple[Key, int | None]) -> tuple[Key, int]:
+        """A member taken by :meth:`pop_front` that the walk passes over (protected): its
+        place, as a sequence number taken now, so that the held blocks the same walk sets
+        aside after it stay behind it (put back at the front of ``live``, it would come after
+        them). Give the returned items to :meth:`restore_front` once the walk is done. O(1)."""
+        key, number = item
+        if number is None:
+            number = self._next
+            self._next += 1
+        return key, number
+
     def restore_front(self, taken: list[tuple[Key, int | None]]) -> None:
-        """Put back members taken by :meth:`pop_front` (in the order taken) where they were."""
+        """Put back members taken by :meth:`pop_front` (in the order taken) where they were:
+        numbered ones (:meth:`pass_over`, or taken from the heap) aside in their place, as
+        evictable; others at the front of ``live``."""
         live, aside, heap = self.live, self.aside, self.heap
         for key, number in reversed(taken):
             if number is None:

@@ -10,7 +10,8 @@ SGLang's RadixAttention, Zheng et al. 2024, evict leaves only).
 
 Links. The manager names a request's blocks head first, so the wrapper learns ``parent(key i) =
 key i-1`` from the order of the keys in each :meth:`touch` and :meth:`on_store` (successful
-``prepare_store``) call. A link is kept only while the child is resident, and a block keeps one
+``prepare_store``) call, a key named twice in one call counted at its first position (in
+``on_store`` since session 17: ``[p, a, b, a]`` taught ``a -> b``, in place of ``a -> p``). A link is kept only while the child is resident, and a block keeps one
 parent (a later call that names another parent replaces it): memory is O(resident blocks) and
 is freed with the blocks. ``touch`` records a link only when both keys are resident (a request
 touches its misses before storing them); ``on_store`` records every link of the call, so a
@@ -19,11 +20,14 @@ block stored after a block that was not stored (admission) is an orphan at once.
 Orphans. A resident block is an orphan when some block on its chain of known parents is not
 resident. When a block leaves (evicted, or its store failed) all its resident descendants
 become orphans; when a block is inserted again, the resident descendants it reconnects stop
-being orphans. Orphans are queued in the order they became orphans, each newly orphaned subtree
-*tail first* (a request's tail before its head, so the part of a prefix most likely to be
-reconnected stays longest). Pinned and pending orphans keep their place in the queue (logical
-recency: a pin, its release or a completed store moves nothing; the queue is a
-:class:`~kvtier.policies.order.LogicalOrder`).
+being orphans; so does a new link that closes a cycle of resident blocks (keys named in
+another order by another call: ``[a, b]`` then ``[b, a]``; block hashes chained on their
+prefix never do): every chain in it reaches no absent block (before session 17 the orphans
+of such a cycle stayed orphans). Orphans are queued in the order they became orphans, each
+newly orphaned subtree *tail first* (a request's tail before its head, so the part of a
+prefix most likely to be reconnected stays longest). Pinned and pending orphans keep their
+place in the queue (logical recency: a pin, its release or a completed store moves nothing;
+the queue is a :class:`~kvtier.policies.order.LogicalOrder`).
 
 Dead leaves. A *leaf* is a resident block that no call has named a key after since it was
 stored: a block with no known child. Every stored request has one (its last stored block). In
@@ -51,15 +55,18 @@ them through the manager's store-time ``touch``).
 
 Eviction (:meth:`evict`): take unprotected orphans from the queue (while the safeguard allows
 the orphan rule), then, while demoting, unprotected leaves from the leaf queue (evictable leaves
-in the order they became evictable), then ask the inner policy for the rest (with the chosen
-blocks added to ``protected``). A rule the safeguard holds back picks the same blocks, which
-only leave its queue and are recorded as virtual victims. The base class has checked that
-``n`` eligible blocks exist (the wrapper's evictable blocks are the inner policy's), so the
-inner policy always finds them. Orphans and leaves leave the inner policy by
-``mark_non_evictable`` + ``remove`` (no ghost entry: their eviction says nothing about the
-inner policy's lists).
+in the order they were stored: a pin, its release or a completed store moves none; this said
+"in the order they became evictable" until session 17, the rule before logical recency),
+then ask the inner policy for the rest (with the chosen blocks added to ``protected``). A
+rule the safeguard holds back picks the same blocks, which only leave its queue and are
+recorded as virtual victims. The base class has checked that ``n`` eligible blocks exist (the
+wrapper's evictable blocks are the inner policy's), so the inner policy always finds them.
+Orphans and leaves leave the inner policy by ``mark_non_evictable`` + ``remove`` (no ghost
+entry: their eviction says nothing about the inner policy's lists).
 
-Cost: links, leaf flags, probe and ghost updates and touches are O(1) per key (amortized).
+Cost: links, leaf flags, probe and ghost updates and touches are O(1) per key (amortized),
+but for a new link from an orphan to an orphan parent, which walks the parent's chain of
+known parents to tell whether it closes a cycle (O(chain length); not on the usual store).
 Entries examined by :meth:`evict` (added to :attr:`examined`) are the orphans and leaves
 examined (each queue walked at most once; a leaf already taken as an orphan is skipped, at most
 k of them) plus what the inner policy examines: O(k + protected), as the inner policy. Memory:
@@ -236,11 +243,33 @@ class PrefixAwarePolicy(CachePolicy):
         self._parent[child] = parent
         self._children.setdefault(parent, {})[child] = None
         cut = parent not in self._res or parent in self._orphans
+        if cut and child in self._orphans and parent in self._res and self._closes_cycle(child):
+            # the parent is an orphan through the child itself (its old, absent parent): the
+            # new link closes a cycle of resident blocks, whose chains now reach no absent
+            # block (keys named in another order by another call, e.g. [a, b] then [b, a]);
+            # only an orphan re-linked to an orphan parent pays this walk
+            cut = False
         if cut != (child in self._orphans):
             if cut:
                 self._mark(child)
             else:
                 self._unmark(child)
+
+    def _closes_cycle(self, child: Key) -> bool:
+        """Whether the chain of known parents from ``child`` (just linked) comes back to it
+        with every block on the way resident. O(chain length)."""
+        parents, res = self._parent, self._res
+        start = {child: None}  # compared as a dict key (see _NO_CHILDREN)
+        seen: dict[Key, None] = {}
+        key = parents[child]
+        while key in res and key not in seen:
+            if key in start:
+                return True
+            seen[key] = None
+            key = parents.get(key, _NO_PARENT)
+            if key is _NO_PARENT:
+                return False
+        return False
 
     def _unlink(self, key: Key) -> bool:
         """Forget resident ``key``; return True when its descendants must become orphans."""
@@ -404,6 +433,12 @@ class PrefixAwarePolicy(CachePolicy):
 
     def on_store(self, keys: Sequence[Key]) -> None:
         self.inner.on_store(keys)
+        # a key named twice in one store is one block at its first position, as in touch:
+        # [p, a, b, a] would teach a -> b (a cycle) in place of a -> p. A call whose keys were
+        # all inserted now (_fresh, distinct) has no repeat: no set built for the usual store
+        if (len(keys) > 1 and len(self._fresh) != len(keys)
+                and len(set(keys)) != len(keys)):
+            keys = list(dict.fromkeys(keys))
         res, children, leaf = self._res, self._children, self._leaf
         last = len(keys) - 1
         prev = None

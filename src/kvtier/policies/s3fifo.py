@@ -40,7 +40,10 @@ How it maps to the offloading contract:
   sizes.
 * If the chosen queue has no eligible block (all pinned, pending or protected), eviction falls
   back to the other queue. A protected block that would be evicted stays at the head of its
-  queue (it is passed over, not moved); one that would be promoted or reinserted is, as usual.
+  queue (it is passed over, not moved: in front of the held blocks the same walk sets aside
+  after it, :meth:`~kvtier.policies.order.LogicalOrder.pass_over`; before session 17 it went
+  back to the front of the live order, behind them); one that would be promoted or
+  reinserted is, as usual.
 * The ghost check happens when the block is inserted, after the eviction that makes room for
   it (as in the paper). G is trimmed to its bound in :meth:`on_store`, after the whole
   ``prepare_store`` call, and at the start of :meth:`evict`: so a key evicted by the same call
@@ -203,7 +206,7 @@ class S3FIFOPolicy(CachePolicy):
                         main.append(key)
                         freq[key] = 0
                     elif key in protected:
-                        small_passed.append(item)
+                        small_passed.append(small.pass_over(item))
                     else:
                         in_small.remove(key)
                         del freq[key]
@@ -225,7 +228,7 @@ class S3FIFOPolicy(CachePolicy):
                     freq[key] = f - 1
                     main.append(key)
                 elif key in protected:
-                    main_passed.append(item)
+                    main_passed.append(main.pass_over(item))
                 else:
                     in_main.remove(key)
                     del freq[key]
