@@ -209,7 +209,10 @@ class KVTierCachePolicy(CachePolicy):
         cache_capacity: the tier's size in chunks (vLLM passes ``num_chunks``).
 
     Raises:
-        ValueError: ``cache_capacity`` is not a positive int.
+        ValueError: ``cache_capacity`` is not a positive int (the message names vLLM's
+            ``cpu_bytes_to_use``, which holds no chunk then), or the kvtier policy is offline
+            (``KVTierBelady``: it needs the trace's future; option 2 refuses it too).
+        TypeError: the abstract class itself is instantiated.
     """
 
     kvtier_policy: ClassVar[str] = ""
@@ -221,6 +224,24 @@ class KVTierCachePolicy(CachePolicy):
             raise TypeError(
                 "KVTierCachePolicy is abstract: use a policy class such as KVTierARC "
                 "(kvtier.integrations.vllm.POLICY_CLASSES) or vllm_cache_policy(name)"
+            )
+        cls_name = type(self).__name__
+        if (isinstance(cache_capacity, bool) or not isinstance(cache_capacity, int)
+                or cache_capacity < 1):
+            # vLLM passes its num_chunks: 0 when cpu_bytes_to_use holds no chunk
+            raise ValueError(
+                f"{cls_name}: the CPU tier holds {cache_capacity!r} chunks (vLLM's num_chunks); "
+                "cpu_bytes_to_use must hold at least one chunk of the KV cache"
+            )
+        if getattr(get_policy(self.kvtier_policy), "needs_future", False):
+            online = ", ".join(
+                policy_class_name(p) for p in available_policies()
+                if not getattr(get_policy(p), "needs_future", False)
+            )
+            raise ValueError(
+                f"eviction_policy {cls_name!r} is offline (kvtier policy "
+                f"{self.kvtier_policy!r} needs the trace's future, which an engine does not "
+                f"have): use it in 'kvtier replay'; an engine runs {online}"
             )
         self._hooks = _KVTierHooks(self.kvtier_policy, cache_capacity)
         self._chunks: dict[OffloadKey, ChunkStatus] = {}
