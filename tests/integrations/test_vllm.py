@@ -209,6 +209,27 @@ def test_option_1_refuses_an_offline_policy_as_option_2_does():
     assert "KVTierBelady" in kv.POLICY_CLASSES  # the class stays: vLLM's factory finds it
 
 
+@pytest.mark.parametrize("name, meant", [
+    ("KVTierArc", "KVTierARC"),  # case
+    ("KVTierS3Fifo", "KVTierS3FIFO"),
+    ("s3fifo", "KVTierS3FIFO"),  # kvtier's own policy name
+    ("prefix-arc", "KVTierPrefixARC"),
+])
+def test_a_misspelt_eviction_policy_names_the_class_meant(name, meant):
+    """Found by a newcomer session (17): vLLM's factory resolves eviction_policy with
+    getattr(kvtier.integrations.vllm, name), and a near miss failed with Python's bare
+    "module ... has no attribute 'KVTierArc'", naming neither the option nor the classes."""
+    extra = {"cpu_bytes_to_use": 64 * 4096, "eviction_policy": name,
+             "cache_policy_module_path": kv.MODULE_PATH}
+    with pytest.raises(AttributeError) as err:
+        _cpu_spec_manager(extra)
+    text = str(err.value)
+    assert f"eviction_policy {name!r}" in text and f"did you mean {meant!r}" in text
+    assert "KVTierLRU" in text and "KVTierBelady" not in text  # the classes an engine runs
+    # Python's own probes of a module attribute still get a plain AttributeError
+    assert not hasattr(kv, "__wrapped__")
+
+
 def test_option_1_tier_without_one_chunk_names_cpu_bytes_to_use():
     """Found by a newcomer session (17): option 1 with a cpu_bytes_to_use smaller than one
     chunk failed with the kvtier policy's bare "capacity must be a positive int (blocks), got

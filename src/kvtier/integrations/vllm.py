@@ -413,7 +413,30 @@ def __getattr__(attr: str) -> type[KVTierCachePolicy]:
                 cls = vllm_cache_policy(name)
                 POLICY_CLASSES[attr] = cls
                 return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+    message = f"module {__name__!r} has no attribute {attr!r}"
+    if not (attr.startswith("__") and attr.endswith("__")):  # Python's own probes: plain
+        # vLLM's CachePolicyFactory resolves eviction_policy with getattr(module, name), so
+        # this is the message a misspelt eviction_policy gets: name the classes
+        message += f"; as eviction_policy {attr!r}: {_eviction_policy_hint(attr)}"
+    raise AttributeError(message)
+
+
+def _eviction_policy_hint(attr: str) -> str:
+    """The classes an engine can run, and the one ``attr`` most likely meant."""
+    online = {
+        policy_class_name(p): p for p in available_policies()
+        if not getattr(get_policy(p), "needs_future", False)
+    }
+    by_policy = {p: c for c, p in online.items()}
+    meant = by_policy.get(attr)  # a kvtier policy name ("s3fifo") given as the class name
+    if meant is None:
+        folded = {c.lower(): c for c in online}
+        meant = folded.get(attr.lower()) or folded.get(policy_class_name(attr).lower())
+    if meant is None:
+        close = difflib.get_close_matches(attr, list(online), 1, 0.8)
+        meant = close[0] if close else None
+    known = f"the kvtier classes are {', '.join(sorted(online))}"
+    return f"did you mean {meant!r}? {known}" if meant else known
 
 
 # ---------------------------------------------------------------------------------------------
