@@ -211,6 +211,8 @@ def test_spec_builds_disk_tier_from_config_dict(tmp_path):
     # raised a bare "unhashable type: 'list'"
     ({"enable_kv_events": "false"}, "enable_kv_events must be a bool, got 'false'"),
     ({"locality": ["LOCAL"]}, "locality must be LOCAL or REMOTE, got ['LOCAL']"),
+    # newcomer finding (session 17): named DiskTier's num_blocks, after creating the directory
+    ({"capacity_blocks": 2**31}, "KvtierDiskTier: capacity_blocks must be at most 2,147,483,647"),
 ])
 def test_disk_config_errors_name_the_option(tmp_path, over, message):
     entry = disk_entry(tmp_path, **over)

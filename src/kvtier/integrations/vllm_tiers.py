@@ -115,6 +115,7 @@ from vllm.v1.kv_offload.tiering.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvtier.manager import MAX_BLOCKS
 from kvtier.policies import CachePolicy, get_policy
 from kvtier.tiers.base import BlockTier, TierStats, join_fingerprint_fields
 from kvtier.tiers.disk import FSYNC_MODES, DiskTier, DiskTierError
@@ -586,7 +587,7 @@ class KvtierDiskTier(KvtierSecondaryTier):
       ``<directory>/vllm-<fingerprint id, 16 hex>/`` (created), so engines of different models
       or layouts never share slots. A restarted engine with the same layout finds the blocks
       whose writes had completed.
-    * ``capacity_blocks`` (int >= 1, required): slots, each one vLLM chunk
+    * ``capacity_blocks`` (int from 1 to 2**31 - 1, required): slots, each one vLLM chunk
       (``primary_kv_view.strides[0]`` bytes). The file ``blocks.dat`` is capacity x chunk bytes.
     * ``policy`` (str, default ``"lru"``): kvtier eviction policy of the slots (``lru``,
       ``arc``, ``s3fifo``, ``sieve``, ``lfu``, ...; see docs/policies.md).
@@ -635,6 +636,9 @@ class KvtierDiskTier(KvtierSecondaryTier):
             raise ValueError(f"{name}: capacity_blocks (slots of one vLLM chunk each) is "
                              "required")
         _check_positive_int(name, "capacity_blocks", capacity_blocks)
+        if capacity_blocks > MAX_BLOCKS:  # DiskTier's limit, named as the operator wrote it
+            raise ValueError(f"{name}: capacity_blocks must be at most {MAX_BLOCKS:,} (slots "
+                             f"of one vLLM chunk each), got {capacity_blocks:,}")
         _check_positive_int(name, "workers", workers)
         if fsync not in FSYNC_MODES:
             raise ValueError(f"{name}: fsync must be one of {', '.join(FSYNC_MODES)}, "
