@@ -53,8 +53,11 @@ How vLLM's contract maps onto the :class:`~kvtier.tiers.base.BlockTier` API:
   them). A store job is ``success=False`` when the tier failed or dropped a block (I/O error,
   Redis down or its queue full, or a disk tier that could not make room for all of the job's
   blocks and kept its head). Nothing raises into the scheduler for a backend failure.
-* **Recency.** vLLM's ``touch`` reaches the disk tier's policy (queued; applied by the tier's
-  threads before its next job or lookup); Redis keeps its own LRU/LFU.
+* **Recency.** A ``touch`` of vLLM's tiering manager reaches the disk tier's policy (queued;
+  applied by the tier's threads before its next job or lookup); Redis keeps its own LRU/LFU.
+  vLLM 0.33's ``OffloadingConnector`` never calls ``touch``, so in serving the disk tier's
+  order comes from its writes and the promotions it serves (reads are uses); chunks reused
+  from the CPU tier are not refreshed on disk (docs/tiers.md).
 * **Metrics.** Every job reports ``transfer_time`` (seconds on the I/O thread) and
   ``transfer_bytes``, which vLLM turns into ``vllm:kv_offload_tiering_read_bytes`` /
   ``_read_time`` / ``_write_bytes`` / ``_write_time`` and the job-failure counters; vLLM itself
@@ -379,9 +382,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
             self._idle.notify_all()
 
     def touch(self, keys, req_context: ReqContext) -> None:
-        """Queue a use of ``keys`` (chunks the GPU prefix cache or the CPU tier hit) for the
-        tier's policy, where the tier has one (disk); applied before its next job or lookup.
-        At most 4096 batches wait; older ones are dropped."""
+        """Queue a use of ``keys`` for the tier's policy, where the tier has one (disk);
+        applied before its next job or lookup. At most 4096 batches wait; older ones are
+        dropped. (vLLM 0.33's connector never calls it: see the module docstring.)"""
         if self._forwards_touch and keys:
             self._touches.append(list(keys))
 
