@@ -871,3 +871,49 @@ def test_a_kvtier_policy_as_the_cpu_tier_policy_above_the_disk_tier(tmp_path, po
         assert m.secondary_tiers[0].tier.stats().reads > 0  # some came from the disk
     finally:
         m.shutdown()
+
+
+def test_a_stored_event_is_not_lost_when_events_are_taken_as_a_job_finishes(tmp_path):
+    """Found by a newcomer review (session 17): the I/O thread appended a store job's stored
+    event to the tier's event list while the scheduler thread could be swapping that list out
+    in take_events; an append that read the list before the swap and appended after it put
+    the event into a list already returned and read, so the event was lost. Forced here by
+    holding the I/O thread inside the append (a list whose append waits off the test's
+    thread) while take_events runs."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
+    class HeldAppend(list):
+        def append(self, item):
+            if threading.current_thread() is not threading.main_thread():
+                entered.set()
+                release.wait(10)
+            super().append(item)
+
+    m = make_spec([disk_entry(tmp_path, enable_kv_events=True)], kv_events=True).get_manager()
+    sec = m.secondary_tiers[0]
+    keys, blocks = keys_and_blocks(3, "held-event", sec.block_size_bytes)
+    try:
+        sec._events = HeldAppend()
+        ctx = ReqContext(req_id="w")
+        m.on_new_request(ctx)
+        out = m.prepare_store(keys, ctx)
+        view, stride = rows(m)
+        with view.cast("B") as flat:
+            for cid, block in zip(out.store_spec.chunk_ids, blocks, strict=True):
+                flat[int(cid) * stride:int(cid) * stride + len(block)] = block
+        m.complete_store(out.keys_to_store, ctx)  # submits the cascade
+        deadline = time.monotonic() + 10
+        while not entered.is_set() and sec._in_io:  # the I/O thread in the append, or done
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        taken = list(sec.take_events())
+        release.set()
+        m.on_request_finished(ctx)
+        settle(m)
+        taken += list(sec.take_events())
+        assert sorted(k for e in taken if not e.removed for k in e.keys) == sorted(keys)
+    finally:
+        release.set()
+        m.shutdown()

@@ -327,8 +327,13 @@ class KvtierSecondaryTier(SecondaryTierManager):
         # vLLM's touch() batches, applied to the tier's policy by whichever of the tier's
         # threads next holds the I/O lock (deque appends/pops are thread-safe); bounded
         self._touches: collections.deque[list[OffloadKey]] = collections.deque(maxlen=4096)
-        self._finished: queue.SimpleQueue[tuple[JobResult, list[OffloadKey]]] = (
-            queue.SimpleQueue())
+        # finished jobs, from the I/O thread: (result, keys of a failed promotion, keys of a
+        # store job the tier holds); the scheduler thread turns the last into the job's
+        # stored event in get_finished_jobs (the event list is the scheduler thread's alone:
+        # an append from the I/O thread could land in a list take_events had already
+        # returned and its caller read, and the event was lost; newcomer review, session 17)
+        self._finished: queue.SimpleQueue[
+            tuple[JobResult, list[OffloadKey], list[OffloadKey]]] = queue.SimpleQueue()
         self._pending = 0  # jobs submitted and not yet returned by get_finished_jobs
         self._idle = threading.Condition()
         self._in_io = 0  # jobs submitted and not yet finished by the I/O thread
@@ -401,10 +406,13 @@ class KvtierSecondaryTier(SecondaryTierManager):
         out: list[JobResult] = []
         while True:
             try:
-                result, failed_loads = self._finished.get_nowait()
+                result, failed_loads, stored = self._finished.get_nowait()
             except queue.Empty:
                 break
             self._pending -= 1
+            if stored and self._events is not None:
+                self._events.append(OffloadingEvent(keys=stored, medium=self.medium,
+                                                    removed=False, locality=self.locality))
             if failed_loads:
                 # vLLM would otherwise keep answering HIT from the cached verdict
                 self._lookups.mark_miss(failed_loads)
@@ -496,6 +504,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
                     item = self._stores.popleft()
                 else:
                     return
+            stored: list[OffloadKey] = []
             try:
                 if self._forwards_touch:
                     with self._io_lock:
@@ -503,12 +512,12 @@ class KvtierSecondaryTier(SecondaryTierManager):
                 if item.job.is_promotion:
                     result, failed = self._load(item)
                 else:
-                    result, failed = self._store(item), []
+                    (result, stored), failed = self._store(item), []
             except Exception:  # misuse or a bug: fail the job, keep the engine running
                 logger.exception("%s: job %s failed", self.tier_type, item.job.job_id)
                 result, failed = JobResult(job_id=item.job.job_id, success=False), (
                     item.keys if item.job.is_promotion else [])
-            self._finished.put((result, failed))
+            self._finished.put((result, failed, stored))
             with self._idle:
                 self._in_io -= 1
                 self._idle.notify_all()
@@ -517,7 +526,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
         """Blocks of one store job that the tier failed to write (subclasses add drops)."""
         return after.writes_failed - before.writes_failed
 
-    def _store(self, item: _Job) -> JobResult:
+    def _store(self, item: _Job) -> tuple[JobResult, list[OffloadKey]]:
+        """I/O thread: write one store job; its result and the job's keys the tier holds
+        (for the stored event, sent by :meth:`get_finished_jobs`)."""
         bb = self.block_size_bytes
         rows = self._rows
         t0 = time.perf_counter()
@@ -539,14 +550,11 @@ class KvtierSecondaryTier(SecondaryTierManager):
                 failed = self._store_failed(before, after)
                 stored = [] if failed else list(item.keys)
         elapsed = time.perf_counter() - t0
-        if self._events is not None and stored:
-            self._events.append(OffloadingEvent(keys=stored, medium=self.medium,
-                                                removed=False, locality=self.locality))
         # the bytes this job wrote: 0 when every chunk was there already, which vLLM's
         # back-pressure detector skips (None would make it assume the whole job's bytes)
         written = after.bytes_written - before.bytes_written
         return JobResult(job_id=item.job.job_id, success=failed == 0, transfer_time=elapsed,
-                         transfer_bytes=written)
+                         transfer_bytes=written), stored
 
     def _load(self, item: _Job) -> tuple[JobResult, list[OffloadKey]]:
         bb = self.block_size_bytes
