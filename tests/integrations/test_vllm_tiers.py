@@ -747,7 +747,7 @@ def test_a_disk_write_failure_fails_the_job_and_the_tier_recovers(tmp_path, monk
     stored, not what failed."""
     import errno
 
-    import kvtier.tiers.disk as disk
+    from kvtier.tiers import disk
 
     entry = disk_entry(tmp_path, capacity_blocks=8, enable_kv_events=True)
     m = make_spec([entry], kv_events=True).get_manager()
@@ -792,7 +792,7 @@ def test_a_disk_write_failure_fails_the_job_and_the_tier_recovers(tmp_path, monk
         m.shutdown()
 
 
-def test_redis_killed_mid_run_then_restarted(redis_server):
+def test_redis_killed_mid_run_then_restarted(redis_server):  # noqa: F811 (the fixture)
     """The Redis server dies while the engine runs: the next cascade fails (counted), lookups
     answer MISS at once and a promotion whose server died after its lookup fails and reads as
     a miss (no livelock); the server restarts on the same port (empty: no persistence) and,
