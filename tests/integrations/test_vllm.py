@@ -56,6 +56,8 @@ from conftest import SHARED_TRACE
 logging.getLogger("vllm").setLevel(logging.ERROR)  # "out-of-tree policy" warnings
 
 POLICIES = available_policies()
+# what an engine can run: option 1 and 2 refuse an offline policy (belady needs the future)
+ONLINE = [p for p in POLICIES if not getattr(kvtier.get_policy(p), "needs_future", False)]
 
 
 def key(i: int) -> bytes:
@@ -90,7 +92,7 @@ def test_every_registered_policy_has_a_class():
     assert {"KVTierLRU", "KVTierARC", "KVTierS3FIFO", "KVTierPrefixARC"} <= set(kv.POLICY_CLASSES)
 
 
-@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("name", ONLINE)
 def test_vllm_policy_factory_loads_each_class(name):
     cls_name = kv.policy_class_name(name)
     cls = CachePolicyFactory.get_cache_policy_cls(cls_name, kv.MODULE_PATH)
@@ -188,6 +190,58 @@ def test_unknown_policy_name_lists_known_ones():
         kv.KVTierCachePolicy(4)
 
 
+def _cpu_spec_manager(extra: dict):
+    """vLLM's CPUOffloadingSpec built from ``extra`` as at engine start, and its manager."""
+    return OffloadingSpecFactory.create_spec(offloading_config(extra)).get_manager()
+
+
+def test_option_1_refuses_an_offline_policy_as_option_2_does():
+    """Found by a newcomer session (17): option 2 and the disk tier refuse the offline policy
+    belady (an engine has no future), but option 1 took eviction_policy "KVTierBelady" and
+    ran plain LRU under the Belady name (a RuntimeWarning at its first eviction)."""
+    extra = {"cpu_bytes_to_use": 64 * 4096, "eviction_policy": "KVTierBelady",
+             "cache_policy_module_path": kv.MODULE_PATH}
+    with pytest.raises(ValueError) as err:
+        _cpu_spec_manager(extra)
+    text = str(err.value)
+    assert "eviction_policy 'KVTierBelady'" in text and "offline" in text
+    assert "KVTierARC" in text  # the classes an engine can run
+    assert "KVTierBelady" in kv.POLICY_CLASSES  # the class stays: vLLM's factory finds it
+
+
+@pytest.mark.parametrize("name, meant", [
+    ("KVTierArc", "KVTierARC"),  # case
+    ("KVTierS3Fifo", "KVTierS3FIFO"),
+    ("s3fifo", "KVTierS3FIFO"),  # kvtier's own policy name
+    ("prefix-arc", "KVTierPrefixARC"),
+])
+def test_a_misspelt_eviction_policy_names_the_class_meant(name, meant):
+    """Found by a newcomer session (17): vLLM's factory resolves eviction_policy with
+    getattr(kvtier.integrations.vllm, name), and a near miss failed with Python's bare
+    "module ... has no attribute 'KVTierArc'", naming neither the option nor the classes."""
+    extra = {"cpu_bytes_to_use": 64 * 4096, "eviction_policy": name,
+             "cache_policy_module_path": kv.MODULE_PATH}
+    with pytest.raises(AttributeError) as err:
+        _cpu_spec_manager(extra)
+    text = str(err.value)
+    assert f"eviction_policy {name!r}" in text and f"did you mean {meant!r}" in text
+    assert "KVTierLRU" in text and "KVTierBelady" not in text  # the classes an engine runs
+    # Python's own probes of a module attribute still get a plain AttributeError
+    assert not hasattr(kv, "__wrapped__")
+
+
+def test_option_1_tier_without_one_chunk_names_cpu_bytes_to_use():
+    """Found by a newcomer session (17): option 1 with a cpu_bytes_to_use smaller than one
+    chunk failed with the kvtier policy's bare "capacity must be a positive int (blocks), got
+    0", naming no option (option 2 names cpu_bytes_to_use)."""
+    extra = {"cpu_bytes_to_use": 100, "eviction_policy": "KVTierARC",
+             "cache_policy_module_path": kv.MODULE_PATH}
+    with pytest.raises(ValueError) as err:
+        _cpu_spec_manager(extra)
+    text = str(err.value)
+    assert "KVTierARC" in text and "cpu_bytes_to_use" in text and "0 chunks" in text
+
+
 # -- trace replays: vLLM's manager with kvtier policies == kvtier's manager ---------------------
 def synthetic_conversations(n_requests: int, seed: int) -> list:
     """Multi-turn sessions (each turn extends its session's prefix by 1-6 blocks), a system
@@ -222,7 +276,7 @@ def _distinct(kpr) -> int:
     return len({k for ks in kpr for k in ks})
 
 
-@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("name", ONLINE)
 @pytest.mark.parametrize("trace", ["mooncake", "synthetic"])
 def test_vllm_manager_with_kvtier_policy_counts_as_kvtier_manager(traces, trace, name):
     kpr = traces[trace]
@@ -307,7 +361,7 @@ def test_chunk_status_is_vllms_object_and_tracks_ref_count():
     assert chunk.ref_cnt == 0
 
 
-@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("name", ONLINE)
 def test_pinned_and_pending_blocks_are_never_victims_and_failed_evict_is_atomic(name):
     m = vllm_manager(4, name, enable_events=True)
     ctx = ReqContext("r")
@@ -327,7 +381,7 @@ def test_pinned_and_pending_blocks_are_never_victims_and_failed_evict_is_atomic(
     assert {m.lookup(k, ctx) for k in keys(1, 2, 4)} == {VLookup.HIT}
 
 
-@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("name", ONLINE)
 def test_releases_of_one_completion_apply_as_in_kvtiers_manager(name):
     """The releases of one complete_store apply in reverse (keys[0] ends most recent), as in
     kvtier's own manager, though vLLM calls mark_evictable head first: same victims."""

@@ -48,7 +48,7 @@ from kvtier.integrations.vllm_tiers import (  # noqa: E402
     KvtierRedisTier,
     vllm_layout_fingerprint,
 )
-from redis_servers import shared_redis_server  # noqa: E402,F401  (fixture)
+from redis_servers import redis_server, shared_redis_server  # noqa: E402,F401  (fixtures)
 
 MODULE = "kvtier.integrations.vllm_tiers"
 WORKER_BLOCK_BYTES = 4096  # one worker's KV bytes of one GPU block; a chunk = 1 block here
@@ -211,6 +211,8 @@ def test_spec_builds_disk_tier_from_config_dict(tmp_path):
     # raised a bare "unhashable type: 'list'"
     ({"enable_kv_events": "false"}, "enable_kv_events must be a bool, got 'false'"),
     ({"locality": ["LOCAL"]}, "locality must be LOCAL or REMOTE, got ['LOCAL']"),
+    # newcomer finding (session 17): named DiskTier's num_blocks, after creating the directory
+    ({"capacity_blocks": 2**31}, "KvtierDiskTier: capacity_blocks must be at most 2,147,483,647"),
 ])
 def test_disk_config_errors_name_the_option(tmp_path, over, message):
     entry = disk_entry(tmp_path, **over)
@@ -735,3 +737,183 @@ def test_a_changed_capacity_names_the_option_and_the_way_out(tmp_path):
     m = make_spec([disk_entry(tmp_path, capacity_blocks=8)]).get_manager()  # the old value
     m.shutdown()
 
+
+
+# -- failures mid-run (newcomer review, session 17: these held; kept as regression tests) ------
+def test_a_disk_write_failure_fails_the_job_and_the_tier_recovers(tmp_path, monkeypatch):
+    """ENOSPC on every data write of one cascade: vLLM counts one failed cascade job, kvtier 4
+    failed writes, no stored event names those chunks and the disk holds none of them; once
+    the device has room again the next job is stored, and a restarted engine finds what was
+    stored, not what failed."""
+    import errno
+
+    from kvtier.tiers import disk
+
+    entry = disk_entry(tmp_path, capacity_blocks=8, enable_kv_events=True)
+    m = make_spec([entry], kv_events=True).get_manager()
+    sec = m.secondary_tiers[0]
+    chunk = sec.block_size_bytes
+    (a, ab), (b, bb), (c, cb) = (keys_and_blocks(4, f"enospc-{n}", chunk) for n in "abc")
+    label = ("1:KvtierDiskTier",)
+    real_pwrite = disk._pwrite_all
+    full = {"on": False}
+
+    def pwrite(fd, data, offset):
+        if full["on"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(disk, "_pwrite_all", pwrite)
+    try:
+        offload(m, a, ab, "a")
+        full["on"] = True
+        offload(m, b, bb, "b")
+        full["on"] = False
+        stats = m.get_stats()
+        assert counter(stats, TieringOffloadingMetrics.CASCADE_JOB_FAILURES, label) == 1
+        assert counter(stats, "vllm:kv_offload_kvtier_writes_failed", ("KvtierDiskTier",)) == 4
+        stored = [k for e in sec.take_events() if not e.removed for k in e.keys]
+        assert sorted(stored) == sorted(a)
+        assert [k in sec.tier for k in a + b] == [True] * 4 + [False] * 4
+        offload(m, c, cb, "c")
+        assert counter(m.get_stats(), TieringOffloadingMetrics.CASCADE_JOB_FAILURES, label) == 0
+        assert all(k in sec.tier for k in a + c)
+    finally:
+        m.shutdown()
+    m = make_spec([entry]).get_manager()
+    try:
+        for keys, blocks, found in ((a, ab, 4), (b, bb, 0), (c, cb, 4)):
+            hits, ctx = lookup_prefix(m, keys, f"r-{found}-{keys[0].hex()[:6]}")
+            assert hits == found
+            assert read_loaded(m, keys[:hits], ctx) == blocks[:hits]
+            m.on_request_finished(ctx)
+        settle(m)
+    finally:
+        m.shutdown()
+
+
+def test_redis_killed_mid_run_then_restarted(redis_server):  # noqa: F811 (the fixture)
+    """The Redis server dies while the engine runs: the next cascade fails (counted), lookups
+    answer MISS at once and a promotion whose server died after its lookup fails and reads as
+    a miss (no livelock); the server restarts on the same port (empty: no persistence) and,
+    after the breaker's cooldown, cascades and promotions work again."""
+    entry = redis_entry(redis_server, breaker_cooldown_s=0.2)
+    label = ("1:KvtierRedisTier",)
+    m1 = make_spec([entry]).get_manager()
+    m2 = make_spec([entry]).get_manager()
+    try:
+        chunk = m1.secondary_tiers[0].block_size_bytes
+        (a, ab), (b, bb), (c, cb) = (keys_and_blocks(4, f"outage-{n}", chunk) for n in "abc")
+        offload(m1, a, ab, "a")
+        ctx = ReqContext(req_id="r-a")  # m2 asks for A: found, its promotion allocated
+        m2.on_new_request(ctx)
+        deadline = time.monotonic() + 30
+        while {m2.lookup(k, ctx) for k in a} != {LookupResult.HIT_PENDING}:
+            assert time.monotonic() < deadline, "lookups did not find A"
+            step(m2)
+            time.sleep(0.005)
+        with m2.secondary_tiers[0]._io_lock:  # the promotion's read waits for the kill
+            step(m2)  # submits the promotion
+            redis_server.kill()
+        while True:
+            results = [m2.lookup(k, ctx) for k in a]
+            if LookupResult.RETRY not in results and LookupResult.HIT_PENDING not in results:
+                break
+            assert time.monotonic() < deadline, "lookups did not settle"
+            step(m2)
+            time.sleep(0.005)
+        assert results[0] is LookupResult.MISS  # the promotion failed: recomputed
+        m2.on_request_finished(ctx)
+        settle(m2)
+        assert counter(m2.get_stats(), TieringOffloadingMetrics.PROMOTION_JOB_FAILURES,
+                       label) == 1
+        offload(m1, b, bb, "b")
+        assert counter(m1.get_stats(), TieringOffloadingMetrics.CASCADE_JOB_FAILURES,
+                       label) == 1
+        assert lookup_prefix(m2, b, "r-b")[0] == 0
+        redis_server.start()
+        time.sleep(0.3)  # the breaker's cooldown
+        offload(m1, c, cb, "c")
+        assert counter(m1.get_stats(), TieringOffloadingMetrics.CASCADE_JOB_FAILURES,
+                       label) == 0
+        hits, ctx = lookup_prefix(m2, c, "r-c")
+        assert hits == 4 and read_loaded(m2, c, ctx) == cb
+        m2.on_request_finished(ctx)
+        settle(m2)
+    finally:
+        m1.shutdown()
+        m2.shutdown()
+
+
+@pytest.mark.parametrize("policy", ["KVTierARC", "KVTierPrefixLRU"])
+def test_a_kvtier_policy_as_the_cpu_tier_policy_above_the_disk_tier(tmp_path, policy):
+    """vLLM's TieringOffloadingSpec with a kvtier policy for its CPU primary tier (option 1's
+    eviction_policy) over kvtier's disk tier: the CPU tier (16 chunks) overflows, the disk
+    holds the rest, and a request finds its 24 chunks again, promoted from the disk into CPU
+    rows that the kvtier policy chose, bytes intact."""
+    from kvtier.integrations import vllm as kv
+
+    spec = make_spec([disk_entry(tmp_path)])
+    spec.eviction_policy = policy  # as if the config dict set them (make_spec's config
+    spec.cache_policy_module_path = kv.MODULE_PATH  # is shared by every test)
+    m = spec.get_manager()
+    try:
+        assert type(m.primary_tier._policy).__name__ == policy
+        chunk = m.secondary_tiers[0].block_size_bytes
+        parts = [keys_and_blocks(8, f"primary-{i}", chunk) for i in range(3)]
+        for i, (keys, blocks) in enumerate(parts):
+            offload(m, keys, blocks, f"w{i}")
+        for i, (keys, blocks) in enumerate(parts):
+            hits, ctx = lookup_prefix(m, keys, f"r{i}")
+            assert hits == 8 and read_loaded(m, keys, ctx) == blocks
+            m.on_request_finished(ctx)
+            settle(m)
+        assert m.secondary_tiers[0].tier.stats().reads > 0  # some came from the disk
+    finally:
+        m.shutdown()
+
+
+def test_a_stored_event_is_not_lost_when_events_are_taken_as_a_job_finishes(tmp_path):
+    """Found by a newcomer review (session 17): the I/O thread appended a store job's stored
+    event to the tier's event list while the scheduler thread could be swapping that list out
+    in take_events; an append that read the list before the swap and appended after it put
+    the event into a list already returned and read, so the event was lost. Forced here by
+    holding the I/O thread inside the append (a list whose append waits off the test's
+    thread) while take_events runs."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
+    class HeldAppend(list):
+        def append(self, item):
+            if threading.current_thread() is not threading.main_thread():
+                entered.set()
+                release.wait(10)
+            super().append(item)
+
+    m = make_spec([disk_entry(tmp_path, enable_kv_events=True)], kv_events=True).get_manager()
+    sec = m.secondary_tiers[0]
+    keys, blocks = keys_and_blocks(3, "held-event", sec.block_size_bytes)
+    try:
+        sec._events = HeldAppend()
+        ctx = ReqContext(req_id="w")
+        m.on_new_request(ctx)
+        out = m.prepare_store(keys, ctx)
+        view, stride = rows(m)
+        with view.cast("B") as flat:
+            for cid, block in zip(out.store_spec.chunk_ids, blocks, strict=True):
+                flat[int(cid) * stride:int(cid) * stride + len(block)] = block
+        m.complete_store(out.keys_to_store, ctx)  # submits the cascade
+        deadline = time.monotonic() + 10
+        while not entered.is_set() and sec._in_io:  # the I/O thread in the append, or done
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        taken = list(sec.take_events())
+        release.set()
+        m.on_request_finished(ctx)
+        settle(m)
+        taken += list(sec.take_events())
+        assert sorted(k for e in taken if not e.removed for k in e.keys) == sorted(keys)
+    finally:
+        release.set()
+        m.shutdown()

@@ -209,7 +209,10 @@ class KVTierCachePolicy(CachePolicy):
         cache_capacity: the tier's size in chunks (vLLM passes ``num_chunks``).
 
     Raises:
-        ValueError: ``cache_capacity`` is not a positive int.
+        ValueError: ``cache_capacity`` is not a positive int (the message names vLLM's
+            ``cpu_bytes_to_use``, which holds no chunk then), or the kvtier policy is offline
+            (``KVTierBelady``: it needs the trace's future; option 2 refuses it too).
+        TypeError: the abstract class itself is instantiated.
     """
 
     kvtier_policy: ClassVar[str] = ""
@@ -221,6 +224,24 @@ class KVTierCachePolicy(CachePolicy):
             raise TypeError(
                 "KVTierCachePolicy is abstract: use a policy class such as KVTierARC "
                 "(kvtier.integrations.vllm.POLICY_CLASSES) or vllm_cache_policy(name)"
+            )
+        cls_name = type(self).__name__
+        if (isinstance(cache_capacity, bool) or not isinstance(cache_capacity, int)
+                or cache_capacity < 1):
+            # vLLM passes its num_chunks: 0 when cpu_bytes_to_use holds no chunk
+            raise ValueError(
+                f"{cls_name}: the CPU tier holds {cache_capacity!r} chunks (vLLM's num_chunks); "
+                "cpu_bytes_to_use must hold at least one chunk of the KV cache"
+            )
+        if getattr(get_policy(self.kvtier_policy), "needs_future", False):
+            online = ", ".join(
+                policy_class_name(p) for p in available_policies()
+                if not getattr(get_policy(p), "needs_future", False)
+            )
+            raise ValueError(
+                f"eviction_policy {cls_name!r} is offline (kvtier policy "
+                f"{self.kvtier_policy!r} needs the trace's future, which an engine does not "
+                f"have): use it in 'kvtier replay'; an engine runs {online}"
             )
         self._hooks = _KVTierHooks(self.kvtier_policy, cache_capacity)
         self._chunks: dict[OffloadKey, ChunkStatus] = {}
@@ -392,7 +413,30 @@ def __getattr__(attr: str) -> type[KVTierCachePolicy]:
                 cls = vllm_cache_policy(name)
                 POLICY_CLASSES[attr] = cls
                 return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+    message = f"module {__name__!r} has no attribute {attr!r}"
+    if not (attr.startswith("__") and attr.endswith("__")):  # Python's own probes: plain
+        # vLLM's CachePolicyFactory resolves eviction_policy with getattr(module, name), so
+        # this is the message a misspelt eviction_policy gets: name the classes
+        message += f"; as eviction_policy {attr!r}: {_eviction_policy_hint(attr)}"
+    raise AttributeError(message)
+
+
+def _eviction_policy_hint(attr: str) -> str:
+    """The classes an engine can run, and the one ``attr`` most likely meant."""
+    online = {
+        policy_class_name(p): p for p in available_policies()
+        if not getattr(get_policy(p), "needs_future", False)
+    }
+    by_policy = {p: c for c, p in online.items()}
+    meant = by_policy.get(attr)  # a kvtier policy name ("s3fifo") given as the class name
+    if meant is None:
+        folded = {c.lower(): c for c in online}
+        meant = folded.get(attr.lower()) or folded.get(policy_class_name(attr).lower())
+    if meant is None:
+        close = difflib.get_close_matches(attr, list(online), 1, 0.8)
+        meant = close[0] if close else None
+    known = f"the kvtier classes are {', '.join(sorted(online))}"
+    return f"did you mean {meant!r}? {known}" if meant else known
 
 
 # ---------------------------------------------------------------------------------------------

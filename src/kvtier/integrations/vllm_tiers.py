@@ -53,8 +53,11 @@ How vLLM's contract maps onto the :class:`~kvtier.tiers.base.BlockTier` API:
   them). A store job is ``success=False`` when the tier failed or dropped a block (I/O error,
   Redis down or its queue full, or a disk tier that could not make room for all of the job's
   blocks and kept its head). Nothing raises into the scheduler for a backend failure.
-* **Recency.** vLLM's ``touch`` reaches the disk tier's policy (queued; applied by the tier's
-  threads before its next job or lookup); Redis keeps its own LRU/LFU.
+* **Recency.** A ``touch`` of vLLM's tiering manager reaches the disk tier's policy (queued;
+  applied by the tier's threads before its next job or lookup); Redis keeps its own LRU/LFU.
+  vLLM 0.33's ``OffloadingConnector`` never calls ``touch``, so in serving the disk tier's
+  order comes from its writes and the promotions it serves (reads are uses); chunks reused
+  from the CPU tier are not refreshed on disk (docs/tiers.md).
 * **Metrics.** Every job reports ``transfer_time`` (seconds on the I/O thread) and
   ``transfer_bytes``, which vLLM turns into ``vllm:kv_offload_tiering_read_bytes`` /
   ``_read_time`` / ``_write_bytes`` / ``_write_time`` and the job-failure counters; vLLM itself
@@ -115,6 +118,7 @@ from vllm.v1.kv_offload.tiering.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvtier.manager import MAX_BLOCKS
 from kvtier.policies import CachePolicy, get_policy
 from kvtier.tiers.base import BlockTier, TierStats, join_fingerprint_fields
 from kvtier.tiers.disk import FSYNC_MODES, DiskTier, DiskTierError
@@ -323,8 +327,13 @@ class KvtierSecondaryTier(SecondaryTierManager):
         # vLLM's touch() batches, applied to the tier's policy by whichever of the tier's
         # threads next holds the I/O lock (deque appends/pops are thread-safe); bounded
         self._touches: collections.deque[list[OffloadKey]] = collections.deque(maxlen=4096)
-        self._finished: queue.SimpleQueue[tuple[JobResult, list[OffloadKey]]] = (
-            queue.SimpleQueue())
+        # finished jobs, from the I/O thread: (result, keys of a failed promotion, keys of a
+        # store job the tier holds); the scheduler thread turns the last into the job's
+        # stored event in get_finished_jobs (the event list is the scheduler thread's alone:
+        # an append from the I/O thread could land in a list take_events had already
+        # returned and its caller read, and the event was lost; newcomer review, session 17)
+        self._finished: queue.SimpleQueue[
+            tuple[JobResult, list[OffloadKey], list[OffloadKey]]] = queue.SimpleQueue()
         self._pending = 0  # jobs submitted and not yet returned by get_finished_jobs
         self._idle = threading.Condition()
         self._in_io = 0  # jobs submitted and not yet finished by the I/O thread
@@ -378,9 +387,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
             self._idle.notify_all()
 
     def touch(self, keys, req_context: ReqContext) -> None:
-        """Queue a use of ``keys`` (chunks the GPU prefix cache or the CPU tier hit) for the
-        tier's policy, where the tier has one (disk); applied before its next job or lookup.
-        At most 4096 batches wait; older ones are dropped."""
+        """Queue a use of ``keys`` for the tier's policy, where the tier has one (disk);
+        applied before its next job or lookup. At most 4096 batches wait; older ones are
+        dropped. (vLLM 0.33's connector never calls it: see the module docstring.)"""
         if self._forwards_touch and keys:
             self._touches.append(list(keys))
 
@@ -397,10 +406,13 @@ class KvtierSecondaryTier(SecondaryTierManager):
         out: list[JobResult] = []
         while True:
             try:
-                result, failed_loads = self._finished.get_nowait()
+                result, failed_loads, stored = self._finished.get_nowait()
             except queue.Empty:
                 break
             self._pending -= 1
+            if stored and self._events is not None:
+                self._events.append(OffloadingEvent(keys=stored, medium=self.medium,
+                                                    removed=False, locality=self.locality))
             if failed_loads:
                 # vLLM would otherwise keep answering HIT from the cached verdict
                 self._lookups.mark_miss(failed_loads)
@@ -492,6 +504,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
                     item = self._stores.popleft()
                 else:
                     return
+            stored: list[OffloadKey] = []
             try:
                 if self._forwards_touch:
                     with self._io_lock:
@@ -499,12 +512,12 @@ class KvtierSecondaryTier(SecondaryTierManager):
                 if item.job.is_promotion:
                     result, failed = self._load(item)
                 else:
-                    result, failed = self._store(item), []
+                    (result, stored), failed = self._store(item), []
             except Exception:  # misuse or a bug: fail the job, keep the engine running
                 logger.exception("%s: job %s failed", self.tier_type, item.job.job_id)
                 result, failed = JobResult(job_id=item.job.job_id, success=False), (
                     item.keys if item.job.is_promotion else [])
-            self._finished.put((result, failed))
+            self._finished.put((result, failed, stored))
             with self._idle:
                 self._in_io -= 1
                 self._idle.notify_all()
@@ -513,7 +526,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
         """Blocks of one store job that the tier failed to write (subclasses add drops)."""
         return after.writes_failed - before.writes_failed
 
-    def _store(self, item: _Job) -> JobResult:
+    def _store(self, item: _Job) -> tuple[JobResult, list[OffloadKey]]:
+        """I/O thread: write one store job; its result and the job's keys the tier holds
+        (for the stored event, sent by :meth:`get_finished_jobs`)."""
         bb = self.block_size_bytes
         rows = self._rows
         t0 = time.perf_counter()
@@ -535,14 +550,11 @@ class KvtierSecondaryTier(SecondaryTierManager):
                 failed = self._store_failed(before, after)
                 stored = [] if failed else list(item.keys)
         elapsed = time.perf_counter() - t0
-        if self._events is not None and stored:
-            self._events.append(OffloadingEvent(keys=stored, medium=self.medium,
-                                                removed=False, locality=self.locality))
         # the bytes this job wrote: 0 when every chunk was there already, which vLLM's
         # back-pressure detector skips (None would make it assume the whole job's bytes)
         written = after.bytes_written - before.bytes_written
         return JobResult(job_id=item.job.job_id, success=failed == 0, transfer_time=elapsed,
-                         transfer_bytes=written)
+                         transfer_bytes=written), stored
 
     def _load(self, item: _Job) -> tuple[JobResult, list[OffloadKey]]:
         bb = self.block_size_bytes
@@ -586,7 +598,7 @@ class KvtierDiskTier(KvtierSecondaryTier):
       ``<directory>/vllm-<fingerprint id, 16 hex>/`` (created), so engines of different models
       or layouts never share slots. A restarted engine with the same layout finds the blocks
       whose writes had completed.
-    * ``capacity_blocks`` (int >= 1, required): slots, each one vLLM chunk
+    * ``capacity_blocks`` (int from 1 to 2**31 - 1, required): slots, each one vLLM chunk
       (``primary_kv_view.strides[0]`` bytes). The file ``blocks.dat`` is capacity x chunk bytes.
     * ``policy`` (str, default ``"lru"``): kvtier eviction policy of the slots (``lru``,
       ``arc``, ``s3fifo``, ``sieve``, ``lfu``, ...; see docs/policies.md).
@@ -635,6 +647,9 @@ class KvtierDiskTier(KvtierSecondaryTier):
             raise ValueError(f"{name}: capacity_blocks (slots of one vLLM chunk each) is "
                              "required")
         _check_positive_int(name, "capacity_blocks", capacity_blocks)
+        if capacity_blocks > MAX_BLOCKS:  # DiskTier's limit, named as the operator wrote it
+            raise ValueError(f"{name}: capacity_blocks must be at most {MAX_BLOCKS:,} (slots "
+                             f"of one vLLM chunk each), got {capacity_blocks:,}")
         _check_positive_int(name, "workers", workers)
         if fsync not in FSYNC_MODES:
             raise ValueError(f"{name}: fsync must be one of {', '.join(FSYNC_MODES)}, "
