@@ -299,6 +299,17 @@ def test_bad_arguments_and_unhashable_keys_change_nothing():
     assert m.snapshot() == before
 
 
+@pytest.mark.parametrize("threshold", [1, 2])
+@pytest.mark.parametrize("admission", ["adaptve", "", None, ["adaptive"]])
+def test_an_unknown_admission_is_named_as_unknown_whatever_the_store_threshold(admission,
+                                                                               threshold):
+    # with store_threshold >= 2 the name was not checked before the combination rule: the
+    # error said "admission='adaptve' cannot be combined with store_threshold=2"
+    with pytest.raises(ValueError, match=r"^unknown admission .*; expected one of all, "
+                                         r"adaptive, tinylfu$"):
+        OffloadingManager(8, admission=admission, store_threshold=threshold)
+
+
 @pytest.mark.parametrize("keys", [[1, {}], [1, 2, {}], [1, 2, 3, {}], [1, 2, 3, 4, {}]])
 def test_an_unhashable_key_the_lookup_examines_changes_nothing_while_admit_all_leads(keys):
     # while admit-all leads by far the doorkeeper is not kept, so the admission hashes only

@@ -43,7 +43,7 @@ from operator import attrgetter
 from typing import Any
 
 from kvtier.admission import AdmissionTracker
-from kvtier.admission_adaptive import make_admission
+from kvtier.admission_adaptive import ADMISSION_MODES, make_admission
 from kvtier.checks import (
     check_bool,
     check_positive_int,
@@ -253,6 +253,11 @@ class OffloadingManager:
         store_threshold = check_positive_int("store_threshold", store_threshold, "lookups")
         max_tracker_size = check_positive_int("max_tracker_size", max_tracker_size, "keys")
         enable_events = check_bool("enable_events", enable_events)  # "no" would read as true
+        if not isinstance(admission, str) or admission not in ADMISSION_MODES:
+            # named first: with store_threshold >= 2 an unknown name was reported as a rule
+            # that cannot be combined ("admission='adaptve' cannot be combined with ...")
+            raise ValueError(f"unknown admission {admission!r}; expected one of "
+                             f"{', '.join(ADMISSION_MODES)}")
         if admission != "all" and store_threshold >= 2:
             raise ValueError(
                 f"admission={admission!r} cannot be combined with store_threshold="
