@@ -310,6 +310,24 @@ def test_an_unknown_admission_is_named_as_unknown_whatever_the_store_threshold(a
         OffloadingManager(8, admission=admission, store_threshold=threshold)
 
 
+@pytest.mark.parametrize("value", [-1, -0.5, float("nan"), float("inf"), "2", None, True])
+def test_a_switch_z_out_of_range_is_refused_by_name(value):
+    # it was taken as is: -1 put the bar below 0 (a switch on any lead), nan never switched,
+    # "2" raised a bare TypeError from `**`
+    with pytest.raises(ValueError, match=r"switch_z must be a finite number >= 0, got "):
+        DuelingAdmission(64, switch_z=value)
+    assert DuelingAdmission(64, switch_z=0).info()["mode"] == "admit-all"  # 0 is allowed
+
+
+@pytest.mark.parametrize("value", ["lru", int, LRUPolicy(4), 3])
+def test_a_shadow_policy_that_is_no_policy_class_is_refused_by_name(value):
+    # a name or another class failed later and elsewhere ('str' object is not callable; an
+    # AttributeError for `touch` at the shadows' construction)
+    with pytest.raises(TypeError, match=r"shadow_policy must be None or a CachePolicy "
+                                        r"subclass, got "):
+        DuelingAdmission(64, shadow_policy=value)
+
+
 @pytest.mark.parametrize("keys", [[1, {}], [1, 2, {}], [1, 2, 3, {}], [1, 2, 3, 4, {}]])
 def test_an_unhashable_key_the_lookup_examines_changes_nothing_while_admit_all_leads(keys):
     # while admit-all leads by far the doorkeeper is not kept, so the admission hashes only

@@ -210,11 +210,15 @@ class DuelingAdmission:
         shadow_blocks: wanted shadow size in blocks (>= 1).
         min_rate: lowest sampling rate, in (0, 1].
         horizon: PSEL's memory in shadow turnovers (>= 1), see :data:`HORIZON`.
-        shadow_policy: the tier's policy class, run by the shadows (default and for
-            offline policies: LRU).
+        shadow_policy: the tier's policy class (a
+            :class:`~kvtier.policies.CachePolicy` subclass), run by the shadows (default
+            and for offline policies: LRU).
+        switch_z: the switch test's bar in standard errors of PSEL (a finite number >= 0),
+            see :data:`SWITCH_Z`.
 
     Raises:
         ValueError: an argument out of its range (named in the message).
+        TypeError: ``shadow_policy`` is neither ``None`` nor a ``CachePolicy`` subclass.
     """
 
     name = "adaptive"
@@ -238,6 +242,20 @@ class DuelingAdmission:
             0 < min_rate <= 1
         ):
             raise ValueError(f"min_rate must be a number in (0, 1], got {min_rate!r}")
+        # (checked here: a str was a bare TypeError from `**`, -1 or nan a test that switched
+        # on noise or never, a non-policy class an AttributeError at the first lookup)
+        if isinstance(switch_z, bool) or not isinstance(switch_z, (int, float)) or not (
+            0 <= switch_z < float("inf")
+        ):
+            raise ValueError(f"switch_z must be a finite number >= 0, got {switch_z!r}")
+        from kvtier.policies import CachePolicy  # noqa: PLC0415 (import cycle)
+
+        if shadow_policy is not None and not (
+            isinstance(shadow_policy, type) and issubclass(shadow_policy, CachePolicy)
+        ):
+            raise TypeError(
+                f"shadow_policy must be None or a CachePolicy subclass, got {shadow_policy!r}"
+            )
         self.num_blocks = num_blocks
         self.window = window_factor * num_blocks
         # 1 / rate = stride * modulus ~ num_blocks / shadow_blocks, at most 1 / min_rate
