@@ -328,6 +328,31 @@ def test_a_shadow_policy_that_is_no_policy_class_is_refused_by_name(value):
         DuelingAdmission(64, shadow_policy=value)
 
 
+class _HashRaises:
+    """A key whose own ``__hash__`` raises something else than TypeError."""
+
+    def __hash__(self) -> int:
+        raise ValueError("no hash today")
+
+
+@pytest.mark.parametrize("admission", ["adaptive", "tinylfu"])
+@pytest.mark.parametrize("blocks", [8, 100_000])
+def test_a_key_whose_hash_raises_after_the_prefix_ends_counts_nothing(admission, blocks):
+    # the admission hashes the keys after the manager's loop counted the miss that ended the
+    # prefix; a TypeError took that count back, any other error of the key's __hash__ left
+    # the miss counted (stats().misses one higher after a call that raised)
+    m = OffloadingManager(blocks, "lru", admission=admission)
+    out = m.prepare_store([1, 2])
+    m.complete_store(out.keys_to_store)
+    before = m.snapshot()
+    with pytest.raises(ValueError, match="no hash today"):
+        m.lookup_prefix([1, 9, _HashRaises()])
+    with pytest.raises(ValueError, match="no hash today"):
+        m.lookup_prefix([_HashRaises(), 1])  # the loop's own raise: nothing counted, as before
+    assert m.snapshot() == before
+    assert m.lookup_prefix([1, 2, 9]) == 2 and m.stats().misses == 1
+
+
 @pytest.mark.parametrize("keys", [[1, {}], [1, 2, {}], [1, 2, 3, {}], [1, 2, 3, 4, {}]])
 def test_an_unhashable_key_the_lookup_examines_changes_nothing_while_admit_all_leads(keys):
     # while admit-all leads by far the doorkeeper is not kept, so the admission hashes only

@@ -506,6 +506,8 @@ class OffloadingManager:
                 is on: ``store_threshold >= 2`` and ``admission="tinylfu"`` count every key,
                 so hash every key first; ``"adaptive"`` hashes every key, or only a sample
                 of them while admit-all leads by far.
+            whatever a key's own ``__hash__`` raises besides ``TypeError``, unchanged (nothing
+                is counted either).
         """
         if type(keys) is not list and type(keys) is not tuple:
             keys = key_list(keys, "lookup_prefix")
@@ -533,6 +535,9 @@ class OffloadingManager:
         except TypeError:
             self._uncount_prefix_end(keys, hits)
             raise unhashable_error(keys, "lookup_prefix") from None
+        except Exception:  # a key's own __hash__ raised something else: raised as it is,
+            self._uncount_prefix_end(keys, hits)  # counted nothing either (the admission
+            raise  # hashes before it counts; it left the prefix's miss counted)
         self._hits += hits
         return hits
 
@@ -545,8 +550,8 @@ class OffloadingManager:
         key = keys[hits]
         try:
             stored = key in self._slot_of
-        except TypeError:  # the loop raised here: nothing was counted
-            return
+        except Exception:  # the loop raised here (TypeError, or whatever the key's own
+            return  # __hash__ raises): nothing was counted
         if not stored:
             self._misses -= 1
         else:
