@@ -207,6 +207,39 @@ def test_state_is_bounded_whatever_the_trace_length():
     assert a.generations >= 200_000 // (a.window + longest) - 1
 
 
+@pytest.mark.parametrize("policy", [ARCPolicy, LRUPolicy])
+def test_state_stays_within_the_documented_bound_when_lookups_hit_in_both_shadows(policy):
+    # docs/policies.md, "Admission": at most 2 (8c + L) doorkeeper keys, 2 (8 rate c + L + s)
+    # sampled doorkeeper keys and 2 s shadow keys (s the shadows' size). A lookup that hits
+    # in both shadows adds its sampled keys without the test for the generation's end (only
+    # a lookup that misses makes it): hot keys looked up right after the generation reached
+    # its size, before the next miss, go beyond it. The bound written before, 2 (8 rate c +
+    # L), was exceeded by ARC shadows here (1,720 > 1,602 sampled keys at c = 100, L = 1)
+    a = DuelingAdmission(100, shadow_policy=policy)
+    c, rate, s, longest = a.num_blocks, a.rate, a.shadow_capacity, 1
+    hot = list(range(10**12, 10**12 + 60))  # resident in both shadows (ARC keeps them)
+    fresh = 0
+    sampled_most = total_most = 0
+    for _ in range(200):
+        for _ in range(3):
+            for key in hot:
+                a.record([key])
+        a.record([fresh])  # a miss: the generation ends here when it is full
+        fresh += 1
+        while len(a._sseen) < a.sample_window:  # fresh misses up to the generation's size
+            a.record([fresh])
+            fresh += 1
+        for key in hot:  # hits in both shadows: added without the test
+            a.record([key])
+        sampled_most = max(sampled_most, len(a._sseen) + len(a._sseen_old))
+        total_most = max(total_most, a.state_size())
+        assert len(a._mini_a.keys) <= s and len(a._mini_b.keys) <= s
+    assert sampled_most <= 2 * (8 * rate * c + longest + s)
+    assert total_most <= 2 * (8 * c + longest) + 2 * (8 * rate * c + longest + s) + 2 * s
+    if policy is ARCPolicy:  # the hot keys stay in both shadows: the extra term is reached
+        assert sampled_most > 2 * (8 * rate * c + longest)
+
+
 @pytest.mark.parametrize("keys_per_store", [1, 3])
 def test_stores_without_lookups_keep_the_in_flight_fifo_bounded(keys_per_store):
     # the FIFO of store calls is trimmed at each lookup; a caller that stores without looking

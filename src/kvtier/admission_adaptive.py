@@ -106,8 +106,11 @@ the call are in the shadow and not pending), not the tier's exact prefix hits.
 State (independent of the trace's length): the doorkeepers hold at most ``2 * (G + L)`` keys
 (``G = WINDOW_FACTOR * num_blocks``, ``L`` the longest call; the tier's log of lookups not
 yet applied included: it is applied before the generation and the log together pass ``G``)
-and ``2 * (rate * G + L)`` sampled keys, the shadows at most ``2 * ceil(rate * num_blocks)``
-keys plus their policies' ghost state (bounded by their capacity), their pending and pinned
+and ``2 * (rate * G + L + S)`` sampled keys (``S`` the shadows' size, at most
+``ceil(rate * num_blocks)``: a lookup whose sampled keys all hit in both shadows adds them
+without the test for the generation's end, which only a lookup that misses makes; between two
+such tests the keys resident in both shadows stay the same, so they add at most ``S``), the
+shadows at most ``2 * S`` keys plus their policies' ghost state (bounded by their capacity), their pending and pinned
 keys (at most their capacity) and the FIFO of their pins (at most twice their pinned keys
 plus one lookup's), the FIFO of store calls in flight at most ``num_blocks + L`` entries
 (after each lookup its blocks but the oldest entry's are fewer than the tier's pending
