@@ -1042,7 +1042,9 @@ class DuelingAdmission:
             return 0 if run <= offset else run - offset
         seen = self._seen
         old = self._seen_old
-        fresh: dict | tuple = ()
+        fresh: set | tuple = ()
+        lead: set | tuple = ()
+        older = False  # whether keys the last lookup does not name are judged by the ones before
         if self.selective and run >= 0:
             # not the lookup's tail (a resident or pending key between its misses, usual with
             # requests in flight; or a request looked up before the last one, usual in an
@@ -1055,10 +1057,21 @@ class DuelingAdmission:
             # keeps the doorkeeper's answer (its shadow models a store that fails, not the
             # fallback; answered so, the tier's admit-all read 8 % more than its shadow,
             # test_shadows_model_the_pins_of_loads_in_flight)
-            fresh = self._first_sights(last, run)
+            try:
+                lead = set(last[:run])
+                fresh = set(last[run:]).difference(lead)
+                older = len(self._recent) > 1
+            except Exception:  # (as above: keys whose == misbehaves are other keys)
+                fresh = lead = ()
         count = 0
+        verdict = None
         for key in new_keys:
-            if (key in seen or key in old) and not (fresh and fresh.get(key)):
+            if (key in seen or key in old) and key not in fresh:
+                if older and key not in lead:  # (a key the last lookup does not name: the
+                    if verdict is None:  # latest lookup before it that names it, if any)
+                        verdict = self._first_sights(last, run)
+                    if verdict.get(key):
+                        break
                 count += 1
             else:
                 break
