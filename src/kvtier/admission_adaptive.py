@@ -106,10 +106,15 @@ the call are in the shadow and not pending), not the tier's exact prefix hits.
 State (independent of the trace's length): the doorkeepers hold at most ``2 * (G + L)`` keys
 (``G = WINDOW_FACTOR * num_blocks``, ``L`` the longest call; the tier's log of lookups not
 yet applied included: it is applied before the generation and the log together pass ``G``)
-and ``2 * (rate * G + L)`` sampled keys, the shadows at most ``2 * ceil(rate * num_blocks)``
-keys plus their policies' ghost state (bounded by their capacity), their pending and pinned
+and ``2 * (rate * G + L + S)`` sampled keys (``S`` the shadows' size, at most
+``ceil(rate * num_blocks)``: a lookup whose sampled keys all hit in both shadows adds them
+without the test for the generation's end, which only a lookup that misses makes; between two
+such tests the keys resident in both shadows stay the same, so they add at most ``S``), the
+shadows at most ``2 * S`` keys plus their policies' ghost state (bounded by their capacity), their pending and pinned
 keys (at most their capacity) and the FIFO of their pins (at most twice their pinned keys
-plus one lookup's), the FIFO of store calls in flight at most ``num_blocks + L`` entries
+plus one lookup's), the last :data:`RECENT_LOOKUPS` lookups (references to the doorkeeper's
+copies of their keys) and a map of the keys of the last 64 to 128 of them (see
+:meth:`DuelingAdmission._first_sights`), the FIFO of store calls in flight at most ``num_blocks + L`` entries
 (after each lookup its blocks but the oldest entry's are fewer than the tier's pending
 blocks) plus the last answered call (held aside until the next call), plus a few counters.
 Time per key looked up: a slice and a hash for ``1 / stride`` of the keys, and two shadow
@@ -139,6 +144,7 @@ __all__ = [
     "HORIZON",
     "KEEP_LEAD",
     "MIN_RATE",
+    "RECENT_LOOKUPS",
     "SHADOW_BLOCKS",
     "WINDOW_FACTOR",
     "make_admission",
@@ -193,6 +199,14 @@ two-sided 95 % level; on the 72 cells of docs/policies.md's grid, z = 0 / 1 / 2 
 +0.065 / +0.070 / +0.095 / +0.089; measured with the variance estimate before the exact
 one)."""
 
+RECENT_LOOKUPS = 64
+"""Lookups whose first sights second sight remembers (their keys and leading runs seen
+before), for store calls that come after later lookups: an engine looks up a batch of requests
+before their prefills are stored, and the doorkeeper already holds each request's own keys by
+then (see :meth:`DuelingAdmission.admit`). Not a fitted figure: a bound on the memory (their
+keys, shared with the lookups' copies) and on the work of a store call that is not the tail
+of the last lookup."""
+
 _EMA_CALLS = 256
 _EMA_ALPHA = 1 / _EMA_CALLS  # the in-flight depth estimate's decay per call
 
@@ -210,11 +224,15 @@ class DuelingAdmission:
         shadow_blocks: wanted shadow size in blocks (>= 1).
         min_rate: lowest sampling rate, in (0, 1].
         horizon: PSEL's memory in shadow turnovers (>= 1), see :data:`HORIZON`.
-        shadow_policy: the tier's policy class, run by the shadows (default and for
-            offline policies: LRU).
+        shadow_policy: the tier's policy class (a
+            :class:`~kvtier.policies.CachePolicy` subclass), run by the shadows (default
+            and for offline policies: LRU).
+        switch_z: the switch test's bar in standard errors of PSEL (a finite number >= 0),
+            see :data:`SWITCH_Z`.
 
     Raises:
         ValueError: an argument out of its range (named in the message).
+        TypeError: ``shadow_policy`` is neither ``None`` nor a ``CachePolicy`` subclass.
     """
 
     name = "adaptive"
@@ -238,6 +256,20 @@ class DuelingAdmission:
             0 < min_rate <= 1
         ):
             raise ValueError(f"min_rate must be a number in (0, 1], got {min_rate!r}")
+        # (checked here: a str was a bare TypeError from `**`, -1 or nan a test that switched
+        # on noise or never, a non-policy class an AttributeError at the first lookup)
+        if isinstance(switch_z, bool) or not isinstance(switch_z, (int, float)) or not (
+            0 <= switch_z < float("inf")
+        ):
+            raise ValueError(f"switch_z must be a finite number >= 0, got {switch_z!r}")
+        from kvtier.policies import CachePolicy  # noqa: PLC0415 (import cycle)
+
+        if shadow_policy is not None and not (
+            isinstance(shadow_policy, type) and issubclass(shadow_policy, CachePolicy)
+        ):
+            raise TypeError(
+                f"shadow_policy must be None or a CachePolicy subclass, got {shadow_policy!r}"
+            )
         self.num_blocks = num_blocks
         self.window = window_factor * num_blocks
         # 1 / rate = stride * modulus ~ num_blocks / shadow_blocks, at most 1 / min_rate
@@ -324,6 +356,16 @@ class DuelingAdmission:
         # the last lookup's keys and how many of them lead that were seen before it (or -1)
         self._last: Sequence[Hashable] = ()
         self._last_run = -1
+        # the last RECENT_LOOKUPS lookups kept in the doorkeeper, oldest first: (call number,
+        # keys, leading run seen before it; None while it waits in the log); and, for a store
+        # call that is not the tail of the last lookup, each key of them -> whether it was a
+        # first sight at the latest of them that names it (built on demand, see
+        # _first_sights), the call number of the last lookup merged into it, and the lookups
+        # merged since it was built
+        self._recent: deque = deque(maxlen=RECENT_LOOKUPS)
+        self._verdict: dict | None = None
+        self._merged = -1
+        self._merges = 0
 
     # -- the manager's hooks -------------------------------------------------------------
     def record(self, keys: Sequence[Hashable], busy: int = 0, pending: int = 0) -> None:
@@ -386,6 +428,7 @@ class DuelingAdmission:
                 self._logged += len(last)
                 self._last = last
                 self._last_run = None  # the leading run seen before: when applied
+                self._recent.append((self._calls, last, None))  # (its run: when applied)
             else:
                 if self._log:
                     self._apply_log()
@@ -395,10 +438,14 @@ class DuelingAdmission:
                     self._seen = seen = set()
                     self.generations += 1
                 self._last = last
-                self._last_run = self._leading_seen(last)
+                self._last_run = run = self._leading_seen(last)
+                self._recent.append((self._calls, last, run))
                 seen.update(last)
         else:
             self._last_run = -1
+            if self._recent:  # (its sights are not in the doorkeeper: the lookups before
+                self._recent.clear()  # it no longer tell what is seen, see _first_sights)
+                self._verdict = None
         if pending:
             n = self._adm
             if n is not None:  # _push spelled out (no frame: W=32 call log 1,373 -> 1,345)
@@ -420,18 +467,43 @@ class DuelingAdmission:
     def _apply_log(self) -> None:
         """Add the logged lookups to the doorkeeper, as :meth:`record` would have at each
         (no generation can end among them: they were logged only while ``_seen`` and the
-        log held fewer than ``window`` keys), and the leading run of the last one when it is
-        still the last lookup's (``_last_run`` None)."""
+        log held fewer than ``window`` keys), and the leading runs of those still in
+        ``_recent`` (their run None), the last lookup's when it is one of them (``_last_run``
+        None)."""
         log = self._log
         seen = self._seen
-        last = log.pop()
-        for keys in log:
-            seen.update(keys)
+        recent = self._recent
+        # the logged lookups still remembered (run None): _recent's last entries, and the
+        # log's last ones (a lookup that is not kept empties _recent); their leading runs as
+        # record would have found them, the last lookup's included
+        waiting = 0
+        for entry in reversed(recent):
+            if entry[2] is not None:
+                break
+            waiting += 1
+        if waiting:
+            split = len(log) - waiting
+            base = len(recent) - waiting
+            for keys in log[:split]:
+                seen.update(keys)
+            run = -1
+            for i in range(split, len(log)):
+                keys = log[i]
+                run = self._leading_seen(keys)
+                j = base + i - split
+                recent[j] = (recent[j][0], keys, run)
+                seen.update(keys)
+            if self._last_run is None:
+                self._last_run = run  # (the log's last lookup is the last lookup)
+        else:
+            last = log.pop()
+            for keys in log:
+                seen.update(keys)
+            if self._last_run is None:
+                self._last_run = self._leading_seen(last)
+            seen.update(last)
         self._log = []
         self._logged = 0
-        if self._last_run is None:
-            self._last_run = self._leading_seen(last)
-        seen.update(last)
 
     def _leading_seen(self, keys: Sequence[Hashable]) -> int:
         """How many leading ``keys`` are in the doorkeeper (either generation)."""
@@ -901,11 +973,13 @@ class DuelingAdmission:
         store would fail, so admit-all falls back to the second-sight answer for this call.
 
         "Before the current request" holds when ``new_keys`` is the tail of the last lookup
-        (the engine's protocol); for any other call (a resident or pending key between the
-        lookup's misses, or keys of another request), a key counts when the doorkeeper holds
-        it and, under second sight, it is not one of the last lookup's keys past the leading
-        run seen before it (that lookup's first sights; admit-all's fallback counts every key
-        the doorkeeper holds).
+        (one request at a time); for any other call (a resident or pending key between the
+        lookup's misses; keys of a request looked up before the last one, as an engine that
+        looks up a batch of requests before it stores their prefills; keys of no lookup), a
+        key counts when the doorkeeper holds it and, under second sight, it was not a first
+        sight (past the leading run seen before it) at the latest of the last
+        :data:`RECENT_LOOKUPS` lookups that names it, the last lookup first (admit-all's
+        fallback counts every key the doorkeeper holds).
         """
         n = len(new_keys)
         flight = self._flight
@@ -969,27 +1043,80 @@ class DuelingAdmission:
         seen = self._seen
         old = self._seen_old
         fresh: set | tuple = ()
-        if self.selective and 0 <= run < len(last):
+        lead: set | tuple = ()
+        older = False  # whether keys the last lookup does not name are judged by the ones before
+        if self.selective and run >= 0:
             # not the lookup's tail (a resident or pending key between its misses, usual with
-            # requests in flight): the doorkeeper already holds the last lookup, so its keys
-            # past the leading run seen before it are this request's first sights, not seen
-            # before (as the shadows and a tail call answer; counted as seen, the tier's
-            # second sight stored first sights that its shadow refused: docs/policies.md,
-            # "versions tried", session 13). Only for second sight: admit-all's fallback for
-            # a call that cannot fit keeps the doorkeeper's answer (its shadow models a store
-            # that fails, not the fallback; answered so, the tier's admit-all read 8 % more
-            # than its shadow, test_shadows_model_the_pins_of_loads_in_flight)
+            # requests in flight; or a request looked up before the last one, usual in an
+            # engine that looks up a batch before its prefills are stored): the doorkeeper
+            # already holds those lookups, so their first sights are not seen before (as the
+            # shadows and a tail call answer; counted as seen, the tier's second sight stored
+            # first sights that its shadow refused: docs/policies.md, "versions tried",
+            # session 13; and every first sight but the last request's of a batch, session
+            # 17). Only for second sight: admit-all's fallback for a call that cannot fit
+            # keeps the doorkeeper's answer (its shadow models a store that fails, not the
+            # fallback; answered so, the tier's admit-all read 8 % more than its shadow,
+            # test_shadows_model_the_pins_of_loads_in_flight)
             try:
-                fresh = set(last[run:]).difference(last[:run])
+                lead = set(last[:run])
+                fresh = set(last[run:]).difference(lead)
+                older = len(self._recent) > 1
             except Exception:  # (as above: keys whose == misbehaves are other keys)
-                fresh = ()
+                fresh = lead = ()
         count = 0
+        verdict = None
         for key in new_keys:
             if (key in seen or key in old) and key not in fresh:
+                if older and key not in lead:  # (a key the last lookup does not name: the
+                    if verdict is None:  # latest lookup before it that names it, if any)
+                        verdict = self._first_sights(last, run)
+                    if verdict.get(key):
+                        break
                 count += 1
             else:
                 break
         return count
+
+    def _first_sights(self, last: Sequence[Hashable], run: int) -> dict:
+        """For a store call that is not the last lookup's tail: key -> whether it was a first
+        sight (past the leading run seen before it, and not within it) at the latest of the
+        last lookups that names it (``_recent``, the last lookup ``last`` with its run ``run``
+        among them; a request looked up before others, whose store comes after their
+        lookups). Merged into the map kept from the call before (O(keys) per lookup merged),
+        and built anew once :data:`RECENT_LOOKUPS` lookups were merged into it: it holds the
+        keys of the last 64 to 128 lookups."""
+        recent = self._recent
+        verdict = self._verdict
+        if verdict is not None and recent and recent[-1][0] == self._merged:
+            return verdict  # (nothing looked up since: the same map)
+        built = verdict is None or self._merges >= RECENT_LOOKUPS
+        if built:  # (anew: the keys of lookups no longer remembered go)
+            verdict = {}
+            self._merged = -1
+        merged = self._merged
+        new = []
+        for entry in reversed(recent):  # the lookups not merged yet, newest first
+            if entry[0] <= merged:
+                break
+            new.append(entry)
+        try:
+            for call, keys, r in reversed(new):
+                if r is None:  # (not known: seen, as the doorkeeper says)
+                    verdict.update(dict.fromkeys(keys, False))
+                else:
+                    verdict.update(dict.fromkeys(keys[r:], True))
+                    verdict.update(dict.fromkeys(keys[:r], False))
+                merged = call
+        except Exception:  # a key's == answered an array or raised (see _admit_selective):
+            self._verdict = None  # the last lookup's first sights alone, as before session
+            try:  # 17 (keys whose == misbehaves are other keys)
+                return dict.fromkeys(set(last[run:]).difference(last[:run]), True)
+            except Exception:
+                return {}
+        self._merges = 0 if built else self._merges + len(new)
+        self._merged = merged
+        self._verdict = verdict
+        return verdict
 
     # -- introspection -------------------------------------------------------------------
     def state_size(self) -> int:
@@ -1044,6 +1171,7 @@ class DuelingAdmission:
             "shadow_all": self._mini_a.policy.snapshot(),
             "shadow_second": self._mini_b.policy.snapshot(),
             "last": (list(self._last), self._last_run),
+            "recent": [(list(keys), run) for _, keys, run in self._recent],
             "counters": (self.psel, self._s2, self._ha, self._filling, self._settle,
                          self.selective, self.switches, self.sampled_refs,
                          self.shadow_hits_all, self.shadow_hits_second, self.generations,

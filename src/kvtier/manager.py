@@ -43,7 +43,7 @@ from operator import attrgetter, not_
 from typing import Any
 
 from kvtier.admission import AdmissionTracker
-from kvtier.admission_adaptive import make_admission
+from kvtier.admission_adaptive import ADMISSION_MODES, make_admission
 from kvtier.checks import (
     check_bool,
     check_positive_int,
@@ -275,6 +275,11 @@ class OffloadingManager:
         store_threshold = check_positive_int("store_threshold", store_threshold, "lookups")
         max_tracker_size = check_positive_int("max_tracker_size", max_tracker_size, "keys")
         enable_events = check_bool("enable_events", enable_events)  # "no" would read as true
+        if not isinstance(admission, str) or admission not in ADMISSION_MODES:
+            # named first: with store_threshold >= 2 an unknown name was reported as a rule
+            # that cannot be combined ("admission='adaptve' cannot be combined with ...")
+            raise ValueError(f"unknown admission {admission!r}; expected one of "
+                             f"{', '.join(ADMISSION_MODES)}")
         if admission != "all" and store_threshold >= 2:
             raise ValueError(
                 f"admission={admission!r} cannot be combined with store_threshold="
@@ -523,6 +528,8 @@ class OffloadingManager:
                 is on: ``store_threshold >= 2`` and ``admission="tinylfu"`` count every key,
                 so hash every key first; ``"adaptive"`` hashes every key, or only a sample
                 of them while admit-all leads by far.
+            whatever a key's own ``__hash__`` raises besides ``TypeError``, unchanged (nothing
+                is counted either).
         """
         if type(keys) is not list and type(keys) is not tuple:
             keys = key_list(keys, "lookup_prefix")
@@ -550,6 +557,9 @@ class OffloadingManager:
         except TypeError:
             self._uncount_prefix_end(keys, hits)
             raise unhashable_error(keys, "lookup_prefix") from None
+        except Exception:  # a key's own __hash__ raised something else: raised as it is,
+            self._uncount_prefix_end(keys, hits)  # counted nothing either (the admission
+            raise  # hashes before it counts; it left the prefix's miss counted)
         self._hits += hits
         return hits
 
@@ -562,8 +572,8 @@ class OffloadingManager:
         key = keys[hits]
         try:
             stored = key in self._slot_of
-        except TypeError:  # the loop raised here: nothing was counted
-            return
+        except Exception:  # the loop raised here (TypeError, or whatever the key's own
+            return  # __hash__ raises): nothing was counted
         if not stored:
             self._misses -= 1
         else:
