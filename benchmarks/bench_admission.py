@@ -10,7 +10,7 @@ Usage::
     python benchmarks/bench_admission.py cost [--policies lru,arc] [--capacities 1000,4000,16000]
         [--repeats 5]
     python benchmarks/bench_admission.py recheck [--markdown docs/policies.md] \\
-        [--tags grid,seeds,...] [--only CELLS] [--max-blocks N] [--workers 2]
+        [--tags grid,seeds,...] [--only CELLS] [--max-blocks N] [--static] [--workers 2]
     python benchmarks/bench_admission.py hold CELL [CELL ...] \\
         [--rules second-sight,second-sight-after-fill,admit-all] [--workers 2]
 
@@ -43,6 +43,11 @@ host) before its tables are rewritten with ``hits``.
 ``recheck`` prints them); ``--max-blocks`` skips larger tiers. It prints each cell (``MOVED``:
 the figure changed; ``BELOW``: more than 0.2 points below the better static rule now,
 ``NEW`` when it was not before; ``FIXED``: below before, not now) and a summary line.
+``--static`` replays the two static columns too (admit-all and ``--store-threshold 2``; three
+replays per cell instead of one) and judges adaptive against them: for a change to a policy,
+which moves those columns as well (session 17: a policy fix moved 7 static figures of
+`synthpolicies` that the adaptive-only recheck did not show); ``STATIC`` flags a cell whose
+static figures moved.
 
 ``hold`` replays recorded cells (named as ``recheck`` prints them) with adaptive admission's
 rule *held* instead of dueled, to tell what the duel could reach there from what it chose:
@@ -378,13 +383,22 @@ def cell_name(cell: dict) -> str:
             f"{cell['inflight']}")
 
 
-def _recheck_cell(cell: dict) -> dict:
-    res = replay(_trace(cell["trace"]), cell["policy"], cell["blocks"], inflight=cell["inflight"],
+def _recheck_cell(cell: dict, static: bool = False) -> dict:
+    trace = _trace(cell["trace"])
+    res = replay(trace, cell["policy"], cell["blocks"], inflight=cell["inflight"],
                  admission="adaptive")
     out = dict(cell)
     out["adaptive"] = 100 * res.block_hit_ratio
-    out["margin"] = out["adaptive"] - max(cell["all"], cell["threshold-2"])
+    if static:  # the static columns replayed too (see the module docstring, --static)
+        for mode, kwargs in MODES[:2]:
+            out[mode] = 100 * replay(trace, cell["policy"], cell["blocks"],
+                                     inflight=cell["inflight"], **kwargs).block_hit_ratio
+    out["margin"] = out["adaptive"] - max(out["all"], out["threshold-2"])
     return out
+
+
+def _recheck_static(cell: dict) -> dict:
+    return _recheck_cell(cell, static=True)
 
 
 def run_recheck(args: argparse.Namespace) -> list[dict]:
@@ -397,12 +411,20 @@ def run_recheck(args: argparse.Namespace) -> list[dict]:
             raise SystemExit(f"--only: no such cell in the tables: {sorted(unknown)[:3]}")
         cells = [c for c in cells if cell_name(c) in wanted]
     cells.sort(key=lambda c: (c["trace"], c["blocks"]))  # a worker reuses its loaded trace
+    for c in cells:  # (the recorded static figures, kept apart from the replayed ones)
+        c["recorded_all"], c["recorded_threshold-2"] = c["all"], c["threshold-2"]
     rows = []
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        for r in pool.map(_recheck_cell, cells, chunksize=4):
+        work = _recheck_static if args.static else _recheck_cell
+        for r in pool.map(work, cells, chunksize=4):
             rows.append(r)
             was, now = r["recorded_margin"] < -0.2, r["margin"] < -0.2
             flag = "  MOVED" if abs(r["adaptive"] - r["recorded"]) >= 0.005 else ""
+            if args.static and max(abs(r[m] - c) for m, c in
+                                   (("all", r["recorded_all"]),
+                                    ("threshold-2", r["recorded_threshold-2"]))) >= 0.005:
+                flag += (f"  STATIC all {r['recorded_all']:.2f} -> {r['all']:.2f}, threshold"
+                         f" {r['recorded_threshold-2']:.2f} -> {r['threshold-2']:.2f}")
             flag += ("  BELOW" + ("" if was else " NEW")) if now else "  FIXED" if was else ""
             print(f"{cell_name(r):50} recorded {r['recorded']:6.2f} ({r['recorded_margin']:+.2f})"
                   f" now {r['adaptive']:6.2f} ({r['margin']:+.2f}){flag}", flush=True)
@@ -511,6 +533,8 @@ def main() -> None:
     r.add_argument("--tags", help="table tags (default: every admission table)")
     r.add_argument("--only", type=Path, help="a file of cells to run, one per line")
     r.add_argument("--max-blocks", type=int, default=10**12)
+    r.add_argument("--static", action="store_true",
+                   help="replay the static columns too (for a change to a policy)")
     r.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     r.add_argument("--json", type=Path)
     o = sub.add_parser("hold", help="recorded cells with adaptive's rule held, not dueled")
