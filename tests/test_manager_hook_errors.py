@@ -291,6 +291,14 @@ class _Raises:
         self._check("touch")
         super().touch(keys)
 
+    def mark_evictable(self, keys):
+        self._check("mark_evictable")
+        super().mark_evictable(keys)
+
+    def remove(self, keys):
+        self._check("remove")
+        super().remove(keys)
+
 
 class _MissRaises:
     """A ghost-learning hook of its own (the manager calls it instead of touch)."""
@@ -495,24 +503,12 @@ def test_a_store_that_raised_during_the_fill_is_not_counted_in_the_fills_share(r
 # counted evictable (docs/manager.md, "Other hooks", before session 17).
 
 
-class CompletionHookRaises(_Raises, LRUPolicy):
-    name = "completion-hook-raises"
-
-    def mark_evictable(self, keys):
-        self._check("mark_evictable")
-        super().mark_evictable(keys)
-
-    def remove(self, keys):
-        self._check("remove")
-        super().remove(keys)
-
-
 @pytest.mark.parametrize("keys", [[5], [5, 6], [6, 5, 6], [5, 9]])
 @pytest.mark.parametrize(("hook", "success"), [("mark_evictable", True), ("remove", False)])
 @pytest.mark.parametrize("req", [False, True])
 def test_a_raising_completion_hook_leaves_complete_store_without_effect(
         keys, hook, success, req):
-    m = _filled(CompletionHookRaises, "all", 8, req)
+    m = _filled(HookRaises, "all", 8, req)
     ctx = "r" if req else None
     m.prepare_store([5, 6], ctx)  # pending
     before = m.snapshot()
@@ -536,7 +532,7 @@ def test_a_raising_completion_hook_leaves_complete_store_without_effect(
 @pytest.mark.parametrize("release", [[1], [1, 2], [2, 1, 2], [3, 2], [1, 1, 2]])
 def test_a_raising_mark_evictable_leaves_complete_load_without_effect(release):
     # 1 pinned once, 2 twice, 3 once: a release that frees a block calls mark_evictable
-    m = _filled(CompletionHookRaises, "all", 8, False)
+    m = _filled(HookRaises, "all", 8, False)
     m.prepare_load([1, 2, 3])
     m.prepare_load([2])
     if release == [1, 1, 2]:

@@ -63,6 +63,22 @@ def worker(m: ThreadSafeManager, seed: int, errors: list) -> None:
         errors.append(exc)
 
 
+def _run_workers(worker, m, errors: list) -> None:
+    """``worker(m, seed, errors)`` on THREADS threads (seeds 0..THREADS-1), with a 1 us switch
+    interval so that they interleave often; returns when all have ended."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=worker, args=(m, seed, errors))
+                   for seed in range(THREADS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+
+
 @pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo", "prefix-lru"])
 def test_many_threads_keep_the_manager_consistent(policy):
     m = ThreadSafeManager(OffloadingManager(16, policy))
@@ -79,21 +95,13 @@ def test_many_threads_keep_the_manager_consistent(policy):
                 errors.append(exc)
                 return
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
+    check = threading.Thread(target=checker)
+    check.start()
     try:
-        check = threading.Thread(target=checker)
-        check.start()
-        threads = [threading.Thread(target=worker, args=(m, seed, errors))
-                   for seed in range(THREADS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _run_workers(worker, m, errors)
+    finally:
         stop.set()
         check.join()
-    finally:
-        sys.setswitchinterval(old)
     assert not errors, errors[:3]
     snap = m.snapshot()
     check_invariants(snap, 16)
@@ -403,17 +411,7 @@ def test_random_operation_mixes_equal_their_serial_replay(policy, kwargs):
     m = ThreadSafeManager(inner)
     inner.lock, inner.log = m.lock, []
     errors: list = []
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=mixed_worker, args=(m, seed, errors))
-                   for seed in range(THREADS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
+    _run_workers(mixed_worker, m, errors)
     assert not errors, errors[:3]
     log, inner.log = inner.log, None
     assert {name for name, _, _ in log} == set(_RECORDED)

@@ -1126,33 +1126,8 @@ def test_a_write_racing_close_is_refused_not_left_in_the_queue(shared_redis_serv
     after the writer thread had drained the queue and stopped: write returned them as
     accepted, they were never sent nor counted as failed, stats().queued_blocks stayed > 0
     and flush() without a timeout never returned. The write now sees the close and raises."""
-    import threading
-
     tier = make_tier(shared_redis_server.url)
-    paused, go_on = threading.Event(), threading.Event()
-    real_key = tier.redis_key
-
-    def slow_key(key):  # the writing thread stops between its closed check and its enqueue
-        if key == "late":
-            paused.set()
-            go_on.wait(10)
-        return real_key(key)
-
-    tier.redis_key = slow_key
-    outcome = []
-
-    def late_write():
-        try:
-            outcome.append(tier.write(["late"], blocks_for(["late"])))
-        except RuntimeError as exc:
-            outcome.append(exc)
-
-    writer = threading.Thread(target=late_write)
-    writer.start()
-    assert paused.wait(10)
-    tier.close()
-    go_on.set()
-    writer.join(10)
+    outcome = [_race_close(tier, lambda: tier.write(["late"], blocks_for(["late"])))]
     assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError), outcome
     assert "closed" in str(outcome[0])
     assert tier.stats().queued_blocks == 0 and tier.flush(timeout=2)
@@ -1171,9 +1146,10 @@ def _named_connections(servers, name, expect=0, wait_s=2.0):
         time.sleep(0.05)
 
 
-def _race_close(tier, method):
-    """Run ``tier.<method>(["late", 1])`` on a thread that stops after the call's closed check,
-    close the tier meanwhile, let the call go on; its outcome (result or exception)."""
+def _race_close(tier, call):
+    """Run ``call()`` (a tier call naming the key ``"late"``) on a thread that stops after the
+    call's closed check, close the tier meanwhile, let the call go on; its outcome (result or
+    exception)."""
     import threading
 
     paused, go_on = threading.Event(), threading.Event()
@@ -1190,7 +1166,7 @@ def _race_close(tier, method):
 
     def late_call():
         try:
-            outcome.append(getattr(tier, method)(["late", 1]))
+            outcome.append(call())
         except Exception as exc:  # noqa: BLE001 (the outcome is checked by the test)
             outcome.append(exc)
 
@@ -1217,7 +1193,7 @@ def test_a_lookup_or_read_racing_close_opens_no_connection(shared_redis_server, 
     assert tier.flush(10)
     assert tier.lookup_prefix([1]) == 1 and tier.read([1]) == blocks_for([1])
     assert len(_named_connections([shared_redis_server], name, expect=3)) == 3
-    outcome = _race_close(tier, method)
+    outcome = _race_close(tier, lambda: getattr(tier, method)(["late", 1]))
     assert _named_connections([shared_redis_server], name) == []
     assert isinstance(outcome, RuntimeError) and "is closed" in str(outcome), outcome
     s = tier.stats()
@@ -1284,7 +1260,7 @@ def test_a_cluster_lookup_racing_close_opens_no_connection(redis_cluster, built)
     if built:
         assert tier.lookup_prefix([1]) == 0
         assert _named_connections(redis_cluster.servers, name, expect=1) != []
-    outcome = _race_close(tier, "lookup_prefix")
+    outcome = _race_close(tier, lambda: tier.lookup_prefix(["late", 1]))
     assert _named_connections(redis_cluster.servers, name) == []
     assert isinstance(outcome, RuntimeError) and "is closed" in str(outcome), outcome
     assert tier.stats().backend_errors == 0
